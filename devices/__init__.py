@@ -1,0 +1,1 @@
+"""dflash_edge.devices — see DESIGN.md §2."""

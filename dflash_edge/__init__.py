@@ -1,0 +1,34 @@
+"""dflash-edge: DFlash block-diffusion speculative decoding for edge devices.
+
+The front door only: a lazy public API (nothing heavy is imported until used) and the CLI.
+
+    >>> import dflash_edge
+    >>> ckpt = dflash_edge.fetch_default_model()          # SmolLM2-135M-Instruct, cached
+    >>> target = dflash_edge.load_target(ckpt)            # torch reference model
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> "module:attribute"; modules are imported on first use so `import dflash_edge` stays instant.
+_LAZY = {
+    "fetch_default_model": "dflash_edge.export.fetch:fetch_default_model",
+    "import_gguf": "dflash_edge.export.gguf_import:import_gguf",
+    "load_target": "dflash_edge.export.models:load_target",
+    "load_drafter": "dflash_edge.export.drafter:load_drafter",
+    "speculative_generate": "dflash_edge.export.reference_loop:speculative_generate",
+    "target_generate": "dflash_edge.export.reference_loop:target_generate",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'dflash_edge' has no attribute {name!r}")
+    module, attr = _LAZY[name].split(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value

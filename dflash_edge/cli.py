@@ -1,0 +1,42 @@
+"""`dflash-edge` command line: one subcommand per verb, each implemented in its stage's module.
+
+A subcommand is declared as data (name -> "module:function" + help); the module is imported only
+when that subcommand runs, so `dflash-edge --help` is instant.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from dflash_edge.runtime.errors import DflashEdgeError
+
+# name -> (module with `add_arguments(parser)` and `run(args)`, one-line help)
+COMMANDS = {
+    "fetch": ("dflash_edge.export.fetch_cli", "obtain the default model (or import a GGUF) into the cache"),
+    "generate": ("dflash_edge.export.generate_cli", "generate with the torch reference speculative loop"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="dflash-edge", description="DFlash speculative decoding for edge devices.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        if argv[:1] == [name]:
+            importlib.import_module(module).add_arguments(p)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return importlib.import_module(args._module).run(args) or 0
+    except DflashEdgeError as err:
+        print(f"dflash-edge {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

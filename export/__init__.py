@@ -1,0 +1,1 @@
+"""dflash_edge.export — torch reference models, fetch/import, ONNX export (DESIGN.md §2)."""

@@ -1,0 +1,1 @@
+"""dflash_edge.quantize — see DESIGN.md §2."""

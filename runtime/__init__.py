@@ -1,0 +1,1 @@
+"""dflash_edge.runtime — see DESIGN.md §2."""

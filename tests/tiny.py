@@ -1,0 +1,45 @@
+"""Tiny random models built in-process (tier 1): HF configs for each family and a matching drafter."""
+from __future__ import annotations
+
+# family -> extra config fields; shared dims below keep every model a few hundred KB.
+FAMILY_EXTRAS = {
+    "llama": {"tie_word_embeddings": True},
+    "llama-untied-llama3rope": {"tie_word_embeddings": False, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}},
+    "qwen2": {"tie_word_embeddings": True},
+    "qwen2-yarn": {"tie_word_embeddings": False, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}},
+    "qwen3": {"tie_word_embeddings": False, "head_dim": 16},
+}
+
+BASE = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0,
+            bos_token_id=1, eos_token_id=2)
+
+
+def hf_model(variant: str, seed: int = 0):
+    """A randomly initialised transformers model of `variant` (a FAMILY_EXTRAS key)."""
+    import torch
+    import transformers
+
+    family = variant.split("-")[0]
+    kwargs = {**BASE, **FAMILY_EXTRAS[variant]}
+    scaling = kwargs.pop("rope_scaling", None)
+    cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+           "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[family]
+    config = getattr(transformers, cls[0])(**kwargs)
+    if scaling:
+        config.rope_parameters = {"rope_theta": kwargs["rope_theta"], **scaling}
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls[1])(config).eval()
+    with torch.no_grad():  # HF zero-inits norms/biases: randomise them so every weight is exercised
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def save_hf(model, path) -> str:
+    model.save_pretrained(path, safe_serialization=True)
+    return str(path)

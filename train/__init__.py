@@ -1,0 +1,1 @@
+"""dflash_edge.train — see DESIGN.md §2."""
