@@ -1,0 +1,208 @@
+"""The DFlash block-diffusion drafter in torch, in z-lab's checkpoint format (DESIGN.md §1).
+
+The drafter has no embedding or LM head: it borrows the target's. Per step it takes the target's
+hidden states at `target_layer_ids` for the newly committed tokens (context), projects them with
+`fc` + `hidden_norm`, caches their K/V in every layer, and denoises a block
+`[last token, MASK x (B-1)]` with non-causal attention over [cached context ; block].
+
+>>> drafter = load_drafter("my-drafter/", target_config=target.config)   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dflash_edge.runtime.errors import ModelFormatError
+
+from .models.config import TargetConfig
+from .models.kv_cache import StaticKVCache
+from .models.layers import DecoderLayer, RMSNorm, RotaryTable
+from .models.qwen3 import attention_spec
+
+# SmolLM2's vocabulary has no mask token; we use a special token that chat never produces.
+# (`<empty_output>`, id 16, a Jupyter-notebook marker from SmolLM2's code pre-training data.)
+SMOLLM2_MASK_TOKEN = "<empty_output>"
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's rule: spread evenly from layer 1 to layer L-3 (the middle layer for a 1-layer drafter)."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [int(round(start + i * (end - start) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+@dataclass
+class DraftConfig(TargetConfig):
+    """Qwen3-style dims plus the DFlash fields of a z-lab `config.json`."""
+
+    block_size: int = 16
+    num_target_layers: int = 0
+    mask_token_id: int = 0
+    target_layer_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def for_target(cls, target: TargetConfig, *, num_layers: int = 1, block_size: int = 16,
+                   mask_token_id: int, target_layer_ids: list[int] | None = None) -> "DraftConfig":
+        """A drafter config sized to `target` (same width, heads and vocabulary)."""
+        dims = {k: v for k, v in target.to_dict().items() if k not in ("model_type", "num_hidden_layers")}
+        ids = target_layer_ids or default_target_layer_ids(target.num_hidden_layers, num_layers)
+        return cls(model_type="qwen3", num_hidden_layers=num_layers, block_size=block_size,
+                   num_target_layers=target.num_hidden_layers, mask_token_id=mask_token_id,
+                   target_layer_ids=list(ids), **{**dims, "tie_word_embeddings": False})
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "DraftConfig":
+        if "DFlashDraftModel" not in raw.get("architectures", []):
+            raise ModelFormatError(f"config.json architectures={raw.get('architectures')} is not a DFlash drafter "
+                                   f"(expected ['DFlashDraftModel'])")
+        dflash = raw.get("dflash_config") or {}
+        for key in ("mask_token_id", "target_layer_ids"):
+            if key not in dflash:
+                raise ModelFormatError(f"drafter config.json lacks dflash_config.{key}")
+        merged = {**raw, "model_type": "qwen3", **dflash}
+        return super().from_dict(merged)
+
+    def to_dict(self) -> dict:
+        """z-lab's config.json layout."""
+        base = {f.name: getattr(self, f.name) for f in fields(TargetConfig)}
+        base.pop("bos_token_id"), base.pop("eos_token_id")
+        return {
+            "architectures": ["DFlashDraftModel"], **base, "model_type": "qwen3",
+            "layer_types": ["full_attention"] * self.num_hidden_layers, "sliding_window": None,
+            "block_size": self.block_size, "num_target_layers": self.num_target_layers,
+            "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
+            "torch_dtype": "bfloat16",
+        }
+
+    def check_fits(self, target: TargetConfig) -> None:
+        """Raise ModelFormatError unless this drafter can run on `target`."""
+        pairs = [("hidden_size", self.hidden_size, target.hidden_size),
+                 ("vocab_size", self.vocab_size, target.vocab_size),
+                 ("num_target_layers", self.num_target_layers, target.num_hidden_layers)]
+        for name, mine, theirs in pairs:
+            if mine != theirs:
+                raise ModelFormatError(f"drafter {name}={mine} does not fit the target's {theirs}; "
+                                       f"use a drafter trained for this target (or `dflash-edge train`)")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < target.num_hidden_layers]
+        if bad or not self.target_layer_ids:
+            raise ModelFormatError(f"drafter target_layer_ids {self.target_layer_ids} out of range for a "
+                                   f"{target.num_hidden_layers}-layer target (valid: 0..{target.num_hidden_layers - 1})")
+        if not 0 <= self.mask_token_id < target.vocab_size:
+            raise ModelFormatError(f"drafter mask_token_id {self.mask_token_id} is outside the vocabulary "
+                                   f"(size {target.vocab_size})")
+
+
+class DFlashDrafter(nn.Module):
+    """Tensor names are z-lab's: `layers.{i}.…`, `norm`, `fc`, `hidden_norm` (no `model.` prefix)."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.config = cfg
+        n_ctx = len(cfg.target_layer_ids)
+        self.fc = nn.Linear(n_ctx * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(attention_spec(cfg), cfg.intermediate_size)
+                                    for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+
+    def new_cache(self, max_len: int) -> StaticKVCache:
+        c = self.config
+        return StaticKVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, dtype=self.fc.weight.dtype)
+
+    def step(self, block_embeds, block_positions, ctx_feats, ctx_positions, past_k, past_v):
+        """Pure forward: (normed block hidden [1, B, H], new context K list, new context V list).
+
+        `ctx_feats` [1, C, n_ids*H] are the target features of context positions not cached yet;
+        every block position attends to [cached context ; new context ; whole block] (no mask).
+        """
+        ctx = self.hidden_norm(self.fc(ctx_feats))                                  # [1, C, H]
+        num_ctx = ctx.shape[1]
+        rope_q = self.rope(block_positions)
+        rope_kv = self.rope(torch.cat([ctx_positions, block_positions]))
+        x = block_embeds                                                            # [1, B, H]
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer(x, rope_q, past_k[i], past_v[i], None, ctx=ctx, rope_kv=rope_kv)
+            new_k.append(k[:, :, :num_ctx])                                         # [1, Hkv, C, D]: block K/V dropped
+            new_v.append(v[:, :, :num_ctx])
+        return self.norm(x), new_k, new_v
+
+    def forward(self, block_embeds: torch.Tensor, ctx_feats: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        """Append the new context to `cache` and denoise the block placed right after it."""
+        num_ctx, block = ctx_feats.shape[1], block_embeds.shape[1]
+        cache.check_room(num_ctx)
+        start = cache.length
+        ctx_positions = torch.arange(start, start + num_ctx)
+        block_positions = torch.arange(start + num_ctx, start + num_ctx + block)
+        past = [cache.past(i) for i in range(self.config.num_hidden_layers)]
+        hidden, new_k, new_v = self.step(block_embeds, block_positions, ctx_feats, ctx_positions,
+                                         [p[0] for p in past], [p[1] for p in past])
+        for i, (k, v) in enumerate(zip(new_k, new_v)):
+            cache.write(i, k, v)
+        cache.advance(num_ctx)
+        return hidden
+
+
+def new_drafter(cfg: DraftConfig, seed: int = 0) -> DFlashDrafter:
+    """A randomly initialised drafter (small normal weights, unit norms)."""
+    torch.manual_seed(seed)
+    model = DFlashDrafter(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+    return model.eval()
+
+
+def load_drafter(path: str | Path, target_config: TargetConfig | None = None, dtype=torch.float32) -> DFlashDrafter:
+    """Load a z-lab-format drafter directory; with `target_config`, check that it fits that target."""
+    from .models.weights import load_checked, read_safetensors
+
+    path = Path(path).expanduser()
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise ModelFormatError(f"{cfg_file} not found: a DFlash drafter directory needs config.json + model.safetensors")
+    cfg = DraftConfig.from_dict(json.loads(cfg_file.read_text()))
+    if target_config is not None:
+        cfg.check_fits(target_config)
+    model = DFlashDrafter(cfg)
+    load_checked(model, read_safetensors(path / "model.safetensors"), str(path / "model.safetensors"))
+    return model.to(dtype).eval()
+
+
+def save_drafter(model: DFlashDrafter, path: str | Path, dtype=torch.bfloat16, extra_files: dict | None = None) -> Path:
+    """Write config.json + model.safetensors atomically (temp dir, then rename over `path`)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    cfg = model.config.to_dict()
+    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    for name, text in (extra_files or {}).items():
+        (tmp / name).write_text(text)
+    if path.exists():
+        old = path.with_name(f".{path.name}.old")
+        os.replace(path, old)
+        os.replace(tmp, path)
+        _rmtree(old)
+    else:
+        os.replace(tmp, path)
+    return path
+
+
+def _rmtree(p: Path) -> None:
+    import shutil
+
+    shutil.rmtree(p, ignore_errors=True)

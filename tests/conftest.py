@@ -1,0 +1,28 @@
+"""Shared fixtures: tiny random models of every family, saved as HF checkpoints once per session."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny import FAMILY_EXTRAS, hf_model, save_hf  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory) -> dict[str, tuple[object, str]]:
+    """variant -> (transformers model, checkpoint dir) for every tiny variant."""
+    root = tmp_path_factory.mktemp("tiny")
+    out = {}
+    for variant in FAMILY_EXTRAS:
+        model = hf_model(variant)
+        out[variant] = (model, save_hf(model, root / variant))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_checkpoints):
+    from dflash_edge.export.models import load_target
+
+    return load_target(tiny_checkpoints["qwen3"][1])
