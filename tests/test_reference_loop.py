@@ -1,0 +1,145 @@
+"""The torch reference loop is lossless: greedy identity, sampling identity and distribution (tier 1)."""
+import numpy as np
+import pytest
+import torch
+
+from dflash_edge.export import reference_loop
+from dflash_edge.export.drafter import DraftConfig, new_drafter
+from dflash_edge.export.models import load_target
+from dflash_edge.export.reference_loop import GenerationConfig, speculative_generate, target_generate
+from dflash_edge.runtime.errors import ContextOverflowError
+from dflash_edge.runtime.sampling import SamplingParams, token_probs
+
+PROMPTS = [[5, 17, 33, 2 + 40, 8], [90, 1, 64, 12, 77, 3, 3, 19, 45, 60, 11], [7]]
+
+
+def _drafter(target, block):
+    cfg = DraftConfig.for_target(target.config, num_layers=2, block_size=block, mask_token_id=5)
+    return new_drafter(cfg, seed=block)
+
+
+@pytest.fixture
+def oracle(monkeypatch):
+    """Replace draft tokens by the target's true future tokens with probability `hit` per position.
+
+    Exercises long acceptances, truncation at stop tokens inside a block, and rollback of partial blocks.
+    """
+    state = {}
+
+    def install(full_sequence, hit, seed=0):
+        rng = np.random.default_rng(seed)
+        real = reference_loop.draft_block
+
+        def fake(target, drafter, last_token, ctx, d_cache, block):
+            ids = real(target, drafter, last_token, ctx, d_cache, block)
+            start = d_cache.length                       # position of `last_token`
+            for k in range(1, block):
+                if start + k < len(full_sequence) and rng.random() < hit:
+                    ids[0, k] = full_sequence[start + k]
+            return ids
+
+        monkeypatch.setattr(reference_loop, "draft_block", fake)
+        state["installed"] = True
+
+    return install
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("block", [2, 4, 8, 16])
+def test_greedy_identity_random_drafter(tiny_checkpoints, variant, block):
+    target = load_target(tiny_checkpoints[variant][1])
+    drafter = _drafter(target, block)
+    for prompt in PROMPTS:
+        ref = target_generate(target, prompt, GenerationConfig(max_new_tokens=40))
+        stop = ref.token_ids[17]                         # a stop token the output is known to reach
+        gen = GenerationConfig(max_new_tokens=40, stop_token_ids=(stop,))
+        want = target_generate(target, prompt, gen)
+        got = speculative_generate(target, drafter, prompt, gen)
+        assert got.token_ids == want.token_ids
+        assert got.finish_reason == want.finish_reason == "stop" and got.token_ids[-1] == stop
+
+
+@pytest.mark.parametrize("block", [2, 4, 8, 16])
+@pytest.mark.parametrize("hit", [1.0, 0.8])
+def test_greedy_identity_with_long_acceptances(tiny_target, oracle, block, hit):
+    drafter = _drafter(tiny_target, block)
+    for i, prompt in enumerate(PROMPTS):
+        ref = target_generate(tiny_target, prompt, GenerationConfig(max_new_tokens=60))
+        oracle(prompt + ref.token_ids, hit, seed=i)
+        stop = ref.token_ids[45]
+        gen = GenerationConfig(max_new_tokens=60, stop_token_ids=(stop,))
+        want = target_generate(tiny_target, prompt, gen)
+        got = speculative_generate(tiny_target, drafter, prompt, gen)
+        assert got.token_ids == want.token_ids
+        assert max(got.acceptance_lengths) > 1 and all(1 <= a <= block for a in got.acceptance_lengths)
+        if hit == 1.0:
+            assert all(a == block for a in got.acceptance_lengths[:-1])
+
+
+def test_budget_ends_inside_a_block(tiny_target, oracle):
+    drafter = _drafter(tiny_target, 8)
+    ref = target_generate(tiny_target, PROMPTS[0], GenerationConfig(max_new_tokens=50, stop_token_ids=()))
+    oracle(PROMPTS[0] + ref.token_ids, 1.0)
+    got = speculative_generate(tiny_target, drafter, PROMPTS[0], GenerationConfig(max_new_tokens=13, stop_token_ids=()))
+    assert got.token_ids == ref.token_ids[:13] and got.finish_reason == "length"
+
+
+SAMPLERS = [SamplingParams(temperature=1.0, seed=3), SamplingParams(temperature=0.7, top_k=12, seed=4),
+            SamplingParams(temperature=1.3, top_p=0.8, seed=5)]
+
+
+@pytest.mark.parametrize("sampling", SAMPLERS)
+def test_sampling_same_seed_same_tokens(tiny_target, oracle, sampling):
+    drafter = _drafter(tiny_target, 8)
+    gen = GenerationConfig(max_new_tokens=48, sampling=sampling, stop_token_ids=())
+    want = target_generate(tiny_target, PROMPTS[1], gen)
+    oracle(PROMPTS[1] + want.token_ids, 0.9)
+    got = speculative_generate(tiny_target, drafter, PROMPTS[1], gen)
+    assert got.token_ids == want.token_ids and max(got.acceptance_lengths) > 1
+
+
+def test_sampling_distribution_matches_target(tiny_target):
+    """Joint distribution of the first two sampled tokens over many seeds vs the exact target one."""
+    from scipy.stats import chisquare
+
+    drafter = _drafter(tiny_target, 4)
+    prompt = PROMPTS[0]
+    base = SamplingParams(temperature=1.0, top_k=5)
+    with torch.no_grad():   # exact joint p(t1, t2) from the target
+        logits = tiny_target(torch.tensor([prompt]), tiny_target.new_cache(16)).logits[0, -1].numpy()
+        p1 = token_probs(logits, base)
+        joint = {}
+        for t1 in np.flatnonzero(p1):
+            l2 = tiny_target(torch.tensor([prompt + [int(t1)]]), tiny_target.new_cache(16)).logits[0, -1].numpy()
+            for t2, q in enumerate(token_probs(l2, base)):
+                if q > 0:
+                    joint[(int(t1), t2)] = p1[t1] * q
+    n = 1500
+    counts = dict.fromkeys(joint, 0)
+    for seed in range(n):
+        gen = GenerationConfig(max_new_tokens=2, sampling=SamplingParams(1.0, top_k=5, seed=seed), stop_token_ids=())
+        counts[tuple(speculative_generate(tiny_target, drafter, prompt, gen).token_ids)] += 1
+    keys = sorted(joint)
+    observed = np.array([counts[k] for k in keys], dtype=float)
+    expected = np.array([joint[k] for k in keys]) * n
+    assert observed.sum() == n
+    assert chisquare(observed, expected).pvalue > 1e-3
+    assert 0.5 * np.abs(observed / n - expected / n).sum() < 0.08   # total variation
+
+
+def test_prompt_longer_than_context_names_the_limit(tiny_target):
+    with pytest.raises(ContextOverflowError, match="the prompt has 20 tokens but the context holds 16"):
+        speculative_generate(tiny_target, _drafter(tiny_target, 4), list(range(20)), GenerationConfig(max_context=16))
+
+
+def test_generation_stops_cleanly_at_context_end(tiny_target):
+    gen = GenerationConfig(max_new_tokens=100, max_context=24, stop_token_ids=())
+    got = speculative_generate(tiny_target, _drafter(tiny_target, 4), PROMPTS[1], gen)
+    want = target_generate(tiny_target, PROMPTS[1], gen)
+    assert got.finish_reason == want.finish_reason == "context"
+    assert got.token_ids == want.token_ids and len(got.token_ids) == 24 - len(PROMPTS[1])
+
+
+def test_block_size_below_two_is_refused(tiny_target):
+    with pytest.raises(ValueError, match="block_size 1 < 2"):
+        speculative_generate(tiny_target, _drafter(tiny_target, 4), PROMPTS[0], GenerationConfig(block_size=1))
