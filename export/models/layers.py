@@ -102,7 +102,9 @@ class RotaryTable(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    cos, sin = rope                                                                # [T, D]
+    cos, sin = rope                                                                # [T, D] or [b, T, D]
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]                                      # [b, 1, T, D]
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -135,32 +137,33 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
 
     def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int, norm: str) -> torch.Tensor:
-        t = proj(x).view(x.shape[0], x.shape[1], n, self.s.head_dim)               # [1, T, H, D]
+        t = proj(x).view(x.shape[0], x.shape[1], n, self.s.head_dim)               # [b, T, H, D]
         if self.s.qk_norm:
             t = getattr(self, norm)(t)
-        return t.transpose(1, 2)                                                   # [1, H, T, D]
+        return t.transpose(1, 2)                                                   # [b, H, T, D]
 
     def forward(self, x, rope_q, kv_in, rope_kv, past_k, past_v, mask):
         """Queries from `x`, new keys/values from `kv_in`, attending to [past ; new].
 
-        Returns (output [1, T, H], new_k [1, Hkv, Tkv, D], new_v [1, Hkv, Tkv, D]).
-        `mask` is additive [T, S_past + Tkv] (or None: every query sees every key).
+        Returns (output [b, T, H], new_k [b, Hkv, Tkv, D], new_v [b, Hkv, Tkv, D]).
+        `mask` is additive [T, S_past + Tkv] or per row [b, T, S_past + Tkv] (None: all keys visible).
         """
-        s = self.s
-        q = apply_rope(self._heads(x, self.q_proj, s.num_heads, "q_norm"), rope_q)        # [1, Hq, T, D]
+        s, b = self.s, x.shape[0]
+        q = apply_rope(self._heads(x, self.q_proj, s.num_heads, "q_norm"), rope_q)        # [b, Hq, T, D]
         k_new = apply_rope(self._heads(kv_in, self.k_proj, s.num_kv_heads, "k_norm"), rope_kv)
-        v_new = self.v_proj(kv_in).view(1, kv_in.shape[1], s.num_kv_heads, s.head_dim).transpose(1, 2)
-        k = torch.cat([past_k, k_new], dim=2)                                       # [1, Hkv, S, D]
+        v_new = self.v_proj(kv_in).view(b, kv_in.shape[1], s.num_kv_heads, s.head_dim).transpose(1, 2)
+        k = torch.cat([past_k, k_new], dim=2)                                       # [b, Hkv, S, D]
         v = torch.cat([past_v, v_new], dim=2)
         rep = s.num_heads // s.num_kv_heads
-        q = q.reshape(1, s.num_kv_heads, rep * q.shape[2], s.head_dim)              # [1, Hkv, rep*T, D]
-        scores = q @ k.transpose(-1, -2) / math.sqrt(s.head_dim)                    # [1, Hkv, rep*T, S]
+        q = q.reshape(b, s.num_kv_heads, rep * q.shape[2], s.head_dim)              # [b, Hkv, rep*T, D]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(s.head_dim)                    # [b, Hkv, rep*T, S]
         if mask is not None:
-            scores = scores.view(1, s.num_kv_heads, rep, -1, k.shape[2]) + mask     # [1, Hkv, rep, T, S]
-            scores = scores.reshape(1, s.num_kv_heads, -1, k.shape[2])
-        out = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v                 # [1, Hkv, rep*T, D]
-        out = out.reshape(1, s.num_heads, -1, s.head_dim).transpose(1, 2)           # [1, T, Hq, D]
-        return self.o_proj(out.reshape(1, out.shape[1], -1)), k_new, v_new
+            mask = mask[:, None, None] if mask.dim() == 3 else mask                 # [b, 1, 1, T, S]
+            scores = scores.view(b, s.num_kv_heads, rep, -1, k.shape[2]) + mask     # [b, Hkv, rep, T, S]
+            scores = scores.reshape(b, s.num_kv_heads, -1, k.shape[2])
+        out = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v                 # [b, Hkv, rep*T, D]
+        out = out.reshape(b, s.num_heads, -1, s.head_dim).transpose(1, 2)           # [b, T, Hq, D]
+        return self.o_proj(out.reshape(b, out.shape[1], -1)), k_new, v_new
 
 
 class MLP(nn.Module):
@@ -186,7 +189,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, rope_q, past_k, past_v, mask, ctx=None, rope_kv=None):
         h = self.input_layernorm(x)
-        kv_in = h if ctx is None else torch.cat([ctx, h], dim=1)                    # [1, C + T, H]
+        kv_in = h if ctx is None else torch.cat([ctx, h], dim=1)                    # [b, C + T, H]
         attn, k_new, v_new = self.self_attn(h, rope_q, kv_in, rope_kv or rope_q, past_k, past_v, mask)
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x))
