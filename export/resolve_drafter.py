@@ -30,11 +30,16 @@ def resolve_drafter(spec: str | None, target, tokenizer):
 
         path = default_drafter_path(target.config)
         if path is not None:
-            return load_drafter(path, target_config=target.config)
+            return _tagged(load_drafter(path, target_config=target.config), str(path))
         spec = "random"
     if spec == "random":
         print("WARNING: no trained drafter for this target: using a RANDOMLY INITIALISED drafter. Output is "
               "still lossless, but almost no draft tokens will be accepted (no speed-up). Train one with "
               "`dflash-edge train` or pass --draft DIR.", file=sys.stderr)
-        return random_drafter(target, tokenizer)
-    return load_drafter(spec, target_config=target.config)
+        return _tagged(random_drafter(target, tokenizer), "random")
+    return _tagged(load_drafter(spec, target_config=target.config), str(spec))
+
+
+def _tagged(drafter, source: str):
+    drafter.source = source   # recorded in bundle manifests: where the drafter came from
+    return drafter

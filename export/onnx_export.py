@@ -1,0 +1,57 @@
+"""Trace one graph module to ONNX with the names and dynamic axes its I/O table declares."""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+from dflash_edge.runtime.io_tables import DYNAMIC_SYMBOLS, GRAPHS, resolve_shape
+
+OPSET = 17
+_TORCH_DTYPES = {"int64": torch.int64, "float32": torch.float32, "float16": torch.float16}
+
+
+def dummy_inputs(graph: str, dims: dict[str, int], kv_dtype: str = "float32") -> tuple[torch.Tensor, ...]:
+    """Example inputs for tracing: every symbol resolved from `dims` (dynamic ones given sample sizes)."""
+    out = []
+    for spec in GRAPHS[graph]["inputs"]:
+        shape = resolve_shape(spec, dims)
+        dtype = _TORCH_DTYPES[kv_dtype if spec.dtype == "kv" else spec.dtype]
+        if spec.name == "start":
+            out.append(torch.tensor([dims["S"]], dtype=dtype))
+        elif dtype == torch.int64:
+            out.append(torch.randint(0, dims["V"], shape, dtype=dtype))
+        else:
+            out.append(torch.randn(shape, dtype=dtype))
+    return tuple(out)
+
+
+def dynamic_axes(graph: str) -> dict[str, dict[int, str]]:
+    axes = {}
+    for side in ("inputs", "outputs"):
+        for spec in GRAPHS[graph][side]:
+            dyn = {i: s for i, s in enumerate(spec.shape) if s in DYNAMIC_SYMBOLS}
+            if dyn:
+                axes[spec.name] = dyn
+    return axes
+
+
+def export_graph(module: torch.nn.Module, graph: str, dims: dict[str, int], path: Path) -> Path:
+    """Write `path` (+ `path.data` external weights) for `graph`; returns the .onnx path."""
+    import onnx
+
+    names = {side: [s.name for s in GRAPHS[graph][side]] for side in ("inputs", "outputs")}
+    raw = path.with_suffix(".raw.onnx")
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")   # the TorchScript exporter's deprecation and tracer notes
+        torch.onnx.export(module.eval(), dummy_inputs(graph, dims), str(raw), dynamo=False, opset_version=OPSET,
+                          input_names=names["inputs"], output_names=names["outputs"],
+                          dynamic_axes=dynamic_axes(graph), do_constant_folding=True)
+    model = onnx.load(str(raw))
+    os.remove(raw)
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=path.name + ".data", size_threshold=1024)
+    onnx.checker.check_model(str(path))
+    return path

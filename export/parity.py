@@ -1,0 +1,84 @@
+"""Parity at export: each ONNX graph in onnxruntime (CPU) against the torch reference on real inputs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dflash_edge.runtime.errors import DflashEdgeError
+
+
+class ParityError(DflashEdgeError):
+    """An exported graph disagrees with the torch reference beyond tolerance."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    logits: float = 1e-3        # max abs diff
+    hidden: float = 1e-3
+    kv: float = 1e-3
+    argmax_agreement: float = 1.0
+
+
+def _session(path):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _compare(graph: str, names, got, want, tol: Tolerance, report: dict) -> None:
+    for name, g, w in zip(names, got, want):
+        w = w.detach().numpy()
+        if g.dtype == np.int64:
+            agree = float((g == w).mean())
+            report[f"{graph}.{name}.agreement"] = min(agree, report.get(f"{graph}.{name}.agreement", 1.0))
+            if agree < tol.argmax_agreement:
+                raise ParityError(f"graph {graph!r} output {name!r}: argmax agrees on {agree:.1%} of positions "
+                                  f"(need {tol.argmax_agreement:.0%})")
+            continue
+        diff = float(np.abs(g.astype(np.float32) - w).max())
+        limit = tol.logits if name == "logits" else tol.hidden if name == "hidden" else tol.kv
+        report[f"{graph}.{name}.max_abs_diff"] = max(diff, report.get(f"{graph}.{name}.max_abs_diff", 0.0))
+        if not diff <= limit:
+            raise ParityError(f"graph {graph!r} output {name!r}: max abs diff {diff:.3g} > {limit:g} vs torch")
+
+
+def check_graphs(paths: dict, modules: dict, prompt_ids: list[int], block: int, tol: Tolerance = Tolerance()) -> dict:
+    """Run target (prefill + verify shapes) and drafter in ORT and torch on the same real inputs.
+
+    Returns a report {graph.output.metric: value}; raises ParityError on the first failure.
+    """
+    report: dict = {}
+    tgt, drf = _session(paths["target"]), _session(paths["drafter"])
+    t_names = [o.name for o in tgt.get_outputs()]
+    prompt = torch.tensor([prompt_ids])
+    empty = modules["kv_empty_target"]
+    feeds = (prompt, torch.tensor([0]), empty, empty)
+    with torch.no_grad():
+        want = modules["target"](*feeds)
+    got = tgt.run(None, {n: t.numpy() for n, t in zip(["input_ids", "start", "past_key", "past_value"], feeds)})
+    _compare("target", t_names, got, want, tol, report)
+
+    # verify-shaped call on top of the prefix cache, with the (torch) K/V of the prompt as past
+    past_k, past_v = want[3], want[4]
+    block_ids = torch.tensor([[int(want[1][0, -1])] + prompt_ids[:block - 1]])
+    feeds = (block_ids, torch.tensor([len(prompt_ids)]), past_k, past_v)
+    with torch.no_grad():
+        want_v = modules["target"](*feeds)
+    got = tgt.run(None, {n: t.numpy() for n, t in zip(["input_ids", "start", "past_key", "past_value"], feeds)})
+    _compare("target", t_names, got, want_v, tol, report)
+
+    ctx = want[2]
+    d_empty = modules["kv_empty_drafter"]
+    mask_id = modules["drafter"].drafter.config.mask_token_id
+    d_block = torch.tensor([[int(want[1][0, -1])] + [mask_id] * (block - 1)])
+    feeds = (d_block, ctx, torch.tensor([0]), d_empty, d_empty)
+    with torch.no_grad():
+        want_d = modules["drafter"](*feeds)
+    got = drf.run(None, {n: t.numpy() for n, t in
+                         zip(["block_ids", "ctx_hidden", "start", "past_key", "past_value"], feeds)})
+    _compare("drafter", [o.name for o in drf.get_outputs()], got, want_d, tol, report)
+    return report

@@ -1,0 +1,84 @@
+"""Every bundle graph's inputs and outputs, declared once, as data (DESIGN.md §3).
+
+Shapes use named symbols. Dims fixed by the model (L, Hkv, D, V, H, N, B) are resolved from the
+manifest; the rest (T, S, C) vary per call and become dynamic axes / TensorRT profile ranges.
+From this table come: the exporter's dummy inputs, ONNX input/output names and dynamic axes, the
+runtime's preallocated buffers and bindings, the TensorRT profiles and the manifest's I/O section.
+
+KV layout is sequence-major, `[S, L, Hkv, D]`: the live prefix of a preallocated `[S_max, L, Hkv, D]`
+buffer is a contiguous view (bound as input without a copy) and the slot for the new tokens
+`[pos : pos + T]` is contiguous too (bound as output: the graph writes new K/V straight into the cache).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KV = "kv"   # placeholder dtype: the manifest's kv_dtype
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str                 # "int64" | "float32" | "float16" | KV
+    shape: tuple[str, ...]     # symbols or literal ints as strings
+
+
+# Symbols: T new target tokens (1 decode, B verify, P prefill chunk); S cached positions; C new context
+# positions for the drafter; L/Ld target/drafter layers; Hkv kv heads; D head dim; V vocab; H hidden;
+# N = len(target_layer_ids) * H context-feature width; B block size; Bm1 = B - 1.
+GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
+    "target": {
+        "inputs": (
+            TensorSpec("input_ids", "int64", ("1", "T")),
+            TensorSpec("start", "int64", ("1",)),                   # position of input_ids[0]
+            TensorSpec("past_key", KV, ("S", "L", "Hkv", "D")),      # S == start
+            TensorSpec("past_value", KV, ("S", "L", "Hkv", "D")),
+        ),
+        "outputs": (
+            TensorSpec("logits", "float32", ("1", "T", "V")),
+            TensorSpec("next_ids", "int64", ("1", "T")),             # fused argmax (greedy fast path)
+            TensorSpec("hidden", "float32", ("1", "T", "N")),        # drafter context features
+            TensorSpec("new_key", KV, ("T", "L", "Hkv", "D")),
+            TensorSpec("new_value", KV, ("T", "L", "Hkv", "D")),
+        ),
+    },
+    "drafter": {
+        "inputs": (
+            TensorSpec("block_ids", "int64", ("1", "B")),            # [last token, MASK x (B-1)]
+            TensorSpec("ctx_hidden", "float32", ("1", "C", "N")),    # features of positions not yet cached
+            TensorSpec("start", "int64", ("1",)),                   # position of ctx_hidden[0]
+            TensorSpec("past_key", KV, ("S", "Ld", "Hkv", "D")),     # S == start
+            TensorSpec("past_value", KV, ("S", "Ld", "Hkv", "D")),
+        ),
+        "outputs": (
+            TensorSpec("draft_ids", "int64", ("1", "Bm1")),          # greedy draft tokens for positions 1..B-1
+            TensorSpec("new_key", KV, ("C", "Ld", "Hkv", "D")),      # context K/V only: block K/V is dropped
+            TensorSpec("new_value", KV, ("C", "Ld", "Hkv", "D")),
+        ),
+    },
+}
+
+DYNAMIC_SYMBOLS = ("T", "S", "C")
+
+
+def model_dims(manifest_model: dict, block_size: int) -> dict[str, int]:
+    """Symbol -> size for the dims a manifest fixes."""
+    m = manifest_model
+    return {"L": m["num_layers"], "Ld": m["draft_num_layers"], "Hkv": m["num_kv_heads"], "D": m["head_dim"],
+            "V": m["vocab_size"], "H": m["hidden_size"], "N": len(m["target_layer_ids"]) * m["hidden_size"],
+            "B": block_size, "Bm1": block_size - 1}
+
+
+def resolve_shape(spec: TensorSpec, dims: dict[str, int]) -> tuple[int, ...]:
+    """Concrete shape for `spec` given every symbol's size (KeyError names an unresolved symbol)."""
+    return tuple(int(s) if s.isdigit() else dims[s] for s in spec.shape)
+
+
+def numpy_dtype(dtype: str, kv_dtype: str) -> str:
+    return kv_dtype if dtype == KV else dtype
+
+
+def io_manifest(graph: str, kv_dtype: str) -> dict:
+    """The manifest's I/O section of one graph."""
+    return {side: [{"name": t.name, "dtype": numpy_dtype(t.dtype, kv_dtype), "shape": list(t.shape)}
+                   for t in GRAPHS[graph][side]] for side in ("inputs", "outputs")}
