@@ -15,6 +15,7 @@ from dflash_edge.runtime.errors import DflashEdgeError
 COMMANDS = {
     "fetch": ("dflash_edge.export.fetch_cli", "obtain the default model (or import a GGUF) into the cache"),
     "generate": ("dflash_edge.export.generate_cli", "generate with the torch reference speculative loop"),
+    "export": ("dflash_edge.export.export_cli", "export target + drafter to an ONNX bundle"),
 }
 
 

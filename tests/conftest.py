@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny import FAMILY_EXTRAS, hf_model, save_hf  # noqa: E402
+from tiny import FAMILY_EXTRAS, add_tiny_tokenizer, hf_model, save_hf  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -18,6 +18,7 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, tuple[object, str]]:
     for variant in FAMILY_EXTRAS:
         model = hf_model(variant)
         out[variant] = (model, save_hf(model, root / variant))
+        add_tiny_tokenizer(root / variant)
     return out
 
 

@@ -43,3 +43,17 @@ def hf_model(variant: str, seed: int = 0):
 def save_hf(model, path) -> str:
     model.save_pretrained(path, safe_serialization=True)
     return str(path)
+
+
+def add_tiny_tokenizer(path, vocab_size: int = 96) -> None:
+    """A word-level tokenizer (`t0`..`tN`, whitespace-split) and a chat template for a tiny checkpoint."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(Path(path) / "tokenizer.json"))
+    template = "{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}{% if add_generation_prompt %}t3{% endif %}"
+    (Path(path) / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))

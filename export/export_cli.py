@@ -1,0 +1,22 @@
+"""`dflash-edge export`: target + drafter -> bundle."""
+from __future__ import annotations
+
+from .exporter import ExportOptions, export_bundle
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--out", required=True, help="bundle directory to create")
+    p.add_argument("--target", default="default", help="checkpoint dir or 'default' (SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", default="default", help="drafter dir, 'default' (shipped) or 'random'")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-context", type=int, default=2048)
+    p.add_argument("--prefill-chunk", type=int, default=64)
+    p.add_argument("--force", action="store_true", help="replace an existing bundle")
+    p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime-vs-torch parity check")
+
+
+def run(args) -> int:
+    export_bundle(ExportOptions(out=args.out, target=args.target, draft=args.draft, block_size=args.block_size,
+                                max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
+                                verify=not args.no_verify))
+    return 0
