@@ -1,1 +1,28 @@
-"""dflash_edge.runtime — see DESIGN.md §2."""
+"""dflash_edge.runtime — numpy + onnxruntime only (DESIGN.md §2): bundles, sessions, KV buffers, the loop.
+
+>>> from dflash_edge.runtime import Generator                           # doctest: +SKIP
+>>> Generator.load("bundle/").generate("Hi", max_new_tokens=32).text   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import importlib
+
+# public name -> "module:attribute", imported on first use (importing the package stays instant)
+_LAZY = {
+    "Generator": "generator:Generator",
+    "GenerationResult": "generator:GenerationResult",
+    "GenerationStats": "stats:GenerationStats",
+    "SamplingParams": "sampling:SamplingParams",
+    "read_bundle": "bundle:read_bundle",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'dflash_edge.runtime' has no attribute {name!r}")
+    module, attr = _LAZY[name].split(":")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    globals()[name] = value
+    return value

@@ -1,0 +1,342 @@
+"""`Generator`: the DFlash draft -> verify -> accept -> advance loop over a bundle (numpy + onnxruntime).
+
+    prefill (chunks) -> [draft block -> verify block -> accept prefix + bonus -> move pos] -> ...
+
+Every emitted token is the target's own choice at its position (`sampling.select_token`, keyed by
+absolute position, exactly as `export/reference_loop.py`), so output with the drafter equals output
+without it, token for token, greedy or sampled. Buffers are preallocated at load (`kv.py`).
+
+>>> gen = Generator.load("bundle/")                                     # doctest: +SKIP
+>>> res = gen.generate("Why is the sky blue?", max_new_tokens=64)      # doctest: +SKIP
+>>> res.text, res.stats.mean_acceptance_length                          # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .bundle import Bundle, BundleError, read_bundle
+from .errors import ContextOverflowError, DflashEdgeError
+from .io_tables import io_manifest, model_dims
+from .kv import DraftModel, TargetModel
+from .sampling import SamplingParams, select_token
+from .session import SessionConfig, open_graph
+from .stats import GenerationStats
+
+
+class NonFiniteLogitsError(DflashEdgeError):
+    """The target produced NaN or inf logits."""
+
+
+@dataclass
+class GenerationResult:
+    text: str                       # generated part only
+    token_ids: list[int]            # generated part only
+    stats: GenerationStats
+
+    @property
+    def finish_reason(self) -> str:
+        return self.stats.finish_reason
+
+
+@dataclass
+class Request:
+    """One generation's inputs, resolved (prompt tokenized, sampling validated)."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    use_draft: bool = True
+    t_call: float = 0.0             # perf_counter() when the call began (TTFT includes tokenizing)
+
+
+class Emitter:
+    """Collects committed tokens; stops at an eos id, the token budget or the context end."""
+
+    def __init__(self, req: Request, eos: frozenset[int], room: int):
+        self.stop_ids, self.budget = eos, min(req.max_new_tokens, room)
+        self.context_limited = room < req.max_new_tokens
+        self.tokens: list[int] = []
+        self.reason = ""
+
+    def push(self, tokens: list[int]) -> list[int]:
+        """Append tokens up to the first stop / budget end; returns those appended."""
+        kept = []
+        for t in tokens:
+            kept.append(t)
+            if t in self.stop_ids:
+                self.reason = "stop"
+            elif len(self.tokens) + len(kept) >= self.budget:
+                self.reason = "context" if self.context_limited else "length"
+            if self.reason:
+                break
+        self.tokens += kept
+        return kept
+
+
+class Stream:
+    """Text pieces as they are decoded; `.result` (a GenerationResult) once exhausted."""
+
+    def __init__(self, pieces: Iterator[str]):
+        self._pieces = pieces
+        self.result: GenerationResult | None = None
+
+    def __iter__(self):
+        self.result = yield from self._pieces
+
+
+class TextAssembler:
+    """Committed tokens -> text pieces: never half a character, cut at (and never showing) a stop string.
+
+    Decodes a short window of tokens (HF's prefix/read offsets) so a piece is only released once it
+    decodes to whole characters; with stop strings, the last len(stop)-1 characters wait until safe.
+    """
+
+    def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
+        self.tokenizer, self.stop = tokenizer, tuple(s for s in stop if s)
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.tokens: list[int] = []
+        self.prefix = self.read = self.shown = 0
+        self.text, self.stopped = "", False
+
+    def add(self, token: int) -> str:
+        self.tokens.append(token)
+        before = self.tokenizer.decode(self.tokens[self.prefix:self.read])
+        now = self.tokenizer.decode(self.tokens[self.prefix:])
+        if len(now) > len(before) and not now.endswith("\ufffd"):   # a whole character more
+            self._append(now[len(before):])
+            self.prefix, self.read = self.read, len(self.tokens)
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        if not self.stopped:
+            self._append(self.tokenizer.decode(self.tokens[self.prefix:])[len(
+                self.tokenizer.decode(self.tokens[self.prefix:self.read])):])
+            self.prefix = self.read = len(self.tokens)
+        return self._release(final=True)
+
+    def _append(self, new: str) -> None:
+        scan = max(len(self.text) - self.hold, 0)
+        self.text += new
+        hits = [i for i in (self.text.find(s, scan) for s in self.stop) if i >= 0]
+        if hits:
+            self.text, self.stopped = self.text[:min(hits)], True
+
+    def _release(self, final: bool) -> str:
+        end = len(self.text) if final or self.stopped else max(len(self.text) - self.hold, self.shown)
+        piece, self.shown = self.text[self.shown:end], end
+        return piece
+
+
+class Generator:
+    """A loaded bundle: target and drafter graphs, their preallocated caches, the tokenizer."""
+
+    def __init__(self, bundle: Bundle, tokenizer, target: TargetModel, drafter: DraftModel):
+        self.bundle, self.tokenizer, self.target, self.drafter = bundle, tokenizer, target, drafter
+        self.block_size = bundle.block_size
+        self.prefill_chunk = bundle.manifest["prefill_chunk"]
+        self.max_context = bundle.max_context
+        self.eos = frozenset(bundle.model["eos_token_ids"])
+
+    @classmethod
+    def load(cls, bundle: str | Path | Bundle, provider: str = "cpu", *, threads: int = 0,
+             verify: bool = True) -> "Generator":
+        """Open a bundle on `provider` ("cpu", "cuda", "tensorrt"); sha256-checks files unless verify=False."""
+        from .tokenizer import ChatTokenizer
+
+        b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle, verify=verify)
+        _check_io_tables(b)
+        config = SessionConfig(provider, threads, trt_cache_dir=str(b.root / ".trt-cache"))
+        dims = model_dims(b.model, b.block_size)
+        chunk = b.manifest["prefill_chunk"]
+        # room for the live context plus one verify block (or one padded prefill chunk) beyond it
+        capacity = b.max_context + max(b.manifest["kv_cache"]["slack"], b.block_size, chunk)
+        target = TargetModel(open_graph(b.graph_path("target"), config), dims, capacity,
+                             (1, b.block_size, chunk), b.kv_dtype)
+        drafter = DraftModel(open_graph(b.graph_path("drafter"), config), dims, capacity, target.hidden,
+                             b.model["mask_token_id"], b.kv_dtype)
+        return cls(b, ChatTokenizer.from_dir(b.root), target, drafter)
+
+    # ---- public API -------------------------------------------------------------------------------
+    def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, stop=None, chat: bool = True,
+                 use_draft: bool = True) -> GenerationResult:
+        """Generate a reply to `prompt` (a string or a list of chat messages)."""
+        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, use_draft)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int = 0, stop=None, chat: bool = True, use_draft: bool = True) -> Stream:
+        """Like `generate`, yielding text pieces as tokens are committed (never half a character)."""
+        t_call = time.perf_counter()
+        req = Request(self.encode(prompt, chat), max_new_tokens, SamplingParams(temperature, top_k, top_p, seed),
+                      tuple([stop] if isinstance(stop, str) else stop or ()), use_draft, t_call)
+        return Stream(self._text_pieces(req))
+
+    def generate_ids(self, prompt_ids: list[int], max_new_tokens: int = 128,
+                     sampling: SamplingParams = SamplingParams(), use_draft: bool = True,
+                     stop_token_ids=None) -> GenerationResult:
+        """Token ids in, tokens out (no chat template); `stop_token_ids` overrides the eos ids."""
+        req = Request(list(prompt_ids), max_new_tokens, sampling, (), use_draft, time.perf_counter())
+        return self._collect(req, None if stop_token_ids is None else frozenset(stop_token_ids))
+
+    def encode(self, prompt, chat: bool = True) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat \
+                else self.tokenizer.encode(prompt)
+        return self.tokenizer.encode_chat(list(prompt))
+
+    # ---- text ------------------------------------------------------------------------------------
+    def _text_pieces(self, req: Request) -> Iterator[str]:
+        stats, text = GenerationStats(prompt_tokens=len(req.prompt_ids)), TextAssembler(self.tokenizer, req.stop)
+        steps = self._loop(req, stats, self.eos)
+        tokens: list[int] = []
+        for committed in steps:
+            for token in committed:          # one at a time: a stop string ends the output at its token
+                tokens.append(token)
+                if piece := text.add(token):
+                    yield piece
+                if text.stopped:
+                    break
+            if text.stopped:
+                steps.close()
+                stats.finish_reason, stats.new_tokens = "stop", len(tokens)
+                break
+        if piece := text.finish():
+            yield piece
+        return GenerationResult(text.text, tokens, stats)
+
+    def _collect(self, req: Request, eos: frozenset[int] | None) -> GenerationResult:
+        stats, tokens = GenerationStats(prompt_tokens=len(req.prompt_ids)), []
+        for committed in self._loop(req, stats, self.eos if eos is None else eos):
+            tokens += committed
+        return GenerationResult(self.tokenizer.decode(tokens), tokens, stats)
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    def _loop(self, req: Request, stats: GenerationStats, eos: frozenset[int]) -> Iterator[list[int]]:
+        """prefill -> [draft -> verify -> accept -> advance]*; yields each step's committed tokens."""
+        emit = Emitter(req, eos, room=self._room(req.prompt_ids))
+        emit.push([self._prefill(req.prompt_ids, req.sampling)])
+        stats.ttft_s = time.perf_counter() - req.t_call
+        clock = _Clock(self, stats)
+        try:
+            yield emit.tokens
+            while not emit.reason:
+                if req.use_draft:
+                    tokens = self._speculative_step(emit.tokens[-1], req.sampling)
+                    stats.acceptance_lengths.append(len(tokens))
+                else:
+                    tokens = self._decode_step(emit.tokens[-1], req.sampling)
+                yield emit.push(tokens)
+        finally:
+            clock.stop(emit)
+
+    def _speculative_step(self, last: int, sampling: SamplingParams) -> list[int]:
+        """Draft a block after `last`, verify it in one target pass, keep the agreeing prefix + a bonus token."""
+        start = self.target.kv.pos                                  # position of `last` (not yet cached)
+        step = self.target.steps[self.block_size]
+        block = step["input_ids"][0]                                # [B]: last token, then B-1 drafts
+        block[0] = last
+        block[1:] = self.drafter.draft(last, ctx_end=start)         # drafter first caches features [.. start)
+        self.target.forward(self.block_size, start)
+        accepted, bonus = self._accept(step, block, start, sampling)
+        self.target.kv.pos = start + accepted + 1                   # rollback: rejected rows are just ignored
+        return block[1:1 + accepted].tolist() + [bonus]
+
+    def _decode_step(self, last: int, sampling: SamplingParams) -> list[int]:
+        """Plain autoregressive step (the baseline): one token through the same target graph."""
+        pos = self.target.kv.pos
+        step = self.target.steps[1]
+        step["input_ids"][0, 0] = last
+        self.target.forward(1, pos)
+        self.target.kv.pos = pos + 1
+        return [self._select(step, 0, pos + 1, sampling)]
+
+    # ---- helpers -----------------------------------------------------------------------------------
+    def _room(self, prompt_ids: list[int]) -> int:
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: pass at least one token")
+        if len(prompt_ids) >= self.max_context:
+            raise ContextOverflowError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
+                                       f"{self.max_context}; shorten the prompt or re-export with a larger "
+                                       f"--max-context")
+        self.target.kv.pos = self.drafter.kv.pos = 0
+        return self.max_context - len(prompt_ids)
+
+    def _prefill(self, ids: list[int], sampling: SamplingParams) -> int:
+        """Run the prompt in static chunks of P; returns the first generated token."""
+        size, n = self.prefill_chunk, len(ids)
+        step = self.target.steps[size]
+        for start in _chunk_starts(n, size):
+            chunk = ids[start:start + size]
+            step["input_ids"][0, :len(chunk)] = chunk
+            step["input_ids"][0, len(chunk):] = chunk[-1]           # padding (only when n < P): causal, ignored
+            self.target.forward(size, start)
+        self.target.kv.pos = n
+        return self._select(step, n - 1 - start, n, sampling)
+
+    def _accept(self, step, block: np.ndarray, start: int, sampling: SamplingParams) -> tuple[int, int]:
+        """(number of drafts accepted, the target's token after them); row i predicts position start+1+i."""
+        if sampling.greedy:
+            target_ids = step["next_ids"][0]                        # [B] fused argmax: no vocab scan here
+            match = block[1:] == target_ids[:-1]                    # [B-1]
+            accepted = len(match) if match.all() else int(match.argmin())
+            return accepted, self._select(step, accepted, start + 1 + accepted, sampling)
+        for i in range(self.block_size):                            # sample lazily: stop at the first miss
+            token = self._select(step, i, start + 1 + i, sampling)
+            if i == self.block_size - 1 or block[1 + i] != token:
+                return i, token
+        raise AssertionError("unreachable")
+
+    def _select(self, step, row: int, position: int, sampling: SamplingParams) -> int:
+        """The target's token for logits row `row`, placed at absolute `position`."""
+        logits = step["logits"][0, row]                             # [V] view, no copy
+        if sampling.greedy:
+            token = int(step["next_ids"][0, row])
+            bad = not np.isfinite(logits[token])                    # NaN/inf anywhere reaches the argmax
+        else:
+            bad = not np.isfinite(logits).all()
+            token = -1 if bad else select_token(logits, sampling, position)
+        if bad:
+            raise NonFiniteLogitsError(f"the target graph produced NaN/inf logits for position {position}: the "
+                                       f"bundle's weights are corrupt or its precision overflows; re-export it "
+                                       f"in fp32 ({self.bundle.graph_path('target')})")
+        return token
+
+
+class _Clock:
+    """Decode timing for one generation: wall time and the graphs' own run time over the same span."""
+
+    def __init__(self, gen: Generator, stats: GenerationStats):
+        self.runners = (gen.target.runner, gen.drafter.runner)
+        self.stats, self.t0 = stats, time.perf_counter()
+        self.run0 = [(r.run_s, r.calls) for r in self.runners]
+
+    def stop(self, emit: Emitter) -> None:
+        s = self.stats
+        s.decode_s = time.perf_counter() - self.t0
+        (t_run, t_calls), (d_run, d_calls) = [(r.run_s - a, r.calls - c) for r, (a, c) in zip(self.runners, self.run0)]
+        s.decode_run_s, s.draft_run_s, s.target_calls, s.draft_calls = t_run + d_run, d_run, t_calls, d_calls
+        s.new_tokens, s.finish_reason = len(emit.tokens), s.finish_reason or emit.reason
+
+
+def _chunk_starts(n: int, size: int) -> list[int]:
+    """Chunk starts covering [0, n): the last chunk overlaps the previous one instead of running past n."""
+    starts = list(range(0, n, size))
+    if n >= size and starts[-1] + size > n:
+        starts[-1] = n - size                     # recomputes a few cached rows (identical K/V), never pads
+    return starts
+
+
+def _check_io_tables(b: Bundle) -> None:
+    for name in ("target", "drafter"):
+        if b.manifest["graphs"][name]["io"] != io_manifest(name, b.kv_dtype):
+            raise BundleError(f"{b.root}: graph {name!r} declares inputs/outputs that this runtime does not "
+                              f"implement; re-export the bundle with this dflash-edge version")

@@ -1,0 +1,114 @@
+"""The execution-provider seam: the one place that turns a bundle graph into something the loop can run.
+
+The loop only needs a *graph runner*: an object with `device` ("cpu" | "cuda": where its KV buffers live),
+`binding()` (a fresh IOBinding-like object: `bind_input/bind_output(name, device, device_id, dtype, shape,
+ptr)`) and `run(binding)`. `OrtGraph` is that runner for onnxruntime's CPU, CUDA and TensorRT execution
+providers; a native TensorRT engine runner (engines listed in the manifest) fits the same three members,
+binding tensor addresses instead of OrtValues, without touching the loop.
+
+>>> graph = open_graph("bundle/target.onnx", "cpu")          # doctest: +SKIP
+>>> b = graph.binding(); ...; graph.run(b)                  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from .errors import DflashEdgeError
+
+# our provider name -> (onnxruntime execution providers, most preferred first; device the buffers live on)
+PROVIDERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "cpu": (("CPUExecutionProvider",), "cpu"),
+    "cuda": (("CUDAExecutionProvider", "CPUExecutionProvider"), "cuda"),
+    "tensorrt": (("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"), "cuda"),
+}
+
+
+class ProviderUnavailableError(DflashEdgeError):
+    """The requested execution provider is unknown or not in this onnxruntime build."""
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """How sessions are built. threads 0 = one intra-op thread per CPU this process may use."""
+
+    provider: str = "cpu"
+    threads: int = 0
+    device_id: int = 0
+    trt_cache_dir: str | None = None          # TensorRT EP engine cache (bundle/.trt-cache by default)
+
+
+def available_providers() -> list[str]:
+    """Our provider names whose onnxruntime execution provider is present in this install."""
+    import onnxruntime as ort
+
+    present = set(ort.get_available_providers())
+    return [name for name, (eps, _) in PROVIDERS.items() if eps[0] in present]
+
+
+def check_provider(provider: str) -> None:
+    if provider not in PROVIDERS:
+        raise ProviderUnavailableError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)} "
+                                       f"(available here: {', '.join(available_providers())})")
+    if provider not in available_providers():
+        hint = {"cuda": "pip install onnxruntime-gpu (and a matching CUDA runtime)",
+                "tensorrt": "pip install onnxruntime-gpu and TensorRT"}.get(provider, "")
+        raise ProviderUnavailableError(f"provider {provider!r} is not available in this onnxruntime build; "
+                                       f"available: {', '.join(available_providers())}. To use it: {hint}")
+
+
+def default_threads() -> int:
+    """One intra-op thread per CPU we may run on (affinity-aware: containers often limit it)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:                                       # macOS, Windows
+        return max(os.cpu_count() or 1, 1)
+
+
+class OrtGraph:
+    """One bundle graph in an onnxruntime session, run through IOBinding; times its own run calls."""
+
+    def __init__(self, session, device: str, device_id: int = 0):
+        self.session = session
+        self.device = device
+        self.device_id = device_id
+        self.run_s = 0.0                 # wall time spent inside run_with_iobinding (overhead accounting)
+        self.calls = 0
+
+    def binding(self):
+        return self.session.io_binding()
+
+    def run(self, binding) -> None:
+        t = time.perf_counter()
+        self.session.run_with_iobinding(binding)
+        self.run_s += time.perf_counter() - t
+        self.calls += 1
+
+
+def open_graph(path, config: SessionConfig = SessionConfig()) -> OrtGraph:
+    """An onnxruntime session for `path` on `config.provider` (graph optimisations ALL, sized thread pool)."""
+    import onnxruntime as ort
+
+    check_provider(config.provider)
+    eps, device = PROVIDERS[config.provider]
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.intra_op_num_threads = config.threads or default_threads()
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    providers = [(ep, _provider_options(ep, config)) for ep in eps]
+    session = ort.InferenceSession(str(path), opts, providers=providers)
+    return OrtGraph(session, device, config.device_id)
+
+
+def _provider_options(ep: str, config: SessionConfig) -> dict:
+    if ep == "CUDAExecutionProvider":
+        return {"device_id": config.device_id}
+    if ep == "TensorrtExecutionProvider":
+        opts = {"device_id": config.device_id, "trt_fp16_enable": False}
+        if config.trt_cache_dir:
+            opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=config.trt_cache_dir)
+        return opts
+    return {}
