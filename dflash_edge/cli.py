@@ -16,6 +16,7 @@ COMMANDS = {
     "fetch": ("dflash_edge.export.fetch_cli", "obtain the default model (or import a GGUF) into the cache"),
     "generate": ("dflash_edge.export.generate_cli", "generate with the torch reference speculative loop"),
     "export": ("dflash_edge.export.export_cli", "export target + drafter to an ONNX bundle"),
+    "build-engines": ("dflash_edge.export.engines_cli", "build TensorRT engines for a bundle (needs TensorRT)"),
 }
 
 
