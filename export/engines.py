@@ -76,7 +76,8 @@ def build_engines(opts: EngineOptions) -> dict:
     graphs = opts.graphs or tuple(bundle.manifest["graphs"])
     unknown = sorted(set(graphs) - set(bundle.manifest["graphs"]))
     if unknown:
-        raise DflashEdgeError(f"graph(s) {unknown} are not in {bundle.root}; it has {', '.join(bundle.manifest['graphs'])}")
+        have = ", ".join(bundle.manifest["graphs"])
+        raise DflashEdgeError(f"graph(s) {unknown} are not in {bundle.root}; it has {have}")
     trt = import_tensorrt()
     _warn_precision(opts.precision)
     for graph in graphs:
@@ -96,13 +97,17 @@ def build_engines(opts: EngineOptions) -> dict:
         seconds = time.perf_counter() - t0
         engines.setdefault(graph, {})[opts.precision] = {
             "file": file_entry(bundle.root, rel), "precision": opts.precision, "tensorrt_version": trt.__version__,
-            "device": device, "profiles": [{name: {k: list(v) for k, v in s.items()} for name, s in profiles[graph].items()}],
+            "device": device, "profiles": [_jsonable(profiles[graph])],
             "calibrated": False if opts.precision in ("int8", "fp8") else None,
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "build_seconds": round(seconds, 1)}
         write_manifest(bundle.root, bundle.manifest)   # after each graph: an interrupted run keeps what is done
         print(f"built {rel} ({len(plan) / 1e6:.1f} MB) in {seconds:.0f} s", file=sys.stderr)
     return engines
+
+
+def _jsonable(profile: dict) -> dict:
+    return {name: {level: list(shape) for level, shape in s.items()} for name, s in profile.items()}
 
 
 def _warn_precision(precision: str) -> None:

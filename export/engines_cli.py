@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .engines import PRECISION_FLAGS  # noqa: F401  (light: engines imports tensorrt lazily)
+from .engines import PRECISION_FLAGS   # light: engines imports tensorrt only when building
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
