@@ -136,8 +136,10 @@ def export_bundle(opts: ExportOptions, progress=None) -> Path:
                   "drafter": {"draft": {"B": opts.block_size}}}
         graphs = {n: _graph_entry(tmp, n, opts, {"opset": OPSET, "static_shapes": static[n]}) for n in paths}
         sources = {"target": str(target_dir), "drafter": getattr(drafter, "source", "random"),
-                   "drafter_trained": getattr(drafter, "source", "random") != "random", "parity": report,
+                   "drafter_random_init": getattr(drafter, "source", "random") == "random", "parity": report,
                    "export_seconds": {k: round(v, 2) for k, v in timings.items()}}
+        from .trt_readiness import bundle_trt_readiness
+        sources["trt_readiness"] = bundle_trt_readiness(tmp)
         bundle_mod.write_manifest(tmp, _manifest(target, drafter, tok_files, graphs, opts, sources))
         steps.update(1)
         _publish(tmp, out)
@@ -170,6 +172,9 @@ def _copy_tokenizer(src: Path, dst: Path) -> dict:
 
 def _publish(tmp: Path, out: Path) -> None:
     """Move the finished bundle into place; an existing one (with --force) is replaced only now."""
+    tmp.chmod(0o755)   # mkdtemp/mkstemp create owner-only entries; a bundle is meant to be shared
+    for f in tmp.iterdir():
+        f.chmod(0o644)
     if out.exists():
         old = out.with_name(f".{out.name}.old")
         shutil.rmtree(old, ignore_errors=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .models.target import lm_logits
+
 
 def _split_layers(past: torch.Tensor) -> list[torch.Tensor]:
     """[S, L, Hkv, D] -> L tensors [1, Hkv, S, D]."""
@@ -56,5 +58,5 @@ class DrafterGraph(nn.Module):
         hidden, new_k, new_v = self.drafter.step(
             self.embed(block_ids), block_positions, ctx_hidden, ctx_positions,
             _split_layers(past_key), _split_layers(past_value))
-        draft_ids = self.lm_head(hidden[:, 1:]).argmax(-1)                          # [1, B-1]
+        draft_ids = lm_logits(self.lm_head, hidden[:, 1:]).argmax(-1)               # [1, B-1]
         return draft_ids, _stack_layers(new_k), _stack_layers(new_v)

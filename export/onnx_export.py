@@ -51,7 +51,41 @@ def export_graph(module: torch.nn.Module, graph: str, dims: dict[str, int], path
                           dynamic_axes=dynamic_axes(graph), do_constant_folding=True)
     model = onnx.load(str(raw))
     os.remove(raw)
+    share_transposed_weights(model)
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=path.name + ".data", size_threshold=1024)
     onnx.checker.check_model(str(path))
     return path
+
+
+def share_transposed_weights(model) -> int:
+    """Store a tied embedding once: MatMul(x, W^T-copy) -> Gemm(x, W, transB=1) on the original W.
+
+    The TorchScript exporter constant-folds `lm_head`'s transpose into a second initializer, which
+    doubles the largest tensor of a tied model (113 MB for SmolLM2). Returns how many were shared.
+    """
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer if len(i.dims) == 2 and i.dims[0] * i.dims[1] >= 1 << 16}
+    by_shape = {}
+    for name, init in inits.items():
+        by_shape.setdefault(tuple(init.dims), []).append(name)
+    shared, drop = 0, set()
+    for idx, node in enumerate(model.graph.node):
+        if node.op_type != "MatMul" or node.input[1] not in inits:
+            continue
+        b = inits[node.input[1]]
+        for cand in by_shape.get((b.dims[1], b.dims[0]), []):
+            if np.array_equal(numpy_helper.to_array(inits[cand]).T, numpy_helper.to_array(b)):
+                gemm = helper.make_node("Gemm", [node.input[0], cand], list(node.output), name=node.name + "_shared",
+                                        transB=1)
+                model.graph.node.remove(node)
+                model.graph.node.insert(idx, gemm)
+                drop.add(b.name)
+                shared += 1
+                break
+    still_used = {x for n in model.graph.node for x in n.input}
+    for name in drop - still_used:
+        model.graph.initializer.remove(inits[name])
+    return shared

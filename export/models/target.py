@@ -15,6 +15,12 @@ from .kv_cache import StaticKVCache
 from .layers import AttentionSpec, DecoderLayer, RMSNorm, RotaryTable, causal_mask
 
 
+def lm_logits(lm_head: nn.Linear, h: torch.Tensor) -> torch.Tensor:
+    """`lm_head(h)` computed on a 2-D view: ONNX export then emits Gemm(transB=1) on the weight itself
+    instead of constant-folding a transposed copy, so a tied embedding is stored once per graph."""
+    return lm_head(h.reshape(-1, h.shape[-1])).view(*h.shape[:-1], -1)             # [..., V]
+
+
 @dataclass
 class TargetOutput:
     logits: torch.Tensor          # [1, T, V]
@@ -69,7 +75,7 @@ class TargetModel(nn.Module):
             if i in capture:
                 captured.append(x)
         hidden = torch.cat([captured[capture.index(i)] for i in capture], dim=-1) if capture else None
-        logits = self.lm_head(self.model.norm(x))                                   # [1, T, V]
+        logits = lm_logits(self.lm_head, self.model.norm(x))                        # [b, T, V]
         return logits, hidden, new_k, new_v
 
     def forward(self, input_ids: torch.Tensor, cache: StaticKVCache, capture: tuple[int, ...] = ()) -> TargetOutput:
