@@ -13,6 +13,8 @@ from dflash_edge.runtime.errors import DflashEdgeError
 
 # name -> (module with `add_arguments(parser)` and `run(args)`, one-line help)
 COMMANDS = {
+    "train": ("dflash_edge.train.train_cli", "distil a DFlash drafter for a target (prompts -> responses -> training)"),
+    "eval-drafter": ("dflash_edge.train.eval_cli", "measure a drafter's acceptance length on held-out prompts"),
     "fetch": ("dflash_edge.export.fetch_cli", "obtain the default model (or import a GGUF) into the cache"),
     "generate": ("dflash_edge.export.generate_cli", "generate with the torch reference speculative loop"),
     "export": ("dflash_edge.export.export_cli", "export target + drafter to an ONNX bundle"),

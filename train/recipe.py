@@ -15,24 +15,34 @@ import torch
 
 from .prompts import HELDOUT_FILE, PromptSpec, build_prompts, read_jsonl, write_jsonl
 from .responses import GenSpec, write_shards
+from .trainer import TrainConfig
 
 
 @dataclass
 class RecipeConfig:
     target: str | None = None                  # checkpoint dir, or None/"default"
     work_dir: str = ""
+    out: str = ""                              # where the best drafter is written (z-lab format)
+    layers: int = 1
+    block_size: int = 16
+    draft_vocab: int = 0                       # >0: softmax of the loss over the N most frequent tokens
+    max_shards: int = 0                        # >0: train on the first N response shards only
+    eval_prompts: int = 60                     # held-out prompts replayed at each evaluation
+    eval_every: int = 100
     prompts: PromptSpec = field(default_factory=PromptSpec)
-    gen: GenSpec = field(default_factory=GenSpec)
+    gen: GenSpec = field(default_factory=lambda: GenSpec(capture=(1, 8, 14, 20, 27)))
+    train: TrainConfig = field(default_factory=TrainConfig)
     num_threads: int = 2
 
 
-def load_target_and_tokenizer(spec: str | None):
+def load_target_and_tokenizer(spec: str | None, dtype: str = "float32"):
     from dflash_edge.export.fetch import resolve_target
     from dflash_edge.export.models import load_target
     from dflash_edge.runtime.tokenizer import ChatTokenizer
 
     path = resolve_target(spec)
-    return load_target(path), ChatTokenizer.from_dir(path), path
+    target = load_target(path, dtype=getattr(torch, dtype)).requires_grad_(False)
+    return target, ChatTokenizer.from_dir(path), path
 
 
 def encode_prompt(tok, prompt: str) -> list[int]:
@@ -81,6 +91,101 @@ def generate_responses(cfg: RecipeConfig, target, tok, train: list[dict]) -> lis
 
 def prepare_data(cfg: RecipeConfig) -> list[Path]:
     torch.set_num_threads(cfg.num_threads)
-    target, tok, _ = load_target_and_tokenizer(cfg.target)
+    target, tok, _ = load_target_and_tokenizer(cfg.target, cfg.gen.dtype)
     train, _ = prompt_files(cfg)
     return generate_responses(cfg, target, tok, train)
+
+
+# ---------------------------------------------------------------- training stage
+def load_samples(shard_dir: Path, max_shards: int = 0) -> list:
+    from .responses import load_shard
+
+    paths = sorted(shard_dir.glob("shard_*.pt"))
+    if max_shards:
+        paths = paths[:max_shards]
+    if not paths:
+        raise FileNotFoundError(f"no response shards in {shard_dir}: run the data stage first "
+                                f"(`dflash-edge train` builds them)")
+    return [s for p in paths for s in load_shard(p)]
+
+
+def generate_heldout(cfg: RecipeConfig, target, tok, heldout: list[dict]) -> list:
+    """The target's fp32 greedy responses to the held-out prompts (for exact replayed acceptance)."""
+    from dataclasses import replace
+
+    spec = replace(cfg.gen, sampled_fraction=0.0, dtype="float32")
+    ids = [encode_prompt(tok, r["prompt"]) for r in heldout[: cfg.eval_prompts]]
+    out = Path(cfg.work_dir) / "heldout"
+    write_shards(target, ids, out, spec)
+    samples = sorted(load_samples(out), key=lambda s: s.index)
+    return samples
+
+
+def build_drafter(target, tok, cfg: RecipeConfig):
+    """A fresh drafter reading the captured target layers; its final norm starts as the target's."""
+    from dflash_edge.export.drafter import DraftConfig, new_drafter
+    from dflash_edge.export.resolve_drafter import pick_mask_token
+
+    dcfg = DraftConfig.for_target(target.config, num_layers=cfg.layers, block_size=cfg.block_size,
+                                  mask_token_id=pick_mask_token(tok), target_layer_ids=list(cfg.gen.capture))
+    drafter = new_drafter(dcfg, seed=cfg.train.seed)
+    with torch.no_grad():
+        drafter.norm.weight.copy_(target.model.norm.weight)
+    return drafter
+
+
+class BestKeeper:
+    """Evaluation callback: replayed τ on held-out responses; the best drafter so far goes to `out`."""
+
+    def __init__(self, cfg: RecipeConfig, target, heldout_samples, categories, log):
+        from .evaluate import EvalSpec
+
+        self.cfg, self.target, self.log = cfg, target, log
+        self.samples, self.categories = heldout_samples, categories
+        self.spec = EvalSpec(block_size=cfg.block_size, max_new_tokens=cfg.gen.max_new_tokens)
+        self.head = target.lm_head.weight.detach()
+        self.best_file = Path(cfg.work_dir) / "best.json"
+        self.best = json.loads(self.best_file.read_text()) if self.best_file.exists() else {"tau": 0.0}
+
+    def __call__(self, drafter, step: int) -> None:
+        from .evaluate import format_report, replay_eval
+
+        rep = replay_eval(drafter, self.target.model.embed_tokens, self.head, self.samples, self.categories, self.spec)
+        self.log(f"step {step}: replayed held-out " + format_report(rep))
+        if rep.tau() > self.best["tau"]:
+            self.best = {"step": step, **rep.to_dict()}
+            save_with_card(drafter, Path(self.cfg.out), self.cfg, self.best)
+            self.best_file.write_text(json.dumps(self.best, indent=2))
+            self.log(f"step {step}: new best tau {rep.tau():.3f} -> {self.cfg.out}")
+
+
+def save_with_card(drafter, out: Path, cfg: RecipeConfig, result: dict) -> None:
+    from dflash_edge.export.drafter import save_drafter
+
+    from .model_card import model_card
+
+    save_drafter(drafter, out, dtype=torch.bfloat16, extra_files={"README.md": model_card(cfg, result)})
+
+
+def run_recipe(cfg: RecipeConfig, resume: bool = False, log=print) -> dict:
+    """All stages; returns the best held-out result (replayed greedy τ and per-position rates)."""
+    from .objective import frequent_tokens
+    from .trainer import train_drafter
+
+    torch.set_num_threads(cfg.num_threads)
+    gen_target, tok, _ = load_target_and_tokenizer(cfg.target, cfg.gen.dtype)
+    train_rows, heldout = prompt_files(cfg)
+    generate_responses(cfg, gen_target, tok, train_rows)
+    del gen_target
+    target, _, _ = load_target_and_tokenizer(cfg.target)
+    held = generate_heldout(cfg, target, tok, heldout)
+    samples = load_samples(Path(cfg.work_dir) / "responses", cfg.max_shards)
+    vocab = (frequent_tokens((s.tokens[s.prompt_len:] for s in samples), cfg.draft_vocab, target.config.eos_token_id)
+             if cfg.draft_vocab else None)
+    log(f"training on {len(samples)} responses ({sum(len(s.tokens) - s.prompt_len for s in samples)} tokens), "
+        f"draft vocab {len(vocab) if vocab is not None else 'full'}")
+    keeper = BestKeeper(cfg, target, held, [heldout[s.index].get("category", "all") for s in held], log)
+    drafter = build_drafter(target, tok, cfg)
+    train_drafter(target, drafter, samples, cfg.train, Path(cfg.work_dir) / f"ckpt-L{cfg.layers}-B{cfg.block_size}",
+                  resume=resume, on_eval=keeper, eval_every=cfg.eval_every, vocab=vocab)
+    return keeper.best

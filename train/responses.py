@@ -25,6 +25,7 @@ class GenSpec:
     sampled_fraction: float = 0.1     # rows decoded with temperature sampling (the rest greedy)
     temperature: float = 0.7
     seed: int = 0
+    dtype: str = "bfloat16"           # target precision while generating (bf16: ~3x faster on AMX CPUs)
 
 
 @dataclass
@@ -130,10 +131,16 @@ def _unpad(st: _Batch, prompts: list[list[int]], P: int, eos: set[int]) -> list[
 
 
 # ---------------------------------------------------------------- shards on disk
-def plan_batches(prompt_ids: list[list[int]], batch_size: int) -> list[list[int]]:
-    """Prompt indices grouped into batches of similar length (deterministic: a resumed run agrees)."""
+def plan_batches(prompt_ids: list[list[int]], batch_size: int, seed: int = 0) -> list[list[int]]:
+    """Prompt indices grouped into batches of similar length, batches in a seeded random order.
+
+    Deterministic (a resumed run agrees); the random order makes any prefix of the shards a fair
+    sample of the corpus, so training can start on the shards that exist.
+    """
     order = sorted(range(len(prompt_ids)), key=lambda i: (len(prompt_ids[i]), i))
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    perm = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [batches[i] for i in perm]
 
 
 def save_shard(samples: list[Sample], path: Path) -> None:
@@ -149,7 +156,7 @@ def save_shard(samples: list[Sample], path: Path) -> None:
 
 
 def load_shard(path: Path) -> list[Sample]:
-    blob = torch.load(path, mmap=True)
+    blob = torch.load(path, mmap=True)  # features stay on disk (page cache) until a batch touches them
     out, t0, f0 = [], 0, 0
     for n, p, i in zip(blob["lengths"].tolist(), blob["prompt_lens"].tolist(), blob["index"].tolist()):
         out.append(Sample(blob["tokens"][t0:t0 + n], p, blob["features"][f0:f0 + n - 1], i))
@@ -161,7 +168,7 @@ def write_shards(target, prompt_ids: list[list[int]], out_dir: str | Path, spec:
     """Generate every missing shard under `out_dir`; return all shard paths (resumable)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    batches = plan_batches(prompt_ids, spec.batch_size)
+    batches = plan_batches(prompt_ids, spec.batch_size, spec.seed)
     paths = [out_dir / f"shard_{i:05d}.pt" for i in range(len(batches))]
     for i, (rows, path) in enumerate(zip(batches, paths)):
         if not path.exists():

@@ -1,0 +1,70 @@
+"""`dflash-edge train`: distil a DFlash drafter for a target (prompts -> responses -> training).
+
+    dflash-edge train --target default --out drafters/smollm2-135m-instruct --work-dir /tmp/dfe-work
+    dflash-edge train ... --resume          # continue an interrupted run where it stopped
+"""
+from __future__ import annotations
+
+import os
+
+# Shared CPUs: OpenMP threads that spin while waiting steal the cores other processes need (and a
+# descheduled thread stalls every barrier). Must be set before torch loads libgomp.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from pathlib import Path  # noqa: E402
+
+from .prompts import PromptSpec  # noqa: E402
+from .recipe import RecipeConfig  # noqa: E402
+from .responses import GenSpec  # noqa: E402
+from .trainer import TrainConfig  # noqa: E402
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--target", default="default", help="checkpoint dir, or 'default' (SmolLM2-135M-Instruct)")
+    p.add_argument("--out", required=True, help="directory for the trained drafter (z-lab format)")
+    p.add_argument("--work-dir", help="prompts, response shards, checkpoints (default: $DFLASH_EDGE_HOME/train/<out name>)")
+    p.add_argument("--resume", action="store_true", help="continue from the work dir's last checkpoint")
+    p.add_argument("--layers", type=int, default=1, help="draft decoder layers (1-5)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--capture", default="1,8,14,20,27", help="target layer ids whose features feed the drafter")
+    p.add_argument("--prompts", type=int, default=1500, help="training prompts to build")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="response length budget")
+    p.add_argument("--gen-batch", type=int, default=32, help="prompts decoded together")
+    p.add_argument("--gen-dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    p.add_argument("--sampled-fraction", type=float, default=0.1, help="responses sampled (T=0.7) instead of greedy")
+    p.add_argument("--max-shards", type=int, default=0, help="train on the first N response shards (0: all)")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--seqs-per-step", type=int, default=8)
+    p.add_argument("--anchors", type=int, default=16, help="random anchors (blocks) per sequence")
+    p.add_argument("--gamma", type=float, default=7.0, help="loss decay exp(-(k-1)/gamma) over block positions")
+    p.add_argument("--lr", type=float, default=1.5e-3)
+    p.add_argument("--draft-vocab", type=int, default=0, help="softmax the loss over the N most frequent tokens (0: full)")
+    p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
+    p.add_argument("--eval-prompts", type=int, default=60)
+    p.add_argument("--ckpt-minutes", type=float, default=3.0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def config_from_args(a) -> RecipeConfig:
+    from dflash_edge.export.fetch import cache_home
+
+    work = a.work_dir or str(cache_home() / "train" / Path(a.out).name)
+    capture = tuple(int(x) for x in a.capture.split(","))
+    return RecipeConfig(
+        target=a.target, work_dir=work, out=a.out, layers=a.layers, block_size=a.block_size,
+        draft_vocab=a.draft_vocab, max_shards=a.max_shards, eval_prompts=a.eval_prompts, eval_every=a.eval_every,
+        prompts=PromptSpec(num_train=a.prompts, seed=a.seed),
+        gen=GenSpec(capture=capture, max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch,
+                    sampled_fraction=a.sampled_fraction, seed=a.seed, dtype=a.gen_dtype),
+        train=TrainConfig(steps=a.steps, seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors, gamma=a.gamma,
+                          lr=a.lr, seed=a.seed, ckpt_minutes=a.ckpt_minutes),
+        num_threads=a.threads)
+
+
+def run(args) -> int:
+    from .recipe import run_recipe
+
+    best = run_recipe(config_from_args(args), resume=args.resume)
+    print(f"best held-out tau {best.get('tau', 0):.3f} (step {best.get('step')}) -> {args.out}")
+    return 0
