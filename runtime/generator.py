@@ -26,6 +26,7 @@ from .kv import DraftModel, TargetModel
 from .sampling import SamplingParams, select_token
 from .session import SessionConfig, open_graph
 from .stats import GenerationStats
+from .trt_profiles import symbol_ranges, trt_profiles
 
 
 class NonFiniteLogitsError(DflashEdgeError):
@@ -105,6 +106,8 @@ class TextAssembler:
         self.text, self.stopped = "", False
 
     def add(self, token: int) -> str:
+        if self.stopped:
+            return ""
         self.tokens.append(token)
         before = self.tokenizer.decode(self.tokens[self.prefix:self.read])
         now = self.tokenizer.decode(self.tokens[self.prefix:])
@@ -144,22 +147,24 @@ class Generator:
         self.eos = frozenset(bundle.model["eos_token_ids"])
 
     @classmethod
-    def load(cls, bundle: str | Path | Bundle, provider: str = "cpu", *, threads: int = 0,
+    def load(cls, bundle: str | Path | Bundle, provider: str = "cpu", *, threads: int = 0, spin: bool = False,
              verify: bool = True) -> "Generator":
         """Open a bundle on `provider` ("cpu", "cuda", "tensorrt"); sha256-checks files unless verify=False."""
         from .tokenizer import ChatTokenizer
 
         b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle, verify=verify)
         _check_io_tables(b)
-        config = SessionConfig(provider, threads, trt_cache_dir=str(b.root / ".trt-cache"))
+        config = SessionConfig(provider, threads, trt_cache_dir=str(b.root / ".trt-cache"), spin=spin)
         dims = model_dims(b.model, b.block_size)
         chunk = b.manifest["prefill_chunk"]
         # room for the live context plus one verify block (or one padded prefill chunk) beyond it
         capacity = b.max_context + max(b.manifest["kv_cache"]["slack"], b.block_size, chunk)
-        target = TargetModel(open_graph(b.graph_path("target"), config), dims, capacity,
+        ranges = symbol_ranges(b.manifest)                          # the shapes the graphs are built for
+        profiles = trt_profiles(b) if provider == "tensorrt" else {}
+        target = TargetModel(open_graph(b.graph_path("target"), config, profiles.get("target")), dims, capacity,
                              (1, b.block_size, chunk), b.kv_dtype)
-        drafter = DraftModel(open_graph(b.graph_path("drafter"), config), dims, capacity, target.hidden,
-                             b.model["mask_token_id"], b.kv_dtype)
+        drafter = DraftModel(open_graph(b.graph_path("drafter"), config, profiles.get("drafter")), dims, capacity,
+                             target.hidden, b.model["mask_token_id"], b.kv_dtype, max_ctx_rows=ranges["C"][2])
         return cls(b, ChatTokenizer.from_dir(b.root), target, drafter)
 
     # ---- public API -------------------------------------------------------------------------------

@@ -127,18 +127,28 @@ class DraftModel:
 
     HOST = ("block_ids", "start", "draft_ids")
 
-    def __init__(self, runner, dims: dict[str, int], capacity: int, ctx: DeviceBuffer, mask_id: int, kv_dtype: str):
+    def __init__(self, runner, dims: dict[str, int], capacity: int, ctx: DeviceBuffer, mask_id: int, kv_dtype: str,
+                 max_ctx_rows: int):
         self.runner = runner
         self.kv = KVCache(capacity, dims["Ld"], dims["Hkv"], dims["D"], kv_dtype, runner.device, runner.device_id)
         self.ctx = ctx
+        self.max_ctx_rows = max_ctx_rows          # the C range the graph is built for (trt_profiles)
         self.step = HostStep(runner, "drafter", dims, self.HOST)
         self.step["block_ids"][:] = mask_id
 
     def draft(self, last_token: int, ctx_end: int) -> np.ndarray:
         """Greedy draft tokens [B-1] after `last_token` (a view: valid until the next call).
 
-        Context features of positions [pos:ctx_end] are consumed from the target's buffer and cached.
+        Context features of positions [pos:ctx_end] are consumed from the target's buffer and cached;
+        a long prompt is consumed in pieces of `max_ctx_rows` (context K/V are per position, so the
+        pieces' caches are identical; only the last piece's drafts are used).
         """
+        while ctx_end - self.kv.pos > self.max_ctx_rows:
+            self._run(last_token, self.kv.pos + self.max_ctx_rows)
+        self._run(last_token, ctx_end)
+        return self.step["draft_ids"][0]
+
+    def _run(self, last_token: int, ctx_end: int) -> None:
         step, start = self.step, self.kv.pos
         step["block_ids"][0, 0] = last_token
         step["start"][0] = start
@@ -146,4 +156,3 @@ class DraftModel:
         self.kv.bind(step.binding, start, ctx_end - start)
         self.runner.run(step.binding)
         self.kv.pos = ctx_end
-        return step["draft_ids"][0]

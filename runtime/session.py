@@ -37,6 +37,7 @@ class SessionConfig:
     threads: int = 0
     device_id: int = 0
     trt_cache_dir: str | None = None          # TensorRT EP engine cache (bundle/.trt-cache by default)
+    spin: bool = False                        # busy-wait between ops: lower latency on idle cores, far slower on shared ones
 
 
 def available_providers() -> list[str]:
@@ -86,8 +87,12 @@ class OrtGraph:
         self.calls += 1
 
 
-def open_graph(path, config: SessionConfig = SessionConfig()) -> OrtGraph:
-    """An onnxruntime session for `path` on `config.provider` (graph optimisations ALL, sized thread pool)."""
+def open_graph(path, config: SessionConfig = SessionConfig(), profile: dict | None = None) -> OrtGraph:
+    """An onnxruntime session for `path` on `config.provider` (graph optimisations ALL, sized thread pool).
+
+    `profile` (input name -> {"min","opt","max"} shapes, from `trt_profiles`) becomes the TensorRT EP's
+    optimisation profile, so one engine serves every step shape.
+    """
     import onnxruntime as ort
 
     check_provider(config.provider)
@@ -98,17 +103,22 @@ def open_graph(path, config: SessionConfig = SessionConfig()) -> OrtGraph:
     opts.intra_op_num_threads = config.threads or default_threads()
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
-    providers = [(ep, _provider_options(ep, config)) for ep in eps]
+    if not config.spin:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    providers = [(ep, _provider_options(ep, config, profile)) for ep in eps]
     session = ort.InferenceSession(str(path), opts, providers=providers)
     return OrtGraph(session, device, config.device_id)
 
 
-def _provider_options(ep: str, config: SessionConfig) -> dict:
+def _provider_options(ep: str, config: SessionConfig, profile: dict | None) -> dict:
     if ep == "CUDAExecutionProvider":
         return {"device_id": config.device_id}
     if ep == "TensorrtExecutionProvider":
         opts = {"device_id": config.device_id, "trt_fp16_enable": False}
         if config.trt_cache_dir:
             opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=config.trt_cache_dir)
+        for level in ("min", "opt", "max") if profile else ():
+            opts[f"trt_profile_{level}_shapes"] = ",".join(
+                f"{name}:{'x'.join(str(d) for d in shapes[level])}" for name, shapes in profile.items())
         return opts
     return {}

@@ -1,0 +1,366 @@
+"""The runtime loop over exported bundles: lossless vs the torch reference, buffers, text, bad input (tier 1).
+
+Tier 2 (SmolLM2 end to end, a runtime-only install in a fresh venv) is marked `tier2`.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dflash_edge.runtime.bundle import BundleError
+from dflash_edge.runtime.errors import ContextOverflowError
+from dflash_edge.runtime.sampling import SamplingParams, token_probs
+from fixtures_bundle import MAX_CONTEXT, tiny_bundle  # noqa: F401  (fixture)
+
+PROMPTS = [[5, 17, 33, 42, 8], [90, 1, 64, 12, 77, 3, 3, 19, 45, 60, 11], [7],
+           [(13 * i) % 90 + 3 for i in range(29)]]            # 29 tokens: 3 full chunks + an overlapped one
+SAMPLERS = [SamplingParams(temperature=1.0, seed=3), SamplingParams(temperature=0.7, top_k=12, seed=4),
+            SamplingParams(temperature=1.3, top_p=0.8, seed=5)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The torch reference on one thread: on a busy 2-core machine a second spinning thread is 10x slower."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def reference(tb, prompt, max_new_tokens=40, sampling=SamplingParams(), stop=None, max_context=MAX_CONTEXT,
+              speculative=False):
+    from dflash_edge.export.reference_loop import GenerationConfig, speculative_generate, target_generate
+
+    gen = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling, max_context=max_context,
+                           stop_token_ids=stop)
+    if speculative:
+        return speculative_generate(tb.target, tb.drafter, prompt, gen)
+    return target_generate(tb.target, prompt, gen)
+
+
+def late_stop(tokens, at):
+    """Stop ids: a token first occurring at index >= `at` (so the run stops there), else none."""
+    fresh = [t for i, t in enumerate(tokens) if i >= at and t not in tokens[:i]]
+    return tuple(fresh[:1])
+
+
+class OracleDrafter:
+    """Wraps the runtime's drafter: each draft token is the target's true future token with probability `hit`.
+
+    Exercises long acceptances, stops inside a block and rollback of partial blocks through the real loop.
+    """
+
+    def __init__(self, real, full_sequence, hit, seed=0):
+        self.real, self.full, self.hit = real, list(full_sequence), hit
+        self.rng = np.random.default_rng(seed)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def draft(self, last_token, ctx_end):
+        ids = self.real.draft(last_token, ctx_end).copy()          # ctx_end is the position of last_token
+        for k in range(1, len(ids) + 1):
+            if ctx_end + k < len(self.full) and self.rng.random() < self.hit:
+                ids[k - 1] = self.full[ctx_end + k]
+        return ids
+
+
+@pytest.fixture
+def oracle(monkeypatch):
+    def install(gen, full_sequence, hit, seed=0):
+        monkeypatch.setattr(gen, "drafter", OracleDrafter(gen.drafter, full_sequence, hit, seed))
+
+    return install
+
+
+# ---- lossless ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("block", [4, 8])
+def test_greedy_equals_torch_reference(tiny_bundle, variant, block):
+    tb = tiny_bundle(variant, block)
+    for prompt in PROMPTS:
+        free = reference(tb, prompt, stop=())
+        stop = late_stop(free.token_ids, 17)                  # a stop token the output is known to reach
+        want = reference(tb, prompt, stop=stop)
+        spec = tb.generator.generate_ids(prompt, 40, stop_token_ids=stop)
+        ar = tb.generator.generate_ids(prompt, 40, use_draft=False, stop_token_ids=stop)
+        assert spec.token_ids == want.token_ids == ar.token_ids
+        assert spec.finish_reason == ar.finish_reason == want.finish_reason == ("stop" if stop else "length")
+        steps = spec.stats.acceptance_lengths
+        assert steps and all(1 <= a <= block for a in steps) and sum(steps) + 1 >= len(spec.token_ids)
+
+
+@pytest.mark.parametrize("block", [4, 8])
+@pytest.mark.parametrize("hit", [1.0, 0.8])
+def test_long_acceptances_roll_back_correctly(tiny_bundle, oracle, block, hit):
+    tb = tiny_bundle("qwen3", block)
+    for i, prompt in enumerate(PROMPTS):
+        ref = reference(tb, prompt, 60, stop=())
+        stop = late_stop(ref.token_ids, 45)
+        want = reference(tb, prompt, 60, stop=stop)
+        oracle(tb.generator, prompt + ref.token_ids, hit, seed=i)
+        got = tb.generator.generate_ids(prompt, 60, stop_token_ids=stop)
+        assert got.token_ids == want.token_ids
+        steps = got.stats.acceptance_lengths
+        assert max(steps) > 1 and all(1 <= a <= block for a in steps)
+        if hit == 1.0:
+            assert all(a == block for a in steps[:-1])
+
+
+def test_budget_ends_inside_a_block(tiny_bundle, oracle):
+    tb = tiny_bundle("qwen3", 8)
+    ref = reference(tb, PROMPTS[0], 50, stop=())
+    oracle(tb.generator, PROMPTS[0] + ref.token_ids, 1.0)
+    got = tb.generator.generate_ids(PROMPTS[0], 13, stop_token_ids=())
+    assert got.token_ids == ref.token_ids[:13] and got.finish_reason == "length"
+
+
+@pytest.mark.parametrize("sampling", SAMPLERS)
+def test_sampling_same_seed_same_tokens_as_reference(tiny_bundle, oracle, sampling):
+    tb = tiny_bundle("llama", 8)
+    want = reference(tb, PROMPTS[1], 48, sampling, stop=())
+    assert reference(tb, PROMPTS[1], 48, sampling, stop=(), speculative=True).token_ids == want.token_ids
+    ar = tb.generator.generate_ids(PROMPTS[1], 48, sampling, use_draft=False, stop_token_ids=())
+    plain = tb.generator.generate_ids(PROMPTS[1], 48, sampling, stop_token_ids=())
+    oracle(tb.generator, PROMPTS[1] + want.token_ids, 0.9)
+    spec = tb.generator.generate_ids(PROMPTS[1], 48, sampling, stop_token_ids=())
+    assert ar.token_ids == plain.token_ids == spec.token_ids == want.token_ids
+    assert max(spec.stats.acceptance_lengths) > 1
+
+
+def test_sampling_distribution_matches_target(tiny_bundle):
+    """Joint distribution of the first two sampled tokens over many seeds vs the exact target one."""
+    import torch
+    from scipy.stats import chisquare
+
+    tb = tiny_bundle("qwen3", 4)
+    prompt, base = PROMPTS[0], SamplingParams(temperature=1.0, top_k=5)
+    with torch.no_grad():
+        logits = tb.target(torch.tensor([prompt]), tb.target.new_cache(16)).logits[0, -1].numpy()
+        p1, joint = token_probs(logits, base), {}
+        for t1 in np.flatnonzero(p1):
+            l2 = tb.target(torch.tensor([prompt + [int(t1)]]), tb.target.new_cache(16)).logits[0, -1].numpy()
+            for t2, q in enumerate(token_probs(l2, base)):
+                if q > 0:
+                    joint[(int(t1), t2)] = p1[t1] * q
+    n, counts = 1500, dict.fromkeys(joint, 0)
+    for seed in range(n):
+        res = tb.generator.generate_ids(prompt, 2, SamplingParams(1.0, top_k=5, seed=seed), stop_token_ids=())
+        counts[tuple(res.token_ids)] += 1
+    keys = sorted(joint)
+    observed = np.array([counts[k] for k in keys], dtype=float)
+    expected = np.array([joint[k] for k in keys]) * n
+    assert observed.sum() == n
+    assert chisquare(observed, expected).pvalue > 1e-3
+    assert 0.5 * np.abs(observed / n - expected / n).sum() < 0.08      # total variation
+
+
+# ---- context end, buffers ----------------------------------------------------------------------------
+def test_generation_stops_cleanly_at_context_end(tiny_bundle):
+    tb = tiny_bundle("qwen2", 8)
+    prompt = PROMPTS[3]
+    want = reference(tb, prompt, 500, stop=())
+    for use_draft in (True, False):
+        got = tb.generator.generate_ids(prompt, 500, use_draft=use_draft, stop_token_ids=())
+        assert got.finish_reason == want.finish_reason == "context"
+        assert got.token_ids == want.token_ids and len(got.token_ids) == MAX_CONTEXT - len(prompt)
+
+
+def test_prompt_longer_than_context_names_the_limit(tiny_bundle):
+    gen = tiny_bundle("qwen3", 8).generator
+    with pytest.raises(ContextOverflowError, match=f"the prompt has 130 tokens but the context holds {MAX_CONTEXT}"):
+        gen.generate_ids([3] * 130, 10)
+    with pytest.raises(ContextOverflowError, match=f"holds {MAX_CONTEXT}"):
+        gen.generate(" ".join(["t7"] * 200), chat=False)
+
+
+def test_steps_allocate_nothing_of_cache_size(tiny_bundle):
+    gen = tiny_bundle("qwen3", 8).generator
+    ptrs = (gen.target.kv.key.ptr, gen.target.kv.value.ptr, gen.drafter.kv.key.ptr, gen.target.hidden.ptr)
+    gen.generate_ids(PROMPTS[1], 30, stop_token_ids=())                        # warm-up
+    kv_bytes = gen.target.kv.key.nbytes
+    for use_draft, sampling in [(True, SamplingParams()), (False, SamplingParams()), (True, SAMPLERS[1])]:
+        tracemalloc.start()
+        gen.generate_ids(PROMPTS[1], 60, sampling, use_draft=use_draft, stop_token_ids=())
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < kv_bytes / 4, f"a generation allocated {peak} bytes (one K cache is {kv_bytes})"
+    assert ptrs == (gen.target.kv.key.ptr, gen.target.kv.value.ptr, gen.drafter.kv.key.ptr, gen.target.hidden.ptr)
+
+
+# ---- text, chat, stop strings ----------------------------------------------------------------------
+def test_generate_text_chat_and_stream(tiny_bundle):
+    gen = tiny_bundle("qwen3", 8).generator
+    res = gen.generate("t5 t6 t7", max_new_tokens=20)
+    assert res.token_ids == gen.generate_ids(gen.encode("t5 t6 t7"), 20).token_ids
+    assert res.text == gen.tokenizer.decode(res.token_ids)
+    msgs = [{"role": "user", "content": "t5 t6 t7"}]
+    assert gen.generate(msgs, max_new_tokens=20).token_ids == res.token_ids
+    assert gen.generate("t1 t5 t6 t7 t2 t3", max_new_tokens=20, chat=False).token_ids == res.token_ids
+    stream = gen.stream(msgs, max_new_tokens=20)
+    assert "".join(stream) == res.text and stream.result.token_ids == res.token_ids
+    s = res.stats
+    assert s.new_tokens == 20 and s.ttft_s > 0 and s.decode_tokens_per_s > 0 and 0 <= s.python_overhead < 1
+    assert s.mean_acceptance_length >= 1 and s.finish_reason == "length"
+
+
+def test_stop_string_cuts_text_and_tokens(tiny_bundle):
+    gen = tiny_bundle("qwen3", 8).generator
+    full = gen.generate("t5 t6 t7", max_new_tokens=30)
+    words = full.text.split()
+    stop = " ".join(words[6:8])                                   # occurs after the 6th token
+    cut = full.text.index(stop)
+    for use_draft in (True, False):
+        res = gen.generate("t5 t6 t7", max_new_tokens=30, stop=[stop], use_draft=use_draft)
+        assert res.text == full.text[:cut] and res.finish_reason == "stop"
+        assert res.token_ids == full.token_ids[:8]
+        assert "".join(gen.stream("t5 t6 t7", max_new_tokens=30, stop=stop, use_draft=use_draft)) == res.text
+
+
+class _ByteTokenizer:
+    """ids are UTF-8 bytes: multi-byte characters span several tokens."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_text_pieces_never_split_a_character():
+    from dflash_edge.runtime.generator import TextAssembler
+
+    text = "héllo wörld — 日本語 ok 🙂!"
+    asm = TextAssembler(_ByteTokenizer(), stop=("ok 🙂",))
+    pieces = [asm.add(b) for b in text.encode()]
+    pieces.append(asm.finish())
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == asm.text == "héllo wörld — 日本語 "
+    asm = TextAssembler(_ByteTokenizer())
+    assert "".join([asm.add(b) for b in text.encode()] + [asm.finish()]) == text
+
+
+# ---- bad input -------------------------------------------------------------------------------------
+def _copy_bundle(tb, tmp_path) -> Path:
+    dst = tmp_path / "bundle"
+    shutil.copytree(tb.path, dst)
+    return dst
+
+
+def test_missing_or_corrupt_bundle(tiny_bundle, tmp_path):
+    from dflash_edge.runtime import Generator
+
+    with pytest.raises(BundleError, match="manifest.json not found"):
+        Generator.load(tmp_path / "nope")
+    path = _copy_bundle(tiny_bundle("qwen3", 8), tmp_path)
+    data = path / "target.onnx.data"
+    good = data.read_bytes()
+    data.write_bytes(good[:100] + bytes([good[100] ^ 0xFF]) + good[101:])
+    with pytest.raises(BundleError, match=r"target\.onnx\.data is corrupt"):
+        Generator.load(path)
+    data.write_bytes(good)
+    (path / "drafter.onnx").unlink()
+    with pytest.raises(BundleError, match=r"drafter\.onnx is missing"):
+        Generator.load(path)
+
+
+def test_unknown_manifest_version(tiny_bundle, tmp_path):
+    from dflash_edge.runtime import Generator
+
+    path = _copy_bundle(tiny_bundle("qwen3", 8), tmp_path)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["manifest_version"] = 99
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="manifest_version 99 is not supported"):
+        Generator.load(path)
+
+
+def test_unavailable_provider_lists_available(tiny_bundle):
+    from dflash_edge.runtime import Generator
+    from dflash_edge.runtime.session import ProviderUnavailableError, available_providers
+
+    assert "cpu" in available_providers()
+    with pytest.raises(ProviderUnavailableError, match="unknown provider 'tpu'.*available here: cpu"):
+        Generator.load(tiny_bundle("qwen3", 8).path, provider="tpu")
+    if "cuda" not in available_providers():
+        with pytest.raises(ProviderUnavailableError, match="provider 'cuda' is not available.*available: cpu"):
+            Generator.load(tiny_bundle("qwen3", 8).path, provider="cuda")
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLERS[0]])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_logits_raise(tiny_bundle, monkeypatch, sampling, bad):
+    from dflash_edge.runtime.generator import NonFiniteLogitsError
+
+    gen = tiny_bundle("qwen3", 8).generator
+    runner, real_run = gen.target.runner, gen.target.runner.run
+
+    def poisoned(binding):
+        real_run(binding)
+        for step in gen.target.steps.values():
+            step["logits"][...] = bad
+
+    monkeypatch.setattr(runner, "run", poisoned)
+    with pytest.raises(NonFiniteLogitsError, match="NaN/inf logits"):
+        gen.generate_ids(PROMPTS[0], 10, sampling)
+
+
+def test_empty_prompt(tiny_bundle):
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        tiny_bundle("qwen3", 8).generator.generate_ids([], 5)
+
+
+# ---- light install -------------------------------------------------------------------------------------
+def test_runtime_never_imports_torch_or_transformers(tiny_bundle):
+    code = ("import sys\nfrom dflash_edge.runtime import Generator\n"
+            f"g = Generator.load({str(tiny_bundle('qwen3', 8).path)!r})\n"
+            "r = g.generate('t5 t6', max_new_tokens=12)\nassert len(r.token_ids) == 12\n"
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.tier2
+def test_runtime_only_install_runs_a_bundle(tiny_bundle, tmp_path):
+    """`pip install ".[runtime]"` in a fresh venv (numpy, onnxruntime, tokenizers, jinja2) runs a bundle."""
+    repo = Path(__file__).resolve().parents[1]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", f"{repo}[runtime]"], check=True, cwd=tmp_path)
+    code = ("import sys\nfrom dflash_edge.runtime import Generator\n"
+            f"r = Generator.load({str(tiny_bundle('qwen3', 8).path)!r}).generate('t5 t6', max_new_tokens=12)\n"
+            "assert len(r.token_ids) == 12, r\nprint('ok', 'torch' in sys.modules)")
+    out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok False"
+
+
+# ---- tier 2: the default model ---------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def smollm2_bundle(smollm2_dir, tmp_path_factory):
+    from dflash_edge.export.exporter import ExportOptions, export_bundle
+
+    out = tmp_path_factory.mktemp("smol") / "bundle"
+    return export_bundle(ExportOptions(out=out, target=str(smollm2_dir), draft="random", block_size=16,
+                                       max_context=1024, verify=False), progress=False)
+
+
+@pytest.mark.tier2
+def test_smollm2_greedy_equals_torch_reference(smollm2, smollm2_bundle):
+    from dflash_edge.export.reference_loop import GenerationConfig, target_generate
+    from dflash_edge.runtime import Generator
+
+    gen = Generator.load(smollm2_bundle)
+    for prompt in ["Why is the sky blue?", "Write a Python function that reverses a string.",
+                   "List three prime numbers and explain why they are prime."]:
+        ids = gen.encode(prompt)
+        want = target_generate(smollm2, ids, GenerationConfig(max_new_tokens=64)).token_ids
+        assert gen.generate_ids(ids, 64).token_ids == want
+        assert gen.generate_ids(ids, 64, use_draft=False).token_ids == want
