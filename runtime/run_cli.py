@@ -1,0 +1,34 @@
+"""`dflash-edge run BUNDLE --prompt TEXT`: stream a reply through the runtime; stats go to stderr."""
+from __future__ import annotations
+
+import sys
+
+
+def add_arguments(p) -> None:
+    p.add_argument("bundle", help="bundle directory (from `dflash-edge export --out DIR`)")
+    p.add_argument("--prompt", required=True, help="user message (wrapped in the chat template unless --raw)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
+    p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding (the baseline)")
+    p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per usable CPU)")
+
+
+def run(args) -> int:
+    from .generator import Generator
+
+    gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads)
+    stream = gen.stream(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, chat=not args.raw,
+                        use_draft=not args.no_draft)
+    for piece in stream:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    print(f"[{stream.result.stats.summary()}]", file=sys.stderr)
+    return 0
