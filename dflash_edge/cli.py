@@ -19,6 +19,8 @@ COMMANDS = {
     "generate": ("dflash_edge.export.generate_cli", "generate with the torch reference speculative loop"),
     "export": ("dflash_edge.export.export_cli", "export target + drafter to an ONNX bundle"),
     "build-engines": ("dflash_edge.export.engines_cli", "build TensorRT engines for a bundle (needs TensorRT)"),
+    "run": ("dflash_edge.runtime.run_cli", "generate from a bundle with the speculative runtime (streams text)"),
+    "bench": ("dflash_edge.runtime.bench_cli", "speculative vs autoregressive tokens/s on a prompt set, lossless check"),
 }
 
 
