@@ -6,7 +6,7 @@ Two measurements of the same quantity:
   features): every anchor's block in one batched drafter pass, then the accept/advance walk. It is
   exact for greedy decoding up to float rounding, and takes seconds, so training uses it.
 
->>> report = reference_eval(target, drafter, tok, rows, EvalSpec(block_size=16))   # doctest: +SKIP
+>>> report = reference_eval(target, drafter, prompt_ids, categories, EvalSpec(block_size=16))  # doctest: +SKIP
 >>> print(format_report(report))                                                   # doctest: +SKIP
 """
 from __future__ import annotations
@@ -62,17 +62,16 @@ def format_report(rep: AcceptanceReport) -> str:
 
 
 @torch.no_grad()
-def reference_eval(target, drafter, tok, rows: list[dict], spec: EvalSpec, progress=None) -> AcceptanceReport:
-    """Run `speculative_generate` (greedy) on every prompt row; collect acceptance lengths."""
+def reference_eval(target, drafter, prompt_ids: list[list[int]], categories: list[str], spec: EvalSpec,
+                   progress=None) -> AcceptanceReport:
+    """Run `speculative_generate` (greedy) on every prompt; collect acceptance lengths per category."""
     from dflash_edge.export.reference_loop import GenerationConfig, speculative_generate
-
-    from .recipe import encode_prompt
 
     rep = AcceptanceReport(spec.block_size)
     gen = GenerationConfig(max_new_tokens=spec.max_new_tokens, block_size=spec.block_size)
-    for row in rows:
-        res = speculative_generate(target, drafter, encode_prompt(tok, row["prompt"]), gen)
-        rep.add(row.get("category", "all"), res.acceptance_lengths)
+    for ids, cat in zip(prompt_ids, categories):
+        res = speculative_generate(target, drafter, ids, gen)
+        rep.add(cat, res.acceptance_lengths)
         if progress:
             progress(rep)
     return rep

@@ -74,13 +74,14 @@ def load_checkpoint(path: Path, drafter, opt) -> int:
 
 def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Path | None = None,
                   resume: bool = False, on_eval=None, eval_every: int = 0, vocab: torch.Tensor | None = None):
-    """Train `drafter` in place on `samples` (list of responses.Sample); returns the drafter.
+    """Train `drafter` in place on `samples` (list of responses.Sample); returns the per-step losses.
 
     `on_eval(drafter, step)` (optional) is called every `eval_every` steps and at the end;
     `vocab` (optional) restricts the loss's softmax to those token ids (a reduced draft vocabulary).
     """
     from tqdm import tqdm
 
+    target.requires_grad_(False)  # frozen: no gradient buffers for the 49k-row embedding
     embed = target.model.embed_tokens
     head = DraftHead.build(target.lm_head.weight, getattr(torch, cfg.head_dtype), vocab)
     params = [p for p in drafter.parameters() if p.requires_grad]
@@ -91,6 +92,7 @@ def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Pa
     stats, last_save = RunningStats(), time.monotonic()
     drafter.train()
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="train", unit="step")
+    losses = []
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
@@ -99,7 +101,8 @@ def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Pa
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
-        s = stats.update(loss=out.loss.item(), tau=1 + out.accept.float().mean().item())
+        losses.append(out.loss.item())
+        s = stats.update(loss=losses[-1], tau=1 + out.accept.float().mean().item())
         bar.set_postfix(loss=f"{s['loss']:.3f}", tau_est=f"{s['tau']:.2f}")
         if ckpt and time.monotonic() - last_save > cfg.ckpt_minutes * 60:
             save_checkpoint(ckpt, drafter, opt, step + 1, cfg)
@@ -112,4 +115,4 @@ def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Pa
     drafter.eval()
     if on_eval:
         on_eval(drafter, cfg.steps)
-    return drafter
+    return losses
