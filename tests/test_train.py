@@ -94,7 +94,7 @@ def test_training_raises_acceptance_well_above_random(tiny_target, samples):
     print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; replayed tau {before:.3f} -> {after.tau():.3f}")
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 0.15
     assert after.tau() > before + 0.2, (before, after.tau())
-    assert after.position_rates()[0] > 0.5 > 0.1 > replay_eval(fresh_drafter(tiny_target), tiny_target.model.embed_tokens,
+    assert after.position_rates()[0] > 0.15 > 0.05 > replay_eval(fresh_drafter(tiny_target), tiny_target.model.embed_tokens,
                                                                head, held, cats, spec).position_rates()[0]
     ref = reference_eval(tiny_target, drafter, [s.tokens[:s.prompt_len].tolist() for s in held], cats, spec)
     assert abs(ref.tau() - after.tau()) < 0.25                                         # replay == reference loop
