@@ -183,6 +183,7 @@ class Generator:
         t_call = time.perf_counter()
         req = Request(self.encode(prompt, chat), max_new_tokens, SamplingParams(temperature, top_k, top_p, seed),
                       tuple([stop] if isinstance(stop, str) else stop or ()), use_draft, t_call)
+        self._room(req.prompt_ids)                                  # bad prompts fail here, not mid-iteration
         return Stream(self._text_pieces(req))
 
     def generate_ids(self, prompt_ids: list[int], max_new_tokens: int = 128,
@@ -266,17 +267,18 @@ class Generator:
 
     # ---- helpers -----------------------------------------------------------------------------------
     def _room(self, prompt_ids: list[int]) -> int:
+        """Tokens the context has left after the prompt (errors name the limit)."""
         if not prompt_ids:
             raise ValueError("the prompt is empty: pass at least one token")
         if len(prompt_ids) >= self.max_context:
             raise ContextOverflowError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
                                        f"{self.max_context}; shorten the prompt or re-export with a larger "
                                        f"--max-context")
-        self.target.kv.pos = self.drafter.kv.pos = 0
         return self.max_context - len(prompt_ids)
 
     def _prefill(self, ids: list[int], sampling: SamplingParams) -> int:
-        """Run the prompt in static chunks of P; returns the first generated token."""
+        """Run the prompt in static chunks of P from an empty cache; returns the first generated token."""
+        self.target.kv.pos = self.drafter.kv.pos = 0
         size, n = self.prefill_chunk, len(ids)
         step = self.target.steps[size]
         for start in _chunk_starts(n, size):
@@ -285,7 +287,7 @@ class Generator:
             step["input_ids"][0, len(chunk):] = chunk[-1]           # padding (only when n < P): causal, ignored
             self.target.forward(size, start)
         self.target.kv.pos = n
-        return self._select(step, n - 1 - start, n, sampling)
+        return self._select(step, n - 1 - start, n, sampling)    # the last chunk's row of token n-1
 
     def _accept(self, step, block: np.ndarray, start: int, sampling: SamplingParams) -> tuple[int, int]:
         """(number of drafts accepted, the target's token after them); row i predicts position start+1+i."""
