@@ -364,3 +364,45 @@ def test_smollm2_greedy_equals_torch_reference(smollm2, smollm2_bundle):
         want = target_generate(smollm2, ids, GenerationConfig(max_new_tokens=64)).token_ids
         assert gen.generate_ids(ids, 64).token_ids == want
         assert gen.generate_ids(ids, 64, use_draft=False).token_ids == want
+
+
+# ---- CLI -------------------------------------------------------------------------------------------------
+def test_run_cli_streams_text_and_prints_stats(tiny_bundle, capsys):
+    from dflash_edge.cli import main
+
+    tb = tiny_bundle("qwen3", 8)
+    assert main(["run", str(tb.path), "--prompt", "t5 t6 t7", "--max-new-tokens", "12"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == tb.generator.generate("t5 t6 t7", max_new_tokens=12).text
+    assert "12 tokens" in err and "mean acceptance length" in err
+    assert main(["run", str(tb.path), "--prompt", "t5", "--no-draft", "--temperature", "0.8", "--seed", "2",
+                 "--max-new-tokens", "5"]) == 0
+    assert "5 tokens" in capsys.readouterr().err
+
+
+def test_bench_cli_report(tiny_bundle, tmp_path, capsys):
+    from dflash_edge.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"x{i}", "category": "c", "prompt": f"t{i} t{i + 3}"}) + "\n"
+                               for i in range(5, 9)))
+    out = tmp_path / "bench.json"
+    argv = ["bench", str(tiny_bundle("llama", 4).path), "--prompts", str(prompts), "--max-new-tokens", "16",
+            "--limit", "3", "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["lossless"] is True and report["prompts"] == len(report["rows"]) == 3
+    for key in ("speedup", "spec_tokens_per_s", "ar_tokens_per_s", "mean_acceptance_length", "ttft_ms",
+                "peak_rss_mb", "python_overhead", "machine", "provider"):
+        assert report[key] is not None, key
+    assert json.loads(capsys.readouterr().out)["lossless"] is True
+    prompts.write_text('{"text": "no prompt field"}\n')
+    assert main(argv) == 2 and "needs a string field 'prompt'" in capsys.readouterr().err
+
+
+def test_shipped_benchmark_prompts():
+    from dflash_edge.runtime.bench_cli import load_prompts
+
+    rows = load_prompts(None)
+    assert len(rows) >= 40 and len({r["prompt"] for r in rows}) == len(rows)
+    assert {r["category"] for r in rows} >= {"chat", "code", "math", "writing", "knowledge", "lists"}
