@@ -8,7 +8,12 @@ Times, interleaved round-robin so machine noise hits all alike (medians reported
 and the ratios verify/decode and (draft+verify)/decode: the acceptance length a drafter must beat
 for speculation to pay off.
 
+With `--oracle-hits 0.5,0.8,1.0` it instead runs the real loop with an *oracle* drafter (the real drafter
+runs, then each draft token is replaced by the target's true next token with probability `hit`) and
+reports speedup vs acceptance length: what a trained drafter of that quality would give on this machine.
+
     python benchmarks/bench_runtime.py BUNDLE [--context 256] [--repeats 20] [--threads 0] [--json OUT]
+    python benchmarks/bench_runtime.py BUNDLE --oracle-hits 0.6,0.8,0.9,1.0 [--limit 8] [--max-new-tokens 96]
 """
 from __future__ import annotations
 
@@ -19,11 +24,17 @@ import sys
 import time
 
 
-def measure(bundle: str, context: int, repeats: int, threads: int, spin: bool = False) -> dict:
+def measure(bundle: str, context: int, repeats: int, threads: int, spin: bool = False,
+            extra_sizes: tuple[int, ...] = ()) -> dict:
     from dflash_edge.runtime import Generator
+    from dflash_edge.runtime.io_tables import model_dims
+    from dflash_edge.runtime.kv import HostStep
 
     gen = Generator.load(bundle, threads=threads, spin=spin, verify=False)
     tgt, drf, block, chunk = gen.target, gen.drafter, gen.block_size, gen.prefill_chunk
+    dims = model_dims(gen.bundle.model, block)
+    for t in extra_sizes:                                  # other verify sizes (the graph's T is dynamic)
+        tgt.steps.setdefault(t, HostStep(tgt.runner, "target", {**dims, "T": t}, tgt.HOST))
     context = min(context, gen.max_context - chunk)
     ids = [(7 * i) % 1000 + 10 for i in range(context)]
     gen._prefill(ids, gen_sampling())                      # fills the caches with a real prefix
@@ -43,6 +54,8 @@ def measure(bundle: str, context: int, repeats: int, threads: int, spin: bool = 
         tgt.forward(chunk, context)
 
     cases = {"decode": decode, "verify": verify, "draft": draft, "prefill": prefill}
+    for t in extra_sizes:
+        cases[f"target_T{t}"] = lambda t=t: tgt.forward(t, context)
     times: dict[str, list[float]] = {k: [] for k in cases}
     for _ in range(2):                                     # warm-up
         for fn in cases.values():
@@ -59,6 +72,54 @@ def measure(bundle: str, context: int, repeats: int, threads: int, spin: bool = 
             "draft_plus_verify_over_decode": round((med["verify"] + med["draft"]) / med["decode"], 3)}
 
 
+class OracleDrafter:
+    """The bundle's drafter, its drafts overwritten by the true continuation with probability `hit`."""
+
+    def __init__(self, real, full_sequence, hit, seed=0):
+        import numpy as np
+
+        self.real, self.full, self.hit, self.rng = real, full_sequence, hit, np.random.default_rng(seed)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def draft(self, last_token, ctx_end):
+        ids = self.real.draft(last_token, ctx_end).copy()
+        for k in range(1, len(ids) + 1):
+            if ctx_end + k < len(self.full) and self.rng.random() < self.hit:
+                ids[k - 1] = self.full[ctx_end + k]
+        return ids
+
+
+def oracle_sweep(bundle: str, hits: list[float], limit: int, max_new_tokens: int, threads: int) -> dict:
+    from dflash_edge.runtime import Generator
+    from dflash_edge.runtime.bench_cli import load_prompts
+
+    gen = Generator.load(bundle, threads=threads, verify=False)
+    real = gen.drafter
+    gen.generate("Hello", max_new_tokens=8)
+    rows = []
+    for i, row in enumerate(load_prompts(None, limit)):
+        for hit in hits:
+            gen.drafter = real
+            ar = gen.generate(row["prompt"], max_new_tokens=max_new_tokens, use_draft=False)
+            gen.drafter = OracleDrafter(real, gen.encode(row["prompt"]) + ar.token_ids, hit, seed=i)
+            spec = gen.generate(row["prompt"], max_new_tokens=max_new_tokens)
+            assert spec.token_ids == ar.token_ids, row["id"]
+            rows.append({"id": row["id"], "hit": hit, "tau": spec.stats.mean_acceptance_length,
+                         "speedup": spec.stats.decode_tokens_per_s / ar.stats.decode_tokens_per_s,
+                         "spec_step_ms": spec.stats.step_ms, "ar_step_ms": ar.stats.step_ms,
+                         "overhead": spec.stats.python_overhead})
+    gen.drafter = real
+    summary = {}
+    for hit in hits:
+        sel = [r for r in rows if r["hit"] == hit]
+        summary[str(hit)] = {k: round(statistics.median(r[k] for r in sel), 3)
+                             for k in ("tau", "speedup", "spec_step_ms", "ar_step_ms", "overhead")}
+    return {"bundle": bundle, "block_size": gen.block_size, "prompts": limit, "max_new_tokens": max_new_tokens,
+            "median_by_hit": summary, "rows": rows}
+
+
 def gen_sampling():
     from dflash_edge.runtime.sampling import SamplingParams
 
@@ -72,9 +133,22 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per usable CPU)")
     p.add_argument("--spin", action="store_true", help="intra-op threads busy-wait between ops")
+    p.add_argument("--sizes", default="", help="extra target step sizes T to time, e.g. 4,8")
+    p.add_argument("--oracle-hits", default="", help="oracle-drafter sweep instead, e.g. 0.6,0.8,1.0")
+    p.add_argument("--limit", type=int, default=8, help="prompts for the oracle sweep")
+    p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--json", help="also write the result here")
     args = p.parse_args(argv)
-    out = measure(args.bundle, args.context, args.repeats, args.threads, args.spin)
+    if args.oracle_hits:
+        hits = [float(h) for h in args.oracle_hits.split(",")]
+        out = oracle_sweep(args.bundle, hits, args.limit, args.max_new_tokens, args.threads)
+        print(json.dumps(out["median_by_hit"], indent=2))
+        if args.json:
+            with open(args.json, "w") as f:
+                f.write(json.dumps(out, indent=2) + "\n")
+        return 0
+    out = measure(args.bundle, args.context, args.repeats, args.threads, args.spin,
+                  tuple(int(t) for t in args.sizes.split(",") if t))
     text = json.dumps(out, indent=2)
     print(text)
     if args.json:
