@@ -183,7 +183,7 @@ class Generator:
         t_call = time.perf_counter()
         req = Request(self.encode(prompt, chat), max_new_tokens, SamplingParams(temperature, top_k, top_p, seed),
                       tuple([stop] if isinstance(stop, str) else stop or ()), use_draft, t_call)
-        self._room(req.prompt_ids)                                  # bad prompts fail here, not mid-iteration
+        self._room(req)                                             # bad input fails here, not mid-iteration
         return Stream(self._text_pieces(req))
 
     def generate_ids(self, prompt_ids: list[int], max_new_tokens: int = 128,
@@ -228,7 +228,7 @@ class Generator:
     # ---- the loop ----------------------------------------------------------------------------------
     def _loop(self, req: Request, stats: GenerationStats, eos: frozenset[int]) -> Iterator[list[int]]:
         """prefill -> [draft -> verify -> accept -> advance]*; yields each step's committed tokens."""
-        emit = Emitter(req, eos, room=self._room(req.prompt_ids))
+        emit = Emitter(req, eos, room=self._room(req))
         emit.push([self._prefill(req.prompt_ids, req.sampling)])
         stats.ttft_s = time.perf_counter() - req.t_call
         clock = _Clock(self, stats)
@@ -266,8 +266,11 @@ class Generator:
         return [self._select(step, 0, pos + 1, sampling)]
 
     # ---- helpers -----------------------------------------------------------------------------------
-    def _room(self, prompt_ids: list[int]) -> int:
+    def _room(self, req: Request) -> int:
         """Tokens the context has left after the prompt (errors name the limit)."""
+        prompt_ids = req.prompt_ids
+        if req.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={req.max_new_tokens}: ask for at least 1 token")
         if not prompt_ids:
             raise ValueError("the prompt is empty: pass at least one token")
         if len(prompt_ids) >= self.max_context:

@@ -310,9 +310,12 @@ def test_non_finite_logits_raise(tiny_bundle, monkeypatch, sampling, bad):
         gen.generate_ids(PROMPTS[0], 10, sampling)
 
 
-def test_empty_prompt(tiny_bundle):
+def test_empty_prompt_or_no_tokens_asked(tiny_bundle):
+    gen = tiny_bundle("qwen3", 8).generator
     with pytest.raises(ValueError, match="the prompt is empty"):
-        tiny_bundle("qwen3", 8).generator.generate_ids([], 5)
+        gen.generate_ids([], 5)
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        gen.stream("t5", max_new_tokens=0)
 
 
 # ---- light install -------------------------------------------------------------------------------------
