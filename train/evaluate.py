@@ -77,18 +77,24 @@ def reference_eval(target, drafter, prompt_ids: list[list[int]], categories: lis
     return rep
 
 
-@torch.no_grad()
-def block_acceptance(drafter, embed, head_weight: torch.Tensor, sample, block: int) -> torch.Tensor:
-    """[num_anchors] leading correct greedy draft tokens for a block at every response position."""
-    batch = all_anchor_batch(sample, block, drafter.config.mask_token_id)
-    hidden = block_hidden(drafter, embed, batch)[0].view(-1, block, hidden_size(drafter))   # [K, B, H]
-    draft = (hidden[:, 1:].to(head_weight.dtype) @ head_weight.T).argmax(-1)              # [K, B-1]
-    labels = batch.labels.view(-1, block)[:, 1:]
-    return (draft == labels).long().cumprod(dim=1).sum(dim=1)
+class BlockAcceptance:
+    """Leading correct greedy draft tokens of the block at any response position of one sample.
 
+    The drafter runs once over blocks at every anchor (cheap); the LM head (the expensive part) runs
+    only for the anchors a replayed decode actually visits.
+    """
 
-def hidden_size(drafter) -> int:
-    return drafter.config.hidden_size
+    @torch.no_grad()
+    def __init__(self, drafter, embed, head_weight: torch.Tensor, sample, block: int):
+        batch = all_anchor_batch(sample, block, drafter.config.mask_token_id)
+        self.hidden = block_hidden(drafter, embed, batch)[0].view(-1, block, drafter.config.hidden_size)  # [K, B, H]
+        self.labels = batch.labels.view(-1, block)                                    # [K, B]
+        self.head, self.start = head_weight, sample.prompt_len
+
+    @torch.no_grad()
+    def __getitem__(self, i: int) -> int:
+        draft = (self.hidden[i, 1:].to(self.head.dtype) @ self.head.T).argmax(-1)     # [B-1]
+        return int((draft == self.labels[i, 1:]).long().cumprod(0).sum())
 
 
 @torch.no_grad()
@@ -96,6 +102,6 @@ def replay_eval(drafter, embed, head_weight, samples, categories: list[str], spe
     """Greedy acceptance replayed on cached greedy responses (see module docstring)."""
     rep = AcceptanceReport(spec.block_size)
     for s, cat in zip(samples, categories):
-        acc = block_acceptance(drafter, embed, head_weight, s, spec.block_size)
+        acc = BlockAcceptance(drafter, embed, head_weight, s, spec.block_size)
         rep.add(cat, simulated_tau(acc, s.prompt_len, len(s.tokens) - 1, spec.max_new_tokens))
     return rep

@@ -97,7 +97,7 @@ def dflash_loss(drafter, embed, head: DraftHead, batch: BlockBatch, gamma: float
     return LossOutput(loss, accept[live], hit.sum(0), counted.sum(0))
 
 
-def simulated_tau(accept_at: torch.Tensor, start: int, end: int, budget: int) -> list[int]:
+def simulated_tau(accept_at, start: int, end: int, budget: int) -> list[int]:
     """Acceptance lengths of greedy speculative decoding replayed on the target's own greedy output.
 
     `accept_at[a - start]` is the number of leading correct draft tokens for the block anchored at

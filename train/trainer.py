@@ -87,6 +87,8 @@ def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Pa
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     ckpt = Path(ckpt_dir) / "last.pt" if ckpt_dir else None
+    if ckpt:
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
     start = load_checkpoint(ckpt, drafter, opt) if resume and ckpt and ckpt.exists() else 0
     block, mask_id = drafter.config.block_size, drafter.config.mask_token_id
     stats, last_save = RunningStats(), time.monotonic()
