@@ -21,7 +21,9 @@ def model_card(cfg, result: dict) -> str:
     """Markdown model card for a drafter trained by `recipe.run_recipe` with `cfg`."""
     rates = " ".join(f"{r:.2f}" for r in result.get("position_acceptance", []))
     per_cat = "\n".join(f"| {c} | {t:.3f} |" for c, t in sorted(result.get("tau_per_category", {}).items()))
-    return f"""# DFlash drafter for {cfg.target or 'the default target (SmolLM2-135M-Instruct)'}
+    name = "SmolLM2-135M-Instruct (the default target)" if cfg.target in (None, "default") else cfg.target
+    timing = "".join(f"- {k}: {v / 60:.1f} min\n" for k, v in result.get("wall_s", {}).items())
+    return f"""# DFlash drafter for {name}
 
 A block-diffusion drafter (z-lab `DFlashDraftModel` format: `config.json` + `model.safetensors`, bf16)
 trained with dflash-edge's recipe (`dflash-edge train`). It borrows the target's embedding and LM head.
@@ -55,5 +57,8 @@ target in {cfg.gen.dtype}), with its hidden states at layers {list(cfg.gen.captu
 {json.dumps(asdict(cfg.train), indent=2)}
 ```
 
-Hardware: {_cpu_name()}, {os.cpu_count()} logical CPUs (shared), no GPU.
+Command: `{result.get('command', 'dflash-edge train ...')}`
+
+Hardware: {_cpu_name()}, {os.cpu_count()} logical CPUs (shared with other jobs), no GPU. Wall time:
+{timing or '(see the training log)'}
 """

@@ -8,6 +8,7 @@ same command resumes (prompts are rebuilt identically from the seed; shards and 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,7 @@ class RecipeConfig:
     gen: GenSpec = field(default_factory=lambda: GenSpec(capture=(1, 8, 14, 20, 27)))
     train: TrainConfig = field(default_factory=TrainConfig)
     num_threads: int = 2
+    command: str = ""                          # recorded in the model card
 
 
 def load_target_and_tokenizer(spec: str | None, dtype: str = "float32"):
@@ -137,10 +139,11 @@ def build_drafter(target, tok, cfg: RecipeConfig):
 class BestKeeper:
     """Evaluation callback: replayed τ on held-out responses; the best drafter so far goes to `out`."""
 
-    def __init__(self, cfg: RecipeConfig, target, heldout_samples, categories, log):
+    def __init__(self, cfg: RecipeConfig, target, heldout_samples, categories, log, wall: dict):
         from .evaluate import EvalSpec
 
-        self.cfg, self.target, self.log = cfg, target, log
+        self.cfg, self.target, self.log, self.wall = cfg, target, log, wall
+        self.t0 = time.monotonic()
         self.samples, self.categories = heldout_samples, categories
         self.spec = EvalSpec(block_size=cfg.block_size, max_new_tokens=cfg.gen.max_new_tokens)
         self.head = target.lm_head.weight.detach()
@@ -153,7 +156,8 @@ class BestKeeper:
         rep = replay_eval(drafter, self.target.model.embed_tokens, self.head, self.samples, self.categories, self.spec)
         self.log(f"step {step}: replayed held-out " + format_report(rep))
         if rep.tau() > self.best["tau"]:
-            self.best = {"step": step, **rep.to_dict()}
+            wall = {**self.wall, "training up to this step, this process": time.monotonic() - self.t0}
+            self.best = {"step": step, **rep.to_dict(), "wall_s": wall, "command": self.cfg.command}
             save_with_card(drafter, Path(self.cfg.out), self.cfg, self.best)
             self.best_file.write_text(json.dumps(self.best, indent=2))
             self.log(f"step {step}: new best tau {rep.tau():.3f} -> {self.cfg.out}")
@@ -173,18 +177,20 @@ def run_recipe(cfg: RecipeConfig, resume: bool = False, log=print) -> dict:
     from .trainer import train_drafter
 
     torch.set_num_threads(cfg.num_threads)
+    t0 = time.monotonic()
     gen_target, tok, _ = load_target_and_tokenizer(cfg.target, cfg.gen.dtype)
     train_rows, heldout = prompt_files(cfg)
     generate_responses(cfg, gen_target, tok, train_rows)
     del gen_target
     target, _, _ = load_target_and_tokenizer(cfg.target)
     held = generate_heldout(cfg, target, tok, heldout)
+    wall = {"prompts + responses + held-out responses, this process": time.monotonic() - t0}
     samples = load_samples(Path(cfg.work_dir) / "responses", cfg.max_shards)
     vocab = (frequent_tokens((s.tokens[s.prompt_len:] for s in samples), cfg.draft_vocab, target.config.eos_token_id)
              if cfg.draft_vocab else None)
     log(f"training on {len(samples)} responses ({sum(len(s.tokens) - s.prompt_len for s in samples)} tokens), "
         f"draft vocab {len(vocab) if vocab is not None else 'full'}")
-    keeper = BestKeeper(cfg, target, held, [heldout[s.index].get("category", "all") for s in held], log)
+    keeper = BestKeeper(cfg, target, held, [heldout[s.index].get("category", "all") for s in held], log, wall)
     drafter = build_drafter(target, tok, cfg)
     train_drafter(target, drafter, samples, cfg.train, Path(cfg.work_dir) / f"ckpt-L{cfg.layers}-B{cfg.block_size}",
                   resume=resume, on_eval=keeper, eval_every=cfg.eval_every, vocab=vocab)

@@ -11,6 +11,7 @@ import os
 # descheduled thread stalls every barrier). Must be set before torch loads libgomp.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from .prompts import PromptSpec  # noqa: E402
@@ -59,7 +60,7 @@ def config_from_args(a) -> RecipeConfig:
                     sampled_fraction=a.sampled_fraction, seed=a.seed, dtype=a.gen_dtype),
         train=TrainConfig(steps=a.steps, seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors, gamma=a.gamma,
                           lr=a.lr, seed=a.seed, ckpt_minutes=a.ckpt_minutes),
-        num_threads=a.threads)
+        num_threads=a.threads, command="dflash-edge " + " ".join(sys.argv[1:]))
 
 
 def run(args) -> int:
