@@ -77,6 +77,7 @@ def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
     spec = [r["spec"] for r in raw]
     steps = sum(len(s.acceptance_lengths) for s in spec)
     manifest = gen.bundle.manifest
+    source = manifest.get("source", {})
     return {
         "speedup": median("speedup"), "spec_tokens_per_s": median("spec_tokens_per_s"),
         "ar_tokens_per_s": median("ar_tokens_per_s"),
@@ -90,8 +91,8 @@ def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
         "prompts": len(rows), "max_new_tokens": args.max_new_tokens,
         "bundle": {"path": str(gen.bundle.root), "block_size": gen.block_size, "max_context": gen.max_context,
                    "family": manifest["model"]["family"],
-                   "drafter": manifest.get("source", {}).get("drafter"),
-                   "drafter_trained": manifest.get("source", {}).get("drafter_trained")},
+                   "drafter": source.get("drafter"), "drafter_random_init": source.get(
+                       "drafter_random_init", source.get("drafter") == "random")},
         "provider": args.provider, "machine": _machine(args.threads),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
