@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .dataset import make_batch, sample_anchors
-from .objective import DraftHead, dflash_loss, lr_at
+from .objective import DraftHead, dflash_loss, estimated_tau, lr_at
 
 
 @dataclass
@@ -31,6 +31,7 @@ class TrainConfig:
     seed: int = 0
     ckpt_minutes: float = 3.0
     head_dtype: str = "bfloat16"       # LM head precision in the loss ("float32" for exactness)
+    sample_positions: bool = True      # keep position k with prob. exp(-(k-1)/gamma) instead of weighting
 
 
 class RunningStats:
@@ -98,13 +99,14 @@ def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Pa
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
-        out = dflash_loss(drafter, embed, head, draw_batch(samples, cfg, step, block, mask_id), cfg.gamma)
+        gen = torch.Generator().manual_seed(cfg.seed * 7_000_003 + step) if cfg.sample_positions else None
+        out = dflash_loss(drafter, embed, head, draw_batch(samples, cfg, step, block, mask_id), cfg.gamma, gen)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
         losses.append(out.loss.item())
-        s = stats.update(loss=losses[-1], tau=1 + out.accept.float().mean().item())
+        s = stats.update(loss=losses[-1], tau=estimated_tau(out.correct, out.counted))
         bar.set_postfix(loss=f"{s['loss']:.3f}", tau_est=f"{s['tau']:.2f}")
         if ckpt and time.monotonic() - last_save > cfg.ckpt_minutes * 60:
             save_checkpoint(ckpt, drafter, opt, step + 1, cfg)
