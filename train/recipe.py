@@ -112,15 +112,20 @@ def load_samples(shard_dir: Path, max_shards: int = 0) -> list:
 
 
 def generate_heldout(cfg: RecipeConfig, target, tok, heldout: list[dict]) -> list:
-    """The target's fp32 greedy responses to the held-out prompts (for exact replayed acceptance)."""
+    """The target's fp32 greedy responses to every held-out prompt (for exact replayed acceptance)."""
     from dataclasses import replace
 
     spec = replace(cfg.gen, sampled_fraction=0.0, dtype="float32")
-    ids = [encode_prompt(tok, r["prompt"]) for r in heldout[: cfg.eval_prompts]]
     out = Path(cfg.work_dir) / "heldout"
-    write_shards(target, ids, out, spec)
-    samples = sorted(load_samples(out), key=lambda s: s.index)
-    return samples
+    write_shards(target, [encode_prompt(tok, r["prompt"]) for r in heldout], out, spec)
+    return sorted(load_samples(out), key=lambda s: s.index)
+
+
+def spread(rows: list, n: int) -> list:
+    """`n` rows evenly spaced over `rows` (every category of a category-sorted file gets its share)."""
+    if not n or n >= len(rows):
+        return rows
+    return [rows[i * len(rows) // n] for i in range(n)]
 
 
 def build_drafter(target, tok, cfg: RecipeConfig):
@@ -183,7 +188,7 @@ def run_recipe(cfg: RecipeConfig, resume: bool = False, log=print) -> dict:
     generate_responses(cfg, gen_target, tok, train_rows)
     del gen_target
     target, _, _ = load_target_and_tokenizer(cfg.target)
-    held = generate_heldout(cfg, target, tok, heldout)
+    held = spread(generate_heldout(cfg, target, tok, heldout), cfg.eval_prompts)
     wall = {"prompts + responses + held-out responses, this process": time.monotonic() - t0}
     samples = load_samples(Path(cfg.work_dir) / "responses", cfg.max_shards)
     vocab = (frequent_tokens((s.tokens[s.prompt_len:] for s in samples), cfg.draft_vocab, target.config.eos_token_id)
