@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
     p.add_argument("--prompts", default=str(HELDOUT_FILE), help="JSONL with 'prompt' and 'category' fields")
     p.add_argument("--block-size", type=int, default=None, help="default: the drafter's trained block size")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--limit", type=int, default=0, help="evaluate only the first N prompts")
+    p.add_argument("--limit", type=int, default=0, help="evaluate only N prompts, evenly spread over the file")
     p.add_argument("--json", help="also write the report as JSON to this file")
     p.add_argument("--threads", type=int, default=2)
 
@@ -34,12 +34,12 @@ def run(args) -> int:
 
     from .evaluate import EvalSpec, format_report, reference_eval
     from .prompts import read_jsonl
-    from .recipe import encode_prompt, load_target_and_tokenizer
+    from .recipe import encode_prompt, load_target_and_tokenizer, spread
 
     torch.set_num_threads(args.threads)
     target, tok, _ = load_target_and_tokenizer(args.target)
     drafter = resolve_drafter(args.draft, target, tok)
-    rows = read_jsonl(args.prompts)[: args.limit or None]
+    rows = spread(read_jsonl(args.prompts), args.limit)
     spec = EvalSpec(block_size=args.block_size or drafter.config.block_size, max_new_tokens=args.max_new_tokens)
     bar = tqdm(total=len(rows), desc="eval", unit="prompt")
 
