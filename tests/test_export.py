@@ -125,3 +125,20 @@ def test_manifest_errors_name_the_problem(tiny_checkpoints, tmp_path):
         read_bundle(out)
     with pytest.raises(BundleError, match="not a bundle directory"):
         read_bundle(tmp_path)
+
+
+@pytest.mark.tier2
+def test_default_export_end_to_end(smollm2_dir, tmp_path):
+    """`dflash-edge export --out DIR` with no other arguments: default target + drafter, parity on."""
+    from dflash_edge.cli import main
+
+    out = tmp_path / "bundle"
+    assert main(["export", "--out", str(out)]) == 0
+    m = read_bundle(out).manifest                    # every sha256 checked
+    parity = m["source"]["parity"]
+    assert parity["target.logits.max_abs_diff"] <= 1e-3
+    assert parity["target.next_ids.agreement"] == parity["drafter.draft_ids.agreement"] == 1.0
+    assert m["source"]["trt_readiness"]["ok"]
+    assert m["model"]["vocab_size"] == 49152 and m["block_size"] == 16
+    for graph in m["graphs"].values():
+        onnx.checker.check_model(str(out / graph["files"][0]["path"]))
