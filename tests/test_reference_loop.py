@@ -8,7 +8,8 @@ from dflash_edge.export.drafter import DraftConfig, new_drafter
 from dflash_edge.export.models import load_target
 from dflash_edge.export.reference_loop import GenerationConfig, speculative_generate, target_generate
 from dflash_edge.runtime.errors import ContextOverflowError
-from dflash_edge.runtime.sampling import SamplingParams, token_probs
+from dflash_edge.runtime.sampling import SamplingParams
+from tiny import check_two_token_distribution
 
 PROMPTS = [[5, 17, 33, 2 + 40, 8], [90, 1, 64, 12, 77, 3, 3, 19, 45, 60, 11], [7]]
 
@@ -100,31 +101,13 @@ def test_sampling_same_seed_same_tokens(tiny_target, oracle, sampling):
 
 def test_sampling_distribution_matches_target(tiny_target):
     """Joint distribution of the first two sampled tokens over many seeds vs the exact target one."""
-    from scipy.stats import chisquare
-
     drafter = _drafter(tiny_target, 4)
-    prompt = PROMPTS[0]
-    base = SamplingParams(temperature=1.0, top_k=5)
-    with torch.no_grad():   # exact joint p(t1, t2) from the target
-        logits = tiny_target(torch.tensor([prompt]), tiny_target.new_cache(16)).logits[0, -1].numpy()
-        p1 = token_probs(logits, base)
-        joint = {}
-        for t1 in np.flatnonzero(p1):
-            l2 = tiny_target(torch.tensor([prompt + [int(t1)]]), tiny_target.new_cache(16)).logits[0, -1].numpy()
-            for t2, q in enumerate(token_probs(l2, base)):
-                if q > 0:
-                    joint[(int(t1), t2)] = p1[t1] * q
-    n = 1500
-    counts = dict.fromkeys(joint, 0)
-    for seed in range(n):
+
+    def sample_pair(seed):
         gen = GenerationConfig(max_new_tokens=2, sampling=SamplingParams(1.0, top_k=5, seed=seed), stop_token_ids=())
-        counts[tuple(speculative_generate(tiny_target, drafter, prompt, gen).token_ids)] += 1
-    keys = sorted(joint)
-    observed = np.array([counts[k] for k in keys], dtype=float)
-    expected = np.array([joint[k] for k in keys]) * n
-    assert observed.sum() == n
-    assert chisquare(observed, expected).pvalue > 1e-3
-    assert 0.5 * np.abs(observed / n - expected / n).sum() < 0.08   # total variation
+        return speculative_generate(tiny_target, drafter, PROMPTS[0], gen).token_ids
+
+    check_two_token_distribution(tiny_target, PROMPTS[0], sample_pair)
 
 
 def test_prompt_longer_than_context_names_the_limit(tiny_target):

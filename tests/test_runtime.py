@@ -15,7 +15,8 @@ import pytest
 
 from dflash_edge.runtime.bundle import BundleError
 from dflash_edge.runtime.errors import ContextOverflowError
-from dflash_edge.runtime.sampling import SamplingParams, token_probs
+from dflash_edge.runtime.sampling import SamplingParams
+from tiny import check_two_token_distribution
 from fixtures_bundle import MAX_CONTEXT, tiny_bundle  # noqa: F401  (fixture)
 
 PROMPTS = [[5, 17, 33, 42, 8], [90, 1, 64, 12, 77, 3, 3, 19, 45, 60, 11], [7],
@@ -138,29 +139,13 @@ def test_sampling_same_seed_same_tokens_as_reference(tiny_bundle, oracle, sampli
 
 def test_sampling_distribution_matches_target(tiny_bundle):
     """Joint distribution of the first two sampled tokens over many seeds vs the exact target one."""
-    import torch
-    from scipy.stats import chisquare
-
     tb = tiny_bundle("qwen3", 4)
-    prompt, base = PROMPTS[0], SamplingParams(temperature=1.0, top_k=5)
-    with torch.no_grad():
-        logits = tb.target(torch.tensor([prompt]), tb.target.new_cache(16)).logits[0, -1].numpy()
-        p1, joint = token_probs(logits, base), {}
-        for t1 in np.flatnonzero(p1):
-            l2 = tb.target(torch.tensor([prompt + [int(t1)]]), tb.target.new_cache(16)).logits[0, -1].numpy()
-            for t2, q in enumerate(token_probs(l2, base)):
-                if q > 0:
-                    joint[(int(t1), t2)] = p1[t1] * q
-    n, counts = 1500, dict.fromkeys(joint, 0)
-    for seed in range(n):
-        res = tb.generator.generate_ids(prompt, 2, SamplingParams(1.0, top_k=5, seed=seed), stop_token_ids=())
-        counts[tuple(res.token_ids)] += 1
-    keys = sorted(joint)
-    observed = np.array([counts[k] for k in keys], dtype=float)
-    expected = np.array([joint[k] for k in keys]) * n
-    assert observed.sum() == n
-    assert chisquare(observed, expected).pvalue > 1e-3
-    assert 0.5 * np.abs(observed / n - expected / n).sum() < 0.08      # total variation
+
+    def sample_pair(seed):
+        return tb.generator.generate_ids(PROMPTS[0], 2, SamplingParams(1.0, top_k=5, seed=seed),
+                                         stop_token_ids=()).token_ids
+
+    check_two_token_distribution(tb.target, PROMPTS[0], sample_pair)
 
 
 # ---- context end, buffers ----------------------------------------------------------------------------

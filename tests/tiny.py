@@ -57,3 +57,34 @@ def add_tiny_tokenizer(path, vocab_size: int = 96) -> None:
     tok.save(str(Path(path) / "tokenizer.json"))
     template = "{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}{% if add_generation_prompt %}t3{% endif %}"
     (Path(path) / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+
+
+def check_two_token_distribution(target, prompt, sample_pair, n: int = 1500, top_k: int = 5) -> None:
+    """Assert that `sample_pair(seed) -> (t1, t2)` follows the target's exact joint p(t1, t2).
+
+    Sampling at temperature 1 with top-k; chi-square p > 1e-3 and total variation < 0.08 over n seeds.
+    """
+    import numpy as np
+    import torch
+    from scipy.stats import chisquare
+
+    from dflash_edge.runtime.sampling import SamplingParams, token_probs
+
+    base = SamplingParams(temperature=1.0, top_k=top_k)
+    with torch.no_grad():   # exact joint from the target
+        p1 = token_probs(target(torch.tensor([prompt]), target.new_cache(16)).logits[0, -1].numpy(), base)
+        joint = {}
+        for t1 in np.flatnonzero(p1):
+            l2 = target(torch.tensor([prompt + [int(t1)]]), target.new_cache(16)).logits[0, -1].numpy()
+            for t2, q in enumerate(token_probs(l2, base)):
+                if q > 0:
+                    joint[(int(t1), t2)] = p1[t1] * q
+    counts = dict.fromkeys(joint, 0)
+    for seed in range(n):
+        counts[tuple(sample_pair(seed))] += 1
+    keys = sorted(joint)
+    observed = np.array([counts[k] for k in keys], dtype=float)
+    expected = np.array([joint[k] for k in keys]) * n
+    assert observed.sum() == n
+    assert chisquare(observed, expected).pvalue > 1e-3
+    assert 0.5 * np.abs(observed / n - expected / n).sum() < 0.08   # total variation
