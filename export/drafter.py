@@ -10,7 +10,7 @@ hidden states at `target_layer_ids` for the newly committed tokens (context), pr
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -24,6 +24,7 @@ from .models.config import TargetConfig
 from .models.kv_cache import StaticKVCache
 from .models.layers import DecoderLayer, RMSNorm, RotaryTable
 from .models.qwen3 import attention_spec
+from .publish import publish_dir
 
 # SmolLM2's vocabulary has no mask token; we use a special token that chat never produces.
 # (`<empty_output>`, id 16, a Jupyter-notebook marker from SmolLM2's code pre-training data.)
@@ -185,24 +186,16 @@ def save_drafter(model: DFlashDrafter, path: str | Path, dtype=torch.bfloat16, e
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    cfg = model.config.to_dict()
-    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    for name, text in (extra_files or {}).items():
-        (tmp / name).write_text(text)
-    if path.exists():
-        old = path.with_name(f".{path.name}.old")
-        os.replace(path, old)
-        os.replace(tmp, path)
-        _rmtree(old)
-    else:
-        os.replace(tmp, path)
+    try:
+        cfg = model.config.to_dict()
+        cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        publish_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return path
-
-
-def _rmtree(p: Path) -> None:
-    import shutil
-
-    shutil.rmtree(p, ignore_errors=True)

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import datetime
-import os
 import shutil
 import sys
 import tempfile
@@ -16,6 +15,8 @@ from pathlib import Path
 from dflash_edge.runtime import bundle as bundle_mod
 from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.runtime.io_tables import io_manifest, model_dims
+
+from .publish import publish_dir
 
 EXPORTER_VERSION = "0.1.0"
 SAMPLE_SIZES = {"S": 5, "C": 3}          # dynamic dims' sizes while tracing (any value > 1 works)
@@ -142,7 +143,7 @@ def export_bundle(opts: ExportOptions, progress=None) -> Path:
         sources["trt_readiness"] = bundle_trt_readiness(tmp)
         bundle_mod.write_manifest(tmp, _manifest(target, drafter, tok_files, graphs, opts, sources))
         steps.update(1)
-        _publish(tmp, out)
+        publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -168,18 +169,3 @@ def _copy_tokenizer(src: Path, dst: Path) -> dict:
         shutil.copy2(src / "tokenizer_config.json", dst / "tokenizer_config.json")
         config = "tokenizer_config.json"
     return {"file": "tokenizer.json", "config": config}
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    """Move the finished bundle into place; an existing one (with --force) is replaced only now."""
-    tmp.chmod(0o755)   # mkdtemp/mkstemp create owner-only entries; a bundle is meant to be shared
-    for f in tmp.iterdir():
-        f.chmod(0o644)
-    if out.exists():
-        old = out.with_name(f".{out.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_edge.export.publish import publish_dir
 from dflash_edge.runtime.errors import ModelFormatError
 
 GGUF_MAGIC = b"GGUF"
@@ -106,8 +106,7 @@ def import_gguf(gguf_path, out_dir, *, source: dict | None = None) -> Path:
     try:
         _write_checkpoint(tmp, reader, gguf_path, config, tensors, tokenizer)
         _write_json(tmp / "SOURCE.json", _source_record(reader, gguf_path, source))
-        _make_readable(tmp)
-        _swap_into_place(tmp, out_dir)
+        publish_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
@@ -394,30 +393,6 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _make_readable(tmp: Path) -> None:
-    """mkdtemp makes a 0700 directory; the published checkpoint should read like any other."""
-    os.chmod(tmp, 0o755)
-    for f in tmp.iterdir():
-        os.chmod(f, 0o644)
-
-
-def _swap_into_place(tmp: Path, out_dir: Path) -> None:
-    """Replace `out_dir` by `tmp` so readers see either the old or the new checkpoint, never a mix."""
-    if not out_dir.exists():
-        os.replace(tmp, out_dir)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-    try:
-        os.replace(out_dir, old / "ckpt")  # a non-empty directory cannot be replaced: move it aside first
-        try:
-            os.replace(tmp, out_dir)
-        except OSError:
-            os.replace(old / "ckpt", out_dir)
-            raise
-    finally:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_json(path: Path, obj: dict) -> None:
