@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dflash_edge.runtime.emitter import Emitter
 from dflash_edge.runtime.errors import ContextOverflowError
 from dflash_edge.runtime.sampling import SamplingParams, select_token
 
@@ -45,29 +46,6 @@ class GenerationResult:
         return max(len(self.token_ids) - 1, 0) / self.decode_s if self.decode_s else 0.0
 
 
-class _Emitter:
-    """Collects committed tokens and decides when to stop (stop token, budget, context end)."""
-
-    def __init__(self, gen: GenerationConfig, eos: tuple[int, ...], room: int):
-        self.stop = set(gen.stop_token_ids if gen.stop_token_ids is not None else eos)
-        self.budget = min(gen.max_new_tokens, room)
-        self.context_limited = room < gen.max_new_tokens
-        self.tokens: list[int] = []
-        self.reason = ""
-
-    def push(self, tokens: list[int]) -> bool:
-        """Append tokens up to the first stop token / budget; True when generation is over."""
-        for t in tokens:
-            self.tokens.append(t)
-            if t in self.stop:
-                self.reason = "stop"
-            elif len(self.tokens) >= self.budget:
-                self.reason = "context" if self.context_limited else "length"
-            if self.reason:
-                return True
-        return False
-
-
 def _setup(target, prompt_ids, gen: GenerationConfig, slack: int):
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(1, -1)           # [1, P]
     max_ctx = gen.max_context or target.config.max_position_embeddings
@@ -77,7 +55,8 @@ def _setup(target, prompt_ids, gen: GenerationConfig, slack: int):
         raise ContextOverflowError(f"the prompt has {prompt.shape[1]} tokens but the context holds {max_ctx}; "
                                    f"shorten the prompt or raise max_context")
     room = max_ctx - prompt.shape[1]
-    emitter = _Emitter(gen, tuple(target.config.eos_token_id), room)
+    stop = gen.stop_token_ids if gen.stop_token_ids is not None else target.config.eos_token_id
+    emitter = Emitter(gen.max_new_tokens, frozenset(stop), room)
     cache_len = prompt.shape[1] + emitter.budget + slack
     return prompt, emitter, cache_len
 
@@ -91,10 +70,10 @@ def target_generate(target, prompt_ids, gen: GenerationConfig | None = None) -> 
     t0 = time.perf_counter()
     logits = target(prompt, cache).logits[0, -1]
     t1 = time.perf_counter()
-    done = emit.push([select_token(logits.numpy(), gen.sampling, cache.length)])
-    while not done:
+    emit.push([select_token(logits.numpy(), gen.sampling, cache.length)])
+    while not emit.reason:
         logits = target(torch.tensor([[emit.tokens[-1]]]), cache).logits[0, -1]
-        done = emit.push([select_token(logits.numpy(), gen.sampling, cache.length)])
+        emit.push([select_token(logits.numpy(), gen.sampling, cache.length)])
     return GenerationResult(emit.tokens, emit.reason, prefill_s=t1 - t0, decode_s=time.perf_counter() - t1)
 
 
@@ -123,9 +102,9 @@ def speculative_generate(target, drafter, prompt_ids, gen: GenerationConfig | No
     out = target(prompt, t_cache, capture=layer_ids)
     t1 = time.perf_counter()
     ctx = out.hidden                                                                # [1, P, n_ids*H]
-    done = emit.push([select_token(out.logits[0, -1].numpy(), gen.sampling, t_cache.length)])
+    emit.push([select_token(out.logits[0, -1].numpy(), gen.sampling, t_cache.length)])
     steps: list[int] = []
-    while not done:
+    while not emit.reason:
         start = t_cache.length                                                      # position of the last token
         block_ids = draft_block(target, drafter, emit.tokens[-1], ctx, d_cache, block)  # [1, B]
 
@@ -136,7 +115,7 @@ def speculative_generate(target, drafter, prompt_ids, gen: GenerationConfig | No
             accepted += 1
         new_tokens = block_ids[0, 1:1 + accepted].tolist() + [posterior[accepted]]
         steps.append(len(new_tokens))
-        done = emit.push(new_tokens)
+        emit.push(new_tokens)
 
         t_cache.crop(start + accepted + 1)                                          # keep last token + accepted drafts
         ctx = out.hidden[:, : accepted + 1]                                         # their features feed the drafter

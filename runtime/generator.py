@@ -20,6 +20,7 @@ from typing import Iterator
 import numpy as np
 
 from .bundle import Bundle, BundleError, read_bundle
+from .emitter import Emitter
 from .errors import ContextOverflowError, DflashEdgeError
 from .io_tables import io_manifest, model_dims
 from .kv import DraftModel, TargetModel
@@ -54,30 +55,6 @@ class Request:
     stop: tuple[str, ...] = ()
     use_draft: bool = True
     t_call: float = 0.0             # perf_counter() when the call began (TTFT includes tokenizing)
-
-
-class Emitter:
-    """Collects committed tokens; stops at an eos id, the token budget or the context end."""
-
-    def __init__(self, req: Request, eos: frozenset[int], room: int):
-        self.stop_ids, self.budget = eos, min(req.max_new_tokens, room)
-        self.context_limited = room < req.max_new_tokens
-        self.tokens: list[int] = []
-        self.reason = ""
-
-    def push(self, tokens: list[int]) -> list[int]:
-        """Append tokens up to the first stop / budget end; returns those appended."""
-        kept = []
-        for t in tokens:
-            kept.append(t)
-            if t in self.stop_ids:
-                self.reason = "stop"
-            elif len(self.tokens) + len(kept) >= self.budget:
-                self.reason = "context" if self.context_limited else "length"
-            if self.reason:
-                break
-        self.tokens += kept
-        return kept
 
 
 class Stream:
@@ -228,7 +205,7 @@ class Generator:
     # ---- the loop ----------------------------------------------------------------------------------
     def _loop(self, req: Request, stats: GenerationStats, eos: frozenset[int]) -> Iterator[list[int]]:
         """prefill -> [draft -> verify -> accept -> advance]*; yields each step's committed tokens."""
-        emit = Emitter(req, eos, room=self._room(req))
+        emit = Emitter(req.max_new_tokens, eos, room=self._room(req))
         emit.push([self._prefill(req.prompt_ids, req.sampling)])
         stats.ttft_s = time.perf_counter() - req.t_call
         clock = _Clock(self, stats)
