@@ -32,48 +32,49 @@ class PromptSpec:
 
 
 # ---------------------------------------------------------------- installed sources
-def stdlib_docs(limit: int = 4000) -> list[tuple[str, str]]:
-    """(qualified name, first docstring sentence) of public stdlib functions/classes."""
+def _stdlib_public_members():
+    """(module name, member name, object) for the public members of the stdlib modules we read."""
     import importlib
-    import inspect
 
-    out = []
     for mod_name in W.STDLIB_MODULES:
         try:
             mod = importlib.import_module(mod_name)
         except ImportError:
             continue
         for name, obj in vars(mod).items():
-            if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
-                continue
-            doc = _first_sentence(inspect.getdoc(obj) or "")
-            if 20 <= len(doc) <= 200 and not doc.lower().startswith(("see ", "alias", "deprecated")):
-                out.append((f"{mod_name}.{name}", doc))
+            if not name.startswith("_"):
+                yield mod_name, name, obj
+
+
+def stdlib_docs(limit: int = 4000) -> list[tuple[str, str]]:
+    """(qualified name, first docstring sentence) of public stdlib functions/classes."""
+    import inspect
+
+    out = []
+    for mod_name, name, obj in _stdlib_public_members():
+        if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
+            continue
+        doc = _first_sentence(inspect.getdoc(obj) or "")
+        if 20 <= len(doc) <= 200 and not doc.lower().startswith(("see ", "alias", "deprecated")):
+            out.append((f"{mod_name}.{name}", doc))
     return out[:limit]
 
 
 def stdlib_snippets(limit: int = 400, lines: int = 8) -> list[str]:
     """Short function bodies from the stdlib's Python source."""
-    import importlib
     import inspect
 
     out = []
-    for mod_name in W.STDLIB_MODULES:
-        try:
-            mod = importlib.import_module(mod_name)
-        except ImportError:
+    for mod_name, _, obj in _stdlib_public_members():
+        if not inspect.isfunction(obj) or obj.__doc__ or getattr(obj, "__module__", "") != mod_name:
             continue
-        for name, obj in vars(mod).items():
-            if (name.startswith("_") or not inspect.isfunction(obj) or obj.__doc__
-                    or getattr(obj, "__module__", "") != mod_name):
-                continue
-            try:
-                src = inspect.getsource(obj)
-            except (OSError, TypeError):
-                continue
-            body = src.rstrip().splitlines()
-            if 3 <= len(body) <= lines:
-                out.append("\n".join(body))
+        try:
+            src = inspect.getsource(obj)
+        except (OSError, TypeError):
+            continue
+        body = src.rstrip().splitlines()
+        if 3 <= len(body) <= lines:
+            out.append("\n".join(body))
     return out[:limit]
 
 
