@@ -179,6 +179,21 @@ def load_drafter(path: str | Path, target_config: TargetConfig | None = None, dt
     return model.to(dtype).eval()
 
 
+def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """`model.state_dict()` with every parametrized tensor replaced by its effective value.
+
+    (Training may reparametrise weights, e.g. `fc`'s input scaling; the file holds plain names.)
+    """
+    out = {}
+    for name, value in model.state_dict().items():
+        if ".parametrizations." not in name:
+            out[name] = value
+        elif name.endswith(".original"):
+            owner, tensor = name.removesuffix(".original").split(".parametrizations.")
+            out[f"{owner}.{tensor}"] = getattr(model.get_submodule(owner), tensor)
+    return out
+
+
 def save_drafter(model: DFlashDrafter, path: str | Path, dtype=torch.bfloat16, extra_files: dict | None = None) -> Path:
     """Write config.json + model.safetensors atomically (temp dir, then rename over `path`)."""
     from safetensors.torch import save_file
@@ -190,7 +205,7 @@ def save_drafter(model: DFlashDrafter, path: str | Path, dtype=torch.bfloat16, e
         cfg = model.config.to_dict()
         cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+        tensors = {k: v.detach().to(dtype).contiguous() for k, v in plain_state_dict(model).items()}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)

@@ -134,3 +134,31 @@ def test_prompt_corpus_is_balanced_and_heldout_disjoint():
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
     shipped = read_jsonl(HELDOUT_FILE)
     assert len(shipped) >= 40 and all(r["prompt"] and r["category"] in CATEGORIES for r in shipped)
+
+
+def test_feature_scaling_trains_and_folds_into_fc_on_save(tiny_target, samples, tmp_path):
+    from dflash_edge.train.conditioning import feature_rms, scale_fc_inputs
+
+    drafter = fresh_drafter(tiny_target)
+    scale = feature_rms(samples)
+    assert scale.shape == (len(CAPTURE) * tiny_target.config.hidden_size,) and (scale > 0).all()
+    scale_fc_inputs(drafter, scale)
+    raw = drafter.fc.parametrizations.weight.original
+    torch.testing.assert_close(drafter.fc.weight, raw / scale)                       # effective = trained / scale
+    before = raw.detach().clone()
+    train_drafter(tiny_target, drafter, samples, TrainConfig(steps=3, seqs_per_step=4, anchors_per_seq=4,
+                                                             head_dtype="float32"))
+    assert not torch.equal(drafter.fc.parametrizations.weight.original, before)     # the optimiser moves W
+    batch = make_batch([samples[0]], [torch.tensor([samples[0].prompt_len])], BLOCK, MASK)
+    loaded = load_drafter(save_drafter(drafter, tmp_path / "d", dtype=torch.float32), tiny_target.config)
+    assert set(loaded.state_dict()) == set(fresh_drafter(tiny_target).state_dict())  # plain z-lab names
+    with torch.no_grad():
+        want = block_hidden(drafter, tiny_target.model.embed_tokens, batch)
+        got = block_hidden(loaded, tiny_target.model.embed_tokens, batch)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_dtype_auto_resolves_to_a_real_dtype():
+    from dflash_edge.train.hardware import resolve_dtype
+
+    assert resolve_dtype("auto") in ("float32", "bfloat16") and resolve_dtype("float32") == "float32"

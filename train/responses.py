@@ -164,11 +164,17 @@ def load_shard(path: Path) -> list[Sample]:
     return out
 
 
-def write_shards(target, prompt_ids: list[list[int]], out_dir: str | Path, spec: GenSpec, progress=None) -> list[Path]:
-    """Generate every missing shard under `out_dir`; return all shard paths (resumable)."""
+def write_shards(target, prompt_ids: list[list[int]], out_dir: str | Path, spec: GenSpec, progress=None,
+                 limit: int = 0) -> list[Path]:
+    """Generate every missing shard under `out_dir` (the first `limit` only, if > 0); return their paths.
+
+    Resumable; the batch plan does not depend on `limit`, so a larger limit later extends the same data.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     batches = plan_batches(prompt_ids, spec.batch_size, spec.seed)
+    if limit:
+        batches = batches[:limit]
     paths = [out_dir / f"shard_{i:05d}.pt" for i in range(len(batches))]
     for i, (rows, path) in enumerate(zip(batches, paths)):
         if not path.exists():

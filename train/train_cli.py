@@ -31,9 +31,12 @@ def add_arguments(p) -> None:
     p.add_argument("--prompts", type=int, default=1500, help="training prompts to build")
     p.add_argument("--max-new-tokens", type=int, default=128, help="response length budget")
     p.add_argument("--gen-batch", type=int, default=32, help="prompts decoded together")
-    p.add_argument("--gen-dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    p.add_argument("--gen-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="target precision while generating responses (auto: bf16 where this CPU runs it faster)")
+    p.add_argument("--no-feature-scale", dest="feature_scale", action="store_false",
+                   help="train fc on raw target features (default: per-channel unit scale, folded into fc on save)")
     p.add_argument("--sampled-fraction", type=float, default=0.1, help="responses sampled (T=0.7) instead of greedy")
-    p.add_argument("--max-shards", type=int, default=0, help="train on the first N response shards (0: all)")
+    p.add_argument("--max-shards", type=int, default=0, help="generate and train on the first N response shards only (0: all)")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--seqs-per-step", type=int, default=8)
     p.add_argument("--anchors", type=int, default=16, help="random anchors (blocks) per sequence")
@@ -50,14 +53,17 @@ def add_arguments(p) -> None:
 def config_from_args(a) -> RecipeConfig:
     from dflash_edge.export.fetch import cache_home
 
+    from .hardware import resolve_dtype
+
     work = a.work_dir or str(cache_home() / "train" / Path(a.out).name)
     capture = tuple(int(x) for x in a.capture.split(","))
     return RecipeConfig(
         target=a.target, work_dir=work, out=a.out, layers=a.layers, block_size=a.block_size,
-        draft_vocab=a.draft_vocab, max_shards=a.max_shards, eval_prompts=a.eval_prompts, eval_every=a.eval_every,
+        draft_vocab=a.draft_vocab, scale_features=a.feature_scale, max_shards=a.max_shards,
+        eval_prompts=a.eval_prompts, eval_every=a.eval_every,
         prompts=PromptSpec(num_train=a.prompts, seed=a.seed),
         gen=GenSpec(capture=capture, max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch,
-                    sampled_fraction=a.sampled_fraction, seed=a.seed, dtype=a.gen_dtype),
+                    sampled_fraction=a.sampled_fraction, seed=a.seed, dtype=resolve_dtype(a.gen_dtype)),
         train=TrainConfig(steps=a.steps, seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors, gamma=a.gamma,
                           lr=a.lr, seed=a.seed, ckpt_minutes=a.ckpt_minutes),
         num_threads=a.threads, command="dflash-edge " + " ".join(sys.argv[1:]))

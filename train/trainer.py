@@ -30,7 +30,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     ckpt_minutes: float = 3.0
-    head_dtype: str = "bfloat16"       # LM head precision in the loss ("float32" for exactness)
+    head_dtype: str = "auto"           # LM head precision in the loss: bf16 where faster (hardware.py), else fp32
     sample_positions: bool = True      # keep position k with prob. exp(-(k-1)/gamma) instead of weighting
 
 
@@ -84,7 +84,9 @@ def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Pa
 
     target.requires_grad_(False)  # frozen: no gradient buffers for the 49k-row embedding
     embed = target.model.embed_tokens
-    head = DraftHead.build(target.lm_head.weight, getattr(torch, cfg.head_dtype), vocab)
+    from .hardware import resolve_dtype
+
+    head = DraftHead.build(target.lm_head.weight, getattr(torch, resolve_dtype(cfg.head_dtype)), vocab)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     ckpt = Path(ckpt_dir) / "last.pt" if ckpt_dir else None
