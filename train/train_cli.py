@@ -65,7 +65,7 @@ def config_from_args(a) -> RecipeConfig:
         gen=GenSpec(capture=capture, max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch,
                     sampled_fraction=a.sampled_fraction, seed=a.seed, dtype=resolve_dtype(a.gen_dtype)),
         train=TrainConfig(steps=a.steps, seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors, gamma=a.gamma,
-                          lr=a.lr, seed=a.seed, ckpt_minutes=a.ckpt_minutes),
+                          lr=a.lr, seed=a.seed, ckpt_minutes=a.ckpt_minutes, head_dtype=resolve_dtype("auto")),
         num_threads=a.threads, command="dflash-edge " + " ".join(sys.argv[1:]))
 
 
