@@ -12,11 +12,13 @@ def add_arguments(p) -> None:
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--prefill-chunk", type=int, default=64)
     p.add_argument("--force", action="store_true", help="replace an existing bundle")
+    p.add_argument("--draft-vocab", type=int, default=0,
+                   help="draft only the N most frequent tokens (needs the drafter's draft_vocab.json; 0: all)")
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime-vs-torch parity check")
 
 
 def run(args) -> int:
     export_bundle(ExportOptions(out=args.out, target=args.target, draft=args.draft, block_size=args.block_size,
                                 max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
-                                verify=not args.no_verify))
+                                verify=not args.no_verify, draft_vocab=args.draft_vocab))
     return 0

@@ -33,6 +33,7 @@ class ExportOptions:
     prefill_chunk: int = 64
     force: bool = False
     verify: bool = True
+    draft_vocab: int = 0                 # >0: the drafter's LM head over this many frequent tokens (draft_vocab.py)
 
 
 def _check_options(opts: ExportOptions, target, drafter) -> None:
@@ -60,7 +61,8 @@ def _manifest(target, drafter, tok_files, graphs, opts, sources) -> dict:
                   "num_layers": tc.num_hidden_layers, "num_heads": tc.num_attention_heads,
                   "num_kv_heads": tc.num_key_value_heads, "head_dim": tc.head_dim,
                   "draft_num_layers": dc.num_hidden_layers, "target_layer_ids": list(dc.target_layer_ids),
-                  "mask_token_id": dc.mask_token_id, "eos_token_ids": list(tc.eos_token_id),
+                  "mask_token_id": dc.mask_token_id, "draft_vocab_size": opts.draft_vocab or tc.vocab_size,
+                  "eos_token_ids": list(tc.eos_token_id),
                   "bos_token_id": tc.bos_token_id, "max_position_embeddings": tc.max_position_embeddings},
         "block_size": opts.block_size, "trained_block_size": dc.block_size,
         "max_context": opts.max_context, "prefill_chunk": opts.prefill_chunk,
@@ -68,7 +70,9 @@ def _manifest(target, drafter, tok_files, graphs, opts, sources) -> dict:
         "shared_weights": {
             "embed_tokens": "duplicated: target.onnx and drafter.onnx each hold a copy (onnxruntime sessions "
                             "cannot share an initializer without loading it twice)",
-            "lm_head": "tied to embed_tokens" if tc.tie_word_embeddings else "duplicated, like embed_tokens"},
+            "lm_head": ("tied to embed_tokens" if tc.tie_word_embeddings else "duplicated, like embed_tokens")
+                       + (f"; drafter.onnx holds only the rows of its {opts.draft_vocab}-token draft vocabulary"
+                          if opts.draft_vocab else "")},
         "graphs": graphs,
         "tokenizer": tok_files,
         "source": sources,
@@ -105,6 +109,12 @@ def export_bundle(opts: ExportOptions, progress=None) -> Path:
     tok = ChatTokenizer.from_dir(target_dir)
     drafter = resolve_drafter(opts.draft, target, tok)
     _check_options(opts, target, drafter)
+    vocab = None
+    if opts.draft_vocab:
+        from .draft_vocab import load_draft_vocab
+
+        source = getattr(drafter, "source", "random")
+        vocab = load_draft_vocab(None if source == "random" else source, opts.draft_vocab, target.config.vocab_size)
     steps.update(1)
     timings["load"] = time.perf_counter() - t0
 
@@ -113,7 +123,7 @@ def export_bundle(opts: ExportOptions, progress=None) -> Path:
     try:
         dims = {**_dims(target, drafter, opts.block_size), "T": opts.block_size, **SAMPLE_SIZES}
         modules = {"target": TargetGraph(target, tuple(drafter.config.target_layer_ids)).eval(),
-                   "drafter": DrafterGraph(target, drafter).eval()}
+                   "drafter": DrafterGraph(target, drafter, vocab).eval()}
         paths = {}
         for name in ("target", "drafter"):
             t = time.perf_counter()

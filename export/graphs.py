@@ -45,11 +45,17 @@ class TargetGraph(nn.Module):
 class DrafterGraph(nn.Module):
     """`drafter`: new context features + block ids -> greedy draft tokens and the context's K/V."""
 
-    def __init__(self, target, drafter):
+    def __init__(self, target, drafter, vocab=None):
+        """`vocab` (sorted token ids, optional): draft only these tokens (a reduced draft vocabulary)."""
         super().__init__()
         self.embed = target.model.embed_tokens
         self.lm_head = target.lm_head
         self.drafter = drafter
+        self.vocab = vocab
+        if vocab is not None:
+            self.lm_head = nn.Linear(target.config.hidden_size, len(vocab), bias=False)
+            self.lm_head.weight = nn.Parameter(target.lm_head.weight.detach()[vocab].clone(), requires_grad=False)
+            self.register_buffer("vocab_ids", vocab.clone())
 
     def forward(self, block_ids, ctx_hidden, start, past_key, past_value):
         num_ctx, block = ctx_hidden.shape[1], block_ids.shape[1]
@@ -59,4 +65,6 @@ class DrafterGraph(nn.Module):
             self.embed(block_ids), block_positions, ctx_hidden, ctx_positions,
             _split_layers(past_key), _split_layers(past_value))
         draft_ids = lm_logits(self.lm_head, hidden[:, 1:]).argmax(-1)               # [1, B-1]
+        if self.vocab is not None:
+            draft_ids = self.vocab_ids[draft_ids]                                   # local row -> token id
         return draft_ids, _stack_layers(new_k), _stack_layers(new_v)

@@ -28,7 +28,7 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
          "tokenizer", "source", "engines"),
     "model": ("family", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
               "draft_num_layers", "target_layer_ids", "mask_token_id", "eos_token_ids", "bos_token_id",
-              "max_position_embeddings"),
+              "max_position_embeddings", "draft_vocab_size"),
     "kv_cache": ("layout", "dtype", "slack"),
     "tokenizer": ("file", "config"),
     "graph": ("files", "precision", "io", "static_shapes", "opset"),
@@ -36,7 +36,7 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
     "shared_weights": None,
     "engines": None,
 }
-OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset"}
+OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset", "draft_vocab_size"}
 KV_LAYOUT = "S,L,Hkv,D"
 
 

@@ -142,3 +142,35 @@ def test_default_export_end_to_end(smollm2_dir, tmp_path):
     assert m["model"]["vocab_size"] == 49152 and m["block_size"] == 16
     for graph in m["graphs"].values():
         onnx.checker.check_model(str(out / graph["files"][0]["path"]))
+
+
+def test_reduced_draft_vocabulary_drafts_only_its_tokens_and_stays_lossless(tiny_checkpoints, tmp_path):
+    import numpy as np
+
+    from dflash_edge.export.draft_vocab import DRAFT_VOCAB_FILE, draft_vocab_json, load_draft_vocab
+    from dflash_edge.export.reference_loop import GenerationConfig, target_generate
+    from dflash_edge.runtime import Generator
+
+    ckpt = tiny_checkpoints["qwen3"][1]
+    draft = _drafter_dir(tmp_path, ckpt)
+    with pytest.raises(DflashEdgeError, match="no draft_vocab.json"):
+        _export(tmp_path, ckpt, 8, draft=draft, draft_vocab=20)
+    (draft / DRAFT_VOCAB_FILE).write_text(draft_vocab_json([[7, 7, 7, 9, 9, 11]], always=[2]))
+    vocab = load_draft_vocab(draft, 20, vocab_size=96)
+    assert vocab[:4].tolist() == [0, 1, 2, 3] and {2, 7, 9, 11} <= set(vocab.tolist()) and len(vocab) == 20
+    out = _export(tmp_path, ckpt, 8, draft=draft, draft_vocab=20)
+    m = read_bundle(out).manifest
+    assert m["model"]["draft_vocab_size"] == 20 and m["source"]["parity"]["drafter.draft_ids.agreement"] == 1.0
+    gen = Generator.load(out)
+    real_draft, seen = gen.drafter.draft, []
+
+    def spy(*a, **k):
+        ids = real_draft(*a, **k)
+        seen.extend(np.asarray(ids).tolist())
+        return ids
+    gen.drafter.draft = spy
+    prompt = [3, 17, 42, 8, 5, 61]
+    res = gen.generate_ids(prompt, max_new_tokens=24)
+    ref = target_generate(load_target(ckpt), prompt, GenerationConfig(max_new_tokens=24))
+    assert res.token_ids == ref.token_ids[:len(res.token_ids)] and len(res.token_ids) == len(ref.token_ids)
+    assert seen and set(seen) <= set(vocab.tolist())

@@ -157,6 +157,7 @@ class BestKeeper:
         from .evaluate import EvalSpec
 
         self.cfg, self.target, self.log, self.wall = cfg, target, log, wall
+        self.extra_files: dict[str, str] = {}       # more files saved with the drafter (draft_vocab.json)
         self.t0 = time.monotonic()
         self.samples, self.categories = heldout_samples, categories
         self.spec = EvalSpec(block_size=cfg.block_size, max_new_tokens=cfg.gen.max_new_tokens)
@@ -172,21 +173,24 @@ class BestKeeper:
         if rep.tau() > self.best["tau"]:
             wall = {**self.wall, "training up to this step, this process": time.monotonic() - self.t0}
             self.best = {"step": step, **rep.to_dict(), "wall_s": wall, "command": self.cfg.command}
-            save_with_card(drafter, Path(self.cfg.out), self.cfg, self.best)
+            save_with_card(drafter, Path(self.cfg.out), self.cfg, self.best, self.extra_files)
             self.best_file.write_text(json.dumps(self.best, indent=2))
             self.log(f"step {step}: new best tau {rep.tau():.3f} -> {self.cfg.out}")
 
 
-def save_with_card(drafter, out: Path, cfg: RecipeConfig, result: dict) -> None:
+def save_with_card(drafter, out: Path, cfg: RecipeConfig, result: dict, extra_files: dict | None = None) -> None:
     from dflash_edge.export.drafter import save_drafter
 
     from .model_card import model_card
 
-    save_drafter(drafter, out, dtype=torch.bfloat16, extra_files={"README.md": model_card(cfg, result)})
+    save_drafter(drafter, out, dtype=torch.bfloat16,
+                 extra_files={"README.md": model_card(cfg, result), **(extra_files or {})})
 
 
 def run_recipe(cfg: RecipeConfig, resume: bool = False, log=print) -> dict:
     """All stages; returns the best held-out result (replayed greedy τ and per-position rates)."""
+    from dflash_edge.export.draft_vocab import DRAFT_VOCAB_FILE, draft_vocab_json
+
     from .objective import frequent_tokens
     from .trainer import train_drafter
 
@@ -205,6 +209,8 @@ def run_recipe(cfg: RecipeConfig, resume: bool = False, log=print) -> dict:
     log(f"training on {len(samples)} responses ({sum(len(s.tokens) - s.prompt_len for s in samples)} tokens), "
         f"draft vocab {len(vocab) if vocab is not None else 'full'}")
     keeper = BestKeeper(cfg, target, held, [heldout[s.index].get("category", "all") for s in held], log, wall)
+    keeper.extra_files[DRAFT_VOCAB_FILE] = draft_vocab_json((s.tokens[s.prompt_len:] for s in samples),
+                                                            always=target.config.eos_token_id)
     drafter = build_drafter(target, tok, cfg)
     if cfg.scale_features:
         from .conditioning import feature_rms, scale_fc_inputs
