@@ -54,6 +54,9 @@ def test_block_mask_sees_strict_past_and_own_block_only():
     assert ctx[:BLOCK].sum(1).tolist() == [3] * BLOCK and ctx[BLOCK:].sum(1).tolist() == [6] * BLOCK
     assert blocks[:BLOCK, :BLOCK].all() and blocks[BLOCK:, BLOCK:].all()             # bidirectional inside
     assert not blocks[:BLOCK, BLOCK:].any() and not blocks[BLOCK:, :BLOCK].any()     # no other block
+    near = block_keep(torch.tensor([3, 6]), ctx_len=8, block=BLOCK, window=2)[:, :8]  # curriculum window
+    assert near[0].nonzero().flatten().tolist() == [1, 2] and near[BLOCK].nonzero().flatten().tolist() == [4, 5]
+    assert torch.equal(near, ctx & near) and torch.equal(block_keep(torch.tensor([3, 6]), 8, BLOCK, window=0), keep)
 
 
 def test_training_forward_equals_inference_forward(tiny_target, samples):

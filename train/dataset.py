@@ -31,10 +31,15 @@ class BlockBatch:
         return self.block_ids.shape[1] // self.block_size
 
 
-def block_keep(anchors: torch.Tensor, ctx_len: int, block: int) -> torch.Tensor:
-    """Boolean [K*B, C + K*B]: block j sees context columns < anchors[j] and its own B columns."""
+def block_keep(anchors: torch.Tensor, ctx_len: int, block: int, window: int = 0) -> torch.Tensor:
+    """Boolean [K*B, C + K*B]: block j sees context columns < anchors[j] and its own B columns.
+
+    With `window` > 0 only the last `window` context columns before each anchor are visible (a
+    training curriculum: fewer keys, so the drafter first learns to read the nearby context).
+    """
     K = anchors.shape[0]
-    ctx = torch.arange(ctx_len)[None] < anchors.repeat_interleave(block)[:, None]      # [K*B, C]
+    col, end = torch.arange(ctx_len)[None], anchors.repeat_interleave(block)[:, None]
+    ctx = (col < end) & ((col >= end - window) if window > 0 else True)               # [K*B, C]
     owner = torch.arange(K).repeat_interleave(block)                                  # [K*B]
     own = owner[:, None] == owner[None, :]                                            # [K*B, K*B]
     return torch.cat([ctx, own], dim=1)
@@ -53,7 +58,8 @@ def sample_anchors(sample: Sample, k: int, gen: torch.Generator) -> torch.Tensor
     return (lo + pick).sort().values
 
 
-def make_batch(samples: list[Sample], anchors: list[torch.Tensor], block: int, mask_id: int) -> BlockBatch:
+def make_batch(samples: list[Sample], anchors: list[torch.Tensor], block: int, mask_id: int,
+               window: int = 0) -> BlockBatch:
     """Stack the blocks of every sample (rows with fewer anchors get inert padding blocks)."""
     b, K = len(samples), max(max(len(a) for a in anchors), 1)
     C = max(len(s.features) for s in samples)
@@ -73,7 +79,7 @@ def make_batch(samples: list[Sample], anchors: list[torch.Tensor], block: int, m
         tgt = a[:, None] + offs[1:]                                                   # [n, B-1]
         ok = tgt < len(s.tokens)
         labels[r, :n, 1:] = torch.where(ok, s.tokens[tgt.clamp(max=len(s.tokens) - 1)], IGNORE)
-        keep[r] = block_keep(full, C, block)
+        keep[r] = block_keep(full, C, block, window)
     additive = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
     return BlockBatch(feats, torch.arange(C).expand(b, C), ids.view(b, -1), pos.view(b, -1),  # [b, K*B]
                       labels.view(b, -1), additive, block)

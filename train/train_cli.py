@@ -42,6 +42,9 @@ def add_arguments(p) -> None:
     p.add_argument("--anchors", type=int, default=16, help="random anchors (blocks) per sequence")
     p.add_argument("--gamma", type=float, default=7.0, help="loss decay exp(-(k-1)/gamma) over block positions")
     p.add_argument("--lr", type=float, default=1.5e-3)
+    p.add_argument("--ctx-window", type=int, default=0,
+                   help="curriculum: blocks see only the last N context positions ... (0: always the whole context)")
+    p.add_argument("--ctx-window-steps", type=int, default=0, help="... during the first N steps")
     p.add_argument("--draft-vocab", type=int, default=0, help="softmax the loss over the N most frequent tokens (0: full)")
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
     p.add_argument("--eval-prompts", type=int, default=60)
@@ -65,7 +68,8 @@ def config_from_args(a) -> RecipeConfig:
         gen=GenSpec(capture=capture, max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch,
                     sampled_fraction=a.sampled_fraction, seed=a.seed, dtype=resolve_dtype(a.gen_dtype)),
         train=TrainConfig(steps=a.steps, seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors, gamma=a.gamma,
-                          lr=a.lr, seed=a.seed, ckpt_minutes=a.ckpt_minutes, head_dtype=resolve_dtype("auto")),
+                          lr=a.lr, seed=a.seed, ckpt_minutes=a.ckpt_minutes, head_dtype=resolve_dtype("auto"),
+                          ctx_window=a.ctx_window, ctx_window_steps=a.ctx_window_steps),
         num_threads=a.threads, command="dflash-edge " + " ".join(sys.argv[1:]))
 
 

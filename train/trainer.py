@@ -32,6 +32,8 @@ class TrainConfig:
     ckpt_minutes: float = 3.0
     head_dtype: str = "auto"           # LM head precision in the loss: bf16 where faster (hardware.py), else fp32
     sample_positions: bool = True      # keep position k with prob. exp(-(k-1)/gamma) instead of weighting
+    ctx_window: int = 0                # >0: blocks see only this many context positions before their anchor ...
+    ctx_window_steps: int = 0          # ... for the first N steps (a curriculum), then the whole context
 
 
 class RunningStats:
@@ -52,7 +54,8 @@ def draw_batch(samples, cfg: TrainConfig, step: int, block: int, mask_id: int):
     rows = torch.randint(len(samples), (cfg.seqs_per_step,), generator=gen).tolist()
     picked = [samples[r] for r in rows]
     anchors = [sample_anchors(s, cfg.anchors_per_seq, gen) for s in picked]
-    return make_batch(picked, anchors, block, mask_id)
+    window = cfg.ctx_window if step < cfg.ctx_window_steps else 0
+    return make_batch(picked, anchors, block, mask_id, window)
 
 
 def save_checkpoint(path: Path, drafter, opt, step: int, cfg: TrainConfig) -> None:
