@@ -23,6 +23,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--limit", type=int, default=0, help="only the first K prompts (0: all)")
     p.add_argument("--json", dest="json_out", default=None, help="write the full report (with per-prompt rows) here")
+    p.add_argument("--auto-draft", action="store_true",
+                   help="speculative arm drafts only while it is measured to pay (use_draft='auto')")
     p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per usable CPU)")
 
@@ -48,13 +50,13 @@ def load_prompts(path: str | Path | None, limit: int = 0) -> list[dict]:
     return rows[:limit] if limit else rows
 
 
-def bench_prompt(gen, row: dict, index: int, max_new_tokens: int) -> tuple[dict, dict]:
-    """Spec and AR greedy runs of one prompt (order alternating with `index`) -> (row, raw stats)."""
-    order = (True, False) if index % 2 == 0 else (False, True)
+def bench_prompt(gen, row: dict, index: int, max_new_tokens: int, spec_mode: bool | str = True) -> tuple[dict, dict]:
+    """Spec (`spec_mode`: True or "auto") and AR greedy runs of one prompt, order alternating with `index`."""
+    order = (spec_mode, False) if index % 2 == 0 else (False, spec_mode)
     res = {use: gen.generate(row["prompt"], max_new_tokens=max_new_tokens, use_draft=use) for use in order}
-    spec, ar = res[True].stats, res[False].stats
+    spec, ar = res[spec_mode].stats, res[False].stats
     out = {**row, "prompt_tokens": spec.prompt_tokens, "new_tokens": spec.new_tokens,
-           "lossless": res[True].token_ids == res[False].token_ids,
+           "lossless": res[spec_mode].token_ids == res[False].token_ids,
            "spec_tokens_per_s": round(spec.decode_tokens_per_s, 2), "ar_tokens_per_s": round(ar.decode_tokens_per_s, 2),
            "speedup": round(spec.decode_tokens_per_s / ar.decode_tokens_per_s, 3) if ar.decode_tokens_per_s else None,
            "mean_acceptance_length": round(spec.mean_acceptance_length, 3),
@@ -93,6 +95,8 @@ def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
                    "family": manifest["model"]["family"],
                    "drafter": source.get("drafter"), "drafter_random_init": source.get(
                        "drafter_random_init", source.get("drafter") == "random")},
+        "spec_mode": "auto" if args.auto_draft else "always",
+        "plain_steps_in_spec_runs": sum(s.plain_steps for s in spec),
         "provider": args.provider, "machine": _machine(args.threads),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -107,7 +111,7 @@ def run(args) -> int:
         gen.generate("Hello", max_new_tokens=8, use_draft=use)
     rows, raw = [], []
     for i, row in enumerate(_progress(rows_in)):
-        out, stats = bench_prompt(gen, row, i, args.max_new_tokens)
+        out, stats = bench_prompt(gen, row, i, args.max_new_tokens, "auto" if args.auto_draft else True)
         rows.append(out)
         raw.append(stats)
     report = summarize(rows, raw, gen, args)

@@ -24,6 +24,7 @@ from .emitter import Emitter
 from .errors import ContextOverflowError, DflashEdgeError
 from .io_tables import io_manifest, model_dims
 from .kv import DraftModel, TargetModel
+from .policy import AdaptiveDrafting
 from .sampling import SamplingParams, select_token
 from .session import SessionConfig, open_graph
 from .stats import GenerationStats
@@ -53,7 +54,7 @@ class Request:
     max_new_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
-    use_draft: bool = True
+    use_draft: bool | str = True    # True, False or "auto" (policy.py: draft only while it pays)
     t_call: float = 0.0             # perf_counter() when the call began (TTFT includes tokenizing)
 
 
@@ -147,15 +148,20 @@ class Generator:
     # ---- public API -------------------------------------------------------------------------------
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop=None, chat: bool = True,
-                 use_draft: bool = True) -> GenerationResult:
-        """Generate a reply to `prompt` (a string or a list of chat messages)."""
+                 use_draft: bool | str = True) -> GenerationResult:
+        """Generate a reply to `prompt` (a string or a list of chat messages).
+
+        `use_draft`: True drafts every step, False decodes plainly (the baseline), "auto" drafts only
+        while drafting is measured to be faster here (`policy.py`); the tokens are the same either way.
+        """
         stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, use_draft)
         for _ in stream:
             pass
         return stream.result
 
     def stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int = 0, stop=None, chat: bool = True, use_draft: bool = True) -> Stream:
+               top_p: float = 1.0, seed: int = 0, stop=None, chat: bool = True,
+               use_draft: bool | str = True) -> Stream:
         """Like `generate`, yielding text pieces as tokens are committed (never half a character)."""
         t_call = time.perf_counter()
         req = Request(self.encode(prompt, chat), max_new_tokens, SamplingParams(temperature, top_k, top_p, seed),
@@ -164,7 +170,7 @@ class Generator:
         return Stream(self._text_pieces(req))
 
     def generate_ids(self, prompt_ids: list[int], max_new_tokens: int = 128,
-                     sampling: SamplingParams = SamplingParams(), use_draft: bool = True,
+                     sampling: SamplingParams = SamplingParams(), use_draft: bool | str = True,
                      stop_token_ids=None) -> GenerationResult:
         """Token ids in, tokens out (no chat template); `stop_token_ids` overrides the eos ids."""
         req = Request(list(prompt_ids), max_new_tokens, sampling, (), use_draft, time.perf_counter())
@@ -209,14 +215,22 @@ class Generator:
         emit.push([self._prefill(req.prompt_ids, req.sampling)])
         stats.ttft_s = time.perf_counter() - req.t_call
         clock = _Clock(self, stats)
+        policy = AdaptiveDrafting() if req.use_draft == "auto" else None
         try:
             yield emit.tokens
             while not emit.reason:
-                if req.use_draft:
+                t = time.perf_counter()
+                draft = policy.draft_next() if policy else req.use_draft
+                if draft:
                     tokens = self._speculative_step(emit.tokens[-1], req.sampling)
                     stats.acceptance_lengths.append(len(tokens))
+                    if policy:
+                        policy.spec_done(len(tokens), time.perf_counter() - t)
                 else:
                     tokens = self._decode_step(emit.tokens[-1], req.sampling)
+                    if policy:
+                        policy.decode_done(time.perf_counter() - t)
+                        stats.plain_steps += 1
                 yield emit.push(tokens)
         finally:
             clock.stop(emit)
@@ -246,6 +260,9 @@ class Generator:
     def _room(self, req: Request) -> int:
         """Tokens the context has left after the prompt (errors name the limit)."""
         prompt_ids = req.prompt_ids
+        if req.use_draft not in (True, False, "auto"):
+            raise ValueError(f"use_draft={req.use_draft!r}: pass True (always draft), False (plain decoding) "
+                             f"or 'auto' (draft while it is measured to pay)")
         if req.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={req.max_new_tokens}: ask for at least 1 token")
         if not prompt_ids:

@@ -21,6 +21,7 @@ class GenerationStats:
     target_calls: int = 0                      # decode/verify target runs after prefill
     draft_calls: int = 0
     draft_run_s: float = 0.0                   # drafter share of decode_run_s
+    plain_steps: int = 0                       # use_draft="auto": steps decoded without drafting
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -57,4 +58,6 @@ class GenerationStats:
         if self.acceptance_lengths:
             line += (f", mean acceptance length {self.mean_acceptance_length:.2f} over "
                      f"{len(self.acceptance_lengths)} steps")
+        if self.plain_steps:
+            line += f" (+{self.plain_steps} steps without drafting)"
         return f"{line}, python overhead {self.python_overhead:.1%}; finish: {self.finish_reason}"

@@ -99,6 +99,41 @@ def test_greedy_equals_torch_reference(tiny_bundle, variant, block):
         assert steps and all(1 <= a <= block for a in steps) and sum(steps) + 1 >= len(spec.token_ids)
 
 
+@pytest.mark.parametrize("hit", [0.0, 0.9])
+def test_auto_drafting_is_lossless_and_switches_between_modes(tiny_bundle, oracle, hit):
+    tb = tiny_bundle("qwen3", 8)
+    prompt = PROMPTS[1]
+    ref = reference(tb, prompt, 60, stop=())
+    oracle(tb.generator, prompt + ref.token_ids, hit)
+    got = tb.generator.generate_ids(prompt, 60, stop_token_ids=(), use_draft="auto")
+    assert got.token_ids == ref.token_ids
+    s = got.stats
+    assert s.target_calls == len(s.acceptance_lengths) + s.plain_steps      # every step is one or the other
+    assert s.acceptance_lengths                                              # drafting is measured first
+    with pytest.raises(ValueError, match="use_draft='sometimes'"):
+        tb.generator.generate_ids(prompt, 8, use_draft="sometimes")
+
+
+def test_auto_drafting_policy_follows_the_measured_pay_off():
+    from dflash_edge.runtime.policy import AdaptiveDrafting
+
+    def run(tau, spec_s, decode_s, steps=200):
+        p, kinds = AdaptiveDrafting(), []
+        for _ in range(steps):
+            if p.draft_next():
+                kinds.append("spec")
+                p.spec_done(tau, spec_s)
+            else:
+                kinds.append("plain")
+                p.decode_done(decode_s)
+        return kinds
+
+    losing = run(tau=1.2, spec_s=0.09, decode_s=0.05)             # 13 tok/s drafting vs 20 plain
+    assert losing[:2] == ["spec", "plain"] and losing.count("spec") < 12  # probes back off to 1 in 32
+    winning = run(tau=3.0, spec_s=0.09, decode_s=0.05)            # 33 tok/s vs 20
+    assert winning.count("plain") == 1                            # only the one step that measures it
+
+
 @pytest.mark.parametrize("block", [4, 8])
 @pytest.mark.parametrize("hit", [1.0, 0.8])
 def test_long_acceptances_roll_back_correctly(tiny_bundle, oracle, block, hit):
