@@ -165,3 +165,23 @@ def test_dtype_auto_resolves_to_a_real_dtype():
     from dflash_edge.train.hardware import resolve_dtype
 
     assert resolve_dtype("auto") in ("float32", "bfloat16") and resolve_dtype("float32") == "float32"
+
+
+def test_target_init_copies_the_layers_above_the_deepest_feature(tiny_target, samples):
+    """Drafter layer 0 starts as target layer 4 (above capture 3): its context K/V are the target's."""
+    from dflash_edge.train.target_init import copied_layer_ids, init_from_target
+
+    assert copied_layer_ids(30, 27, 2) == [28, 29] and copied_layer_ids(30, 29, 2) == [28, 29]
+    drafter = fresh_drafter(tiny_target)
+    assert init_from_target(drafter, tiny_target, samples) == [4]
+    s = samples[0]
+    n = len(s.features)
+    cache = tiny_target.new_cache(64)
+    with torch.no_grad():
+        tiny_target(s.tokens[None, :n], cache)
+        ids = torch.full((1, BLOCK), MASK)
+        _, new_k, new_v = drafter.step(tiny_target.model.embed_tokens(ids), torch.arange(n, n + BLOCK),
+                                       s.features[None].float(), torch.arange(n), *[[torch.zeros(1, 2, 0, 16)]] * 2)
+    want_k, want_v = cache.past(4)
+    torch.testing.assert_close(new_k[0], want_k, atol=2e-3, rtol=1e-2)             # fp16 features
+    torch.testing.assert_close(new_v[0], want_v, atol=2e-3, rtol=1e-2)

@@ -28,6 +28,7 @@ class RecipeConfig:
     block_size: int = 16
     draft_vocab: int = 0                       # >0: softmax of the loss over the N most frequent tokens
     scale_features: bool = True                # train fc on per-channel unit-scale features (conditioning.py)
+    init: str = "random"                       # "target": start from the target's top layers (target_init.py)
     max_shards: int = 0                        # >0: train on the first N response shards only
     eval_prompts: int = 60                     # held-out prompts replayed at each evaluation
     eval_every: int = 100
@@ -132,10 +133,12 @@ def spread(rows: list, n: int) -> list:
     return [rows[i * len(rows) // n] for i in range(n)]
 
 
-def build_drafter(target, tok, cfg: RecipeConfig):
+def build_drafter(target, tok, cfg: RecipeConfig, samples=()):
     """A fresh drafter reading the captured target layers.
 
-    Its final norm starts as the target's scaled by 0.1: with the full scale (the LM head is tied to
+    With `cfg.init == "target"` it starts as a copy of the target's layers above the deepest
+    captured feature (`target_init.py`; `samples` measure the q/k norm scales). Otherwise its
+    final norm starts as the target's scaled by 0.1: with the full scale (the LM head is tied to
     the embedding) a mask position's logits peak on the mask token itself and the first loss is ~118
     nats on SmolLM2; at 0.1 it is ~16, and greedy acceptance does not depend on the logit scale.
     """
@@ -145,6 +148,11 @@ def build_drafter(target, tok, cfg: RecipeConfig):
     dcfg = DraftConfig.for_target(target.config, num_layers=cfg.layers, block_size=cfg.block_size,
                                   mask_token_id=pick_mask_token(tok), target_layer_ids=list(cfg.gen.capture))
     drafter = new_drafter(dcfg, seed=cfg.train.seed)
+    if cfg.init == "target":
+        from .target_init import init_from_target
+
+        init_from_target(drafter, target, samples)
+        return drafter
     with torch.no_grad():
         drafter.norm.weight.copy_(0.1 * target.model.norm.weight)
     return drafter
@@ -211,11 +219,11 @@ def run_recipe(cfg: RecipeConfig, resume: bool = False, log=print) -> dict:
     keeper = BestKeeper(cfg, target, held, [heldout[s.index].get("category", "all") for s in held], log, wall)
     keeper.extra_files[DRAFT_VOCAB_FILE] = draft_vocab_json((s.tokens[s.prompt_len:] for s in samples),
                                                             always=target.config.eos_token_id)
-    drafter = build_drafter(target, tok, cfg)
+    drafter = build_drafter(target, tok, cfg, samples)
     if cfg.scale_features:
         from .conditioning import feature_rms, scale_fc_inputs
 
-        scale_fc_inputs(drafter, feature_rms(samples))
+        scale_fc_inputs(drafter, feature_rms(samples), init_std=None if cfg.init == "target" else 0.02)
     train_drafter(target, drafter, samples, cfg.train, Path(cfg.work_dir) / f"ckpt-L{cfg.layers}-B{cfg.block_size}",
                   resume=resume, on_eval=keeper, eval_every=cfg.eval_every, vocab=vocab)
     return keeper.best

@@ -33,6 +33,8 @@ def add_arguments(p) -> None:
     p.add_argument("--gen-batch", type=int, default=32, help="prompts decoded together")
     p.add_argument("--gen-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="target precision while generating responses (auto: bf16 where this CPU runs it faster)")
+    p.add_argument("--init", default="random", choices=("random", "target"),
+                   help="drafter start: random weights, or the target's layers above the deepest captured feature")
     p.add_argument("--no-feature-scale", dest="feature_scale", action="store_false",
                    help="train fc on raw target features (default: per-channel unit scale, folded into fc on save)")
     p.add_argument("--sampled-fraction", type=float, default=0.1, help="responses sampled (T=0.7) instead of greedy")
@@ -62,7 +64,7 @@ def config_from_args(a) -> RecipeConfig:
     capture = tuple(int(x) for x in a.capture.split(","))
     return RecipeConfig(
         target=a.target, work_dir=work, out=a.out, layers=a.layers, block_size=a.block_size,
-        draft_vocab=a.draft_vocab, scale_features=a.feature_scale, max_shards=a.max_shards,
+        draft_vocab=a.draft_vocab, scale_features=a.feature_scale, init=a.init, max_shards=a.max_shards,
         eval_prompts=a.eval_prompts, eval_every=a.eval_every,
         prompts=PromptSpec(num_train=a.prompts, seed=a.seed),
         gen=GenSpec(capture=capture, max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch,
