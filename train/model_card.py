@@ -23,6 +23,8 @@ def model_card(cfg, result: dict) -> str:
     per_cat = "\n".join(f"| {c} | {t:.3f} |" for c, t in sorted(result.get("tau_per_category", {}).items()))
     name = "SmolLM2-135M-Instruct (the default target)" if cfg.target in (None, "default") else cfg.target
     used = f", the first {cfg.max_shards} batches of {cfg.gen.batch_size} used" if cfg.max_shards else ""
+    start = ("the target's layers above the deepest captured feature (`--init target`)" if cfg.init == "target"
+             else "random weights")
     timing = "".join(f"- {k}: {v / 60:.1f} min\n" for k, v in result.get("wall_s", {}).items())
     return f"""# DFlash drafter for {name}
 
@@ -54,6 +56,7 @@ target in {cfg.gen.dtype}), with its hidden states at layers {list(cfg.gen.captu
 
 {cfg.layers} draft layer(s), block {cfg.block_size}, draft vocabulary for the loss: {cfg.draft_vocab or 'full'};
 `fc` trained on {'per-channel unit-scale features (folded into `fc` on save)' if cfg.scale_features else 'raw features'}.
+Started from {start}.
 
 ```json
 {json.dumps(asdict(cfg.train), indent=2)}
