@@ -175,13 +175,9 @@ def test_target_init_copies_the_layers_above_the_deepest_feature(tiny_target, sa
     drafter = fresh_drafter(tiny_target)
     assert init_from_target(drafter, tiny_target, samples) == [4]
     s = samples[0]
-    n = len(s.features)
-    cache = tiny_target.new_cache(64)
+    target_cache, draft_cache = tiny_target.new_cache(64), drafter.new_cache(64)
     with torch.no_grad():
-        tiny_target(s.tokens[None, :n], cache)
-        ids = torch.full((1, BLOCK), MASK)
-        _, new_k, new_v = drafter.step(tiny_target.model.embed_tokens(ids), torch.arange(n, n + BLOCK),
-                                       s.features[None].float(), torch.arange(n), *[[torch.zeros(1, 2, 0, 16)]] * 2)
-    want_k, want_v = cache.past(4)
-    torch.testing.assert_close(new_k[0], want_k, atol=2e-3, rtol=1e-2)             # fp16 features
-    torch.testing.assert_close(new_v[0], want_v, atol=2e-3, rtol=1e-2)
+        tiny_target(s.tokens[None, :len(s.features)], target_cache)
+        drafter(tiny_target.model.embed_tokens(torch.full((1, BLOCK), MASK)), s.features[None].float(), draft_cache)
+    for got, want in zip(draft_cache.past(0), target_cache.past(4)):                # (K, V) of the context
+        torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-2)                 # fp16 features

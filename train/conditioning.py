@@ -29,8 +29,9 @@ class InputScale(nn.Module):
         return weight / self.inv_scale.to(weight.dtype)
 
 
-def feature_rms(samples, max_rows: int = 200_000) -> torch.Tensor:
-    """[n_ids*H] per-channel RMS of the features of `samples` (first token skipped: massive activations)."""
+def feature_rows(samples, max_rows: int) -> torch.Tensor:
+    """fp32 features [>= max_rows or all, n_ids*H] of the first samples (first token skipped: massive
+    activations); stops reading (the shards are memory-mapped) once `max_rows` rows are in."""
     rows, total = [], 0
     for s in samples:
         f = s.features[1:]
@@ -38,8 +39,12 @@ def feature_rms(samples, max_rows: int = 200_000) -> torch.Tensor:
         total += len(f)
         if total >= max_rows:
             break
-    x = torch.cat(rows).float()
-    rms = x.pow(2).mean(0).sqrt()
+    return torch.cat(rows).float()
+
+
+def feature_rms(samples, max_rows: int = 200_000) -> torch.Tensor:
+    """[n_ids*H] per-channel RMS of the features of `samples`."""
+    rms = feature_rows(samples, max_rows).pow(2).mean(0).sqrt()
     return rms.clamp(min=1e-2 * rms.median().clamp(min=1e-6).item())
 
 

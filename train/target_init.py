@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from .conditioning import feature_rows
+
 
 def copied_layer_ids(num_target_layers: int, deepest_capture: int, num_draft_layers: int) -> list[int]:
     """Target layers copied into the drafter: the ones right above the deepest captured feature."""
@@ -40,14 +42,15 @@ def init_from_target(drafter, target, samples, max_rows: int = 4096) -> list[int
     copied = copied_layer_ids(cfg.num_target_layers, max(ids), cfg.num_hidden_layers)
     src_layers = target.model.layers
     H = cfg.hidden_size
-    feats = torch.cat([s.features[1:, slot * H:(slot + 1) * H] for s in samples])[:max_rows].float()
+    rescale_qk = hasattr(drafter.layers[0].self_attn, "q_norm") and not hasattr(src_layers[0].self_attn, "q_norm")
+    feats = feature_rows(samples, max_rows)[:max_rows, slot * H:(slot + 1) * H] if rescale_qk else None
     for layer, tid in zip(drafter.layers, copied):
         src = src_layers[tid]
         own = layer.state_dict()
         for name, value in src.state_dict().items():
             if name in own and own[name].shape == value.shape:
                 own[name].copy_(value)
-        if hasattr(layer.self_attn, "q_norm") and not hasattr(src.self_attn, "q_norm"):
+        if rescale_qk:
             h = src.input_layernorm(feats)
             layer.self_attn.q_norm.weight.fill_(_head_rms(src.self_attn.q_proj(h), cfg.head_dim))
             layer.self_attn.k_norm.weight.fill_(_head_rms(src.self_attn.k_proj(h), cfg.head_dim))
