@@ -205,7 +205,7 @@ def save_drafter(model: DFlashDrafter, path: str | Path, dtype=torch.bfloat16, e
         cfg = model.config.to_dict()
         cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        tensors = {k: v.detach().to(dtype).contiguous() for k, v in plain_state_dict(model).items()}
+        tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in plain_state_dict(model).items()}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)

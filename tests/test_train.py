@@ -181,3 +181,39 @@ def test_target_init_copies_the_layers_above_the_deepest_feature(tiny_target, sa
         drafter(tiny_target.model.embed_tokens(torch.full((1, BLOCK), MASK)), s.features[None].float(), draft_cache)
     for got, want in zip(draft_cache.past(0), target_cache.past(4)):                # (K, V) of the context
         torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-2)                 # fp16 features
+
+
+def test_unknown_or_missing_device_is_a_clear_error():
+    from dflash_edge.train.hardware import DeviceError, resolve_device
+
+    assert resolve_device("cpu") == "cpu" and resolve_device("auto") in ("cpu", "cuda")
+    with pytest.raises(DeviceError, match="unknown device 'tpu'"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceError, match="sees no CUDA GPU.*--device cpu"):
+            resolve_device("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
+def test_generation_and_training_on_cuda_agree_with_cpu(tiny_target, samples):
+    import copy
+
+    gpu_target = copy.deepcopy(tiny_target).to("cuda")
+    prompts = random_prompts(6, seed=11)
+    spec = GenSpec(capture=CAPTURE, max_new_tokens=16, sampled_fraction=0.5, dtype="float32")
+    cpu = generate_batch(tiny_target, prompts, spec, torch.Generator().manual_seed(3))
+    gpu = generate_batch(gpu_target, prompts, spec, torch.Generator().manual_seed(3))
+    for a, b in zip(cpu, gpu):
+        assert a.tokens.tolist() == b.tokens.tolist() and b.features.device.type == "cpu"
+        torch.testing.assert_close(a.features, b.features, atol=2e-3, rtol=1e-2)
+    cfg = dict(steps=20, seqs_per_step=4, anchors_per_seq=4, lr=1e-2, warmup=2, head_dtype="float32")
+    on_cpu, on_gpu = fresh_drafter(tiny_target), fresh_drafter(tiny_target)
+    lc = train_drafter(tiny_target, on_cpu, samples, TrainConfig(**cfg))
+    lg = train_drafter(gpu_target, on_gpu, samples, TrainConfig(**cfg, device="cuda"))
+    assert abs(lc[-1] - lg[-1]) < 0.05 * lc[-1], (lc[-1], lg[-1])                  # TF32 on the GPU: close, not equal
+    spec_e = EvalSpec(block_size=BLOCK, max_new_tokens=40)
+    held, cats = samples[:6], ["all"] * 6
+    tau_c = replay_eval(on_cpu, tiny_target.model.embed_tokens, tiny_target.lm_head.weight, held, cats, spec_e).tau()
+    tau_g = replay_eval(on_gpu, gpu_target.model.embed_tokens, gpu_target.lm_head.weight, held, cats, spec_e).tau()
+    assert abs(tau_c - tau_g) < 0.2, (tau_c, tau_g)

@@ -7,7 +7,7 @@ what the drafter has at inference), itself bidirectionally, and no other block.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -18,17 +18,29 @@ IGNORE = -100
 
 @dataclass
 class BlockBatch:
-    ctx_feats: torch.Tensor       # [b, C, n_ids*H] target features (zero-padded)
+    ctx_feats: torch.Tensor       # [b, C, n_ids*H] target features (zero-padded; the samples' dtype, fp16)
     ctx_pos: torch.Tensor         # [b, C]
     block_ids: torch.Tensor       # [b, K*B] anchor token then mask tokens, per block
     block_pos: torch.Tensor       # [b, K*B]
     labels: torch.Tensor          # [b, K*B] token at anchor+k, IGNORE at k=0 / past the end / padding blocks
-    mask: torch.Tensor            # [b, K*B, C + K*B] additive
+    keep: torch.Tensor            # [b, K*B, C + K*B] bool: which keys each block query sees
     block_size: int
 
     @property
     def num_blocks(self) -> int:
         return self.block_ids.shape[1] // self.block_size
+
+    def additive_mask(self, dtype=torch.float32) -> torch.Tensor:
+        """[b, K*B, C + K*B] additive attention mask (built where the batch lives)."""
+        return torch.zeros(self.keep.shape, dtype=dtype, device=self.keep.device).masked_fill(
+            ~self.keep, torch.finfo(dtype).min)
+
+    def to(self, device) -> "BlockBatch":
+        """The same batch with every tensor on `device` (itself when already there)."""
+        if self.block_ids.device == torch.device(device):
+            return self
+        return replace(self, **{f.name: getattr(self, f.name).to(device, non_blocking=True)
+                                for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)})
 
 
 def block_keep(anchors: torch.Tensor, ctx_len: int, block: int, window: int = 0) -> torch.Tensor:
@@ -64,14 +76,14 @@ def make_batch(samples: list[Sample], anchors: list[torch.Tensor], block: int, m
     b, K = len(samples), max(max(len(a) for a in anchors), 1)
     C = max(len(s.features) for s in samples)
     n_h = samples[0].features.shape[-1]
-    feats = torch.zeros(b, C, n_h, dtype=torch.float32)
+    feats = torch.zeros(b, C, n_h, dtype=samples[0].features.dtype)
     ids = torch.full((b, K, block), mask_id, dtype=torch.long)
     pos = torch.zeros(b, K, block, dtype=torch.long)
     labels = torch.full((b, K, block), IGNORE, dtype=torch.long)
     keep = torch.zeros(b, K * block, C + K * block, dtype=torch.bool)
     offs = torch.arange(block)
     for r, (s, a) in enumerate(zip(samples, anchors)):
-        feats[r, :len(s.features)] = s.features.float()
+        feats[r, :len(s.features)] = s.features
         n = len(a)
         full = torch.cat([a, torch.zeros(K - n, dtype=torch.long)])                   # padding blocks: anchor 0
         ids[r, :n, 0] = s.tokens[a]
@@ -80,9 +92,8 @@ def make_batch(samples: list[Sample], anchors: list[torch.Tensor], block: int, m
         ok = tgt < len(s.tokens)
         labels[r, :n, 1:] = torch.where(ok, s.tokens[tgt.clamp(max=len(s.tokens) - 1)], IGNORE)
         keep[r] = block_keep(full, C, block, window)
-    additive = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
     return BlockBatch(feats, torch.arange(C).expand(b, C), ids.view(b, -1), pos.view(b, -1),  # [b, K*B]
-                      labels.view(b, -1), additive, block)
+                      labels.view(b, -1), keep, block)
 
 
 def all_anchor_batch(sample: Sample, block: int, mask_id: int) -> BlockBatch:

@@ -86,7 +86,7 @@ class BlockAcceptance:
 
     @torch.no_grad()
     def __init__(self, drafter, embed, head_weight: torch.Tensor, sample, block: int):
-        batch = all_anchor_batch(sample, block, drafter.config.mask_token_id)
+        batch = all_anchor_batch(sample, block, drafter.config.mask_token_id).to(head_weight.device)
         self.hidden = block_hidden(drafter, embed, batch)[0].view(-1, block, drafter.config.hidden_size)  # [K, B, H]
         self.labels = batch.labels.view(-1, block)                                    # [K, B]
         self.head, self.start = head_weight, sample.prompt_len

@@ -32,14 +32,14 @@ def decay_weights(block: int, gamma: float) -> torch.Tensor:
 def block_hidden(drafter, embed: torch.nn.Embedding, batch: BlockBatch) -> torch.Tensor:
     """Normed drafter output [b, K*B, H] for every block of the batch (one pass, block mask)."""
     cfg = drafter.config
-    ctx = drafter.hidden_norm(drafter.fc(batch.ctx_feats))                                # [b, C, H]
+    ctx = drafter.hidden_norm(drafter.fc(batch.ctx_feats.to(drafter.fc.weight.dtype)))    # [b, C, H]
     x = embed(batch.block_ids).float()                                                    # [b, K*B, H]
     rope_q = drafter.rope(batch.block_pos)                                                # [b, K*B, D] x2
     rope_kv = drafter.rope(torch.cat([batch.ctx_pos, batch.block_pos], dim=1))            # [b, C + K*B, D] x2
-    b = x.shape[0]
+    b, mask = x.shape[0], batch.additive_mask(x.dtype)
     empty = x.new_zeros(b, cfg.num_key_value_heads, 0, cfg.head_dim)
     for layer in drafter.layers:
-        x, _, _ = layer(x, rope_q, empty, empty, batch.mask, ctx=ctx, rope_kv=rope_kv)
+        x, _, _ = layer(x, rope_q, empty, empty, mask, ctx=ctx, rope_kv=rope_kv)
     return drafter.norm(x)
 
 
@@ -58,8 +58,9 @@ class DraftHead:
         w = full_weight.detach()
         if vocab is None:
             return cls(w.to(dtype))
-        to_local = torch.full((w.shape[0],), -1, dtype=torch.long)
-        to_local[vocab] = torch.arange(len(vocab))
+        to_local = torch.full((w.shape[0],), -1, dtype=torch.long, device=w.device)
+        vocab = vocab.to(w.device)
+        to_local[vocab] = torch.arange(len(vocab), device=w.device)
         return cls(w[vocab].to(dtype), to_local)
 
     def local_labels(self, labels: torch.Tensor) -> torch.Tensor:
@@ -84,7 +85,7 @@ def keep_positions(labels: torch.Tensor, block: int, gamma: float, gen: torch.Ge
     if gen is None:
         return sel
     w = decay_weights(block, gamma).repeat(labels.numel() // block)                     # [b*K*B]
-    return sel & (torch.rand(labels.numel(), generator=gen) < w)
+    return sel & (torch.rand(labels.numel(), generator=gen) < w).to(sel.device)
 
 
 def dflash_loss(drafter, embed, head: DraftHead, batch: BlockBatch, gamma: float,
@@ -97,13 +98,13 @@ def dflash_loss(drafter, embed, head: DraftHead, batch: BlockBatch, gamma: float
     sel = keep_positions(labels, B, gamma, gen) & (local >= 0)                            # kept, inside the head
     logits = hidden.reshape(-1, hidden.shape[-1])[sel].to(head.weight.dtype) @ head.weight.T  # [n, V']
     ce = F.cross_entropy(logits.float(), local[sel], reduction="none")                    # [n]
-    w = torch.ones_like(ce) if gen is not None else decay_weights(B, gamma).repeat(labels.numel() // B)[sel]
+    w = torch.ones_like(ce) if gen is not None else decay_weights(B, gamma).to(ce.device).repeat(labels.numel() // B)[sel]
     loss = (ce * w).sum() / w.sum().clamp(min=1e-9)
     with torch.no_grad():
-        hit = torch.zeros(labels.numel())
+        hit = torch.zeros(labels.numel(), device=labels.device)
         hit[sel] = (logits.argmax(-1) == local[sel]).float()
-        counted = sel.view(-1, B)[:, 1:].sum(0)                                           # [B-1]
-        correct = hit.view(-1, B)[:, 1:].sum(0)
+        counted = sel.view(-1, B)[:, 1:].sum(0).cpu()                                     # [B-1]
+        correct = hit.view(-1, B)[:, 1:].sum(0).cpu()
     return LossOutput(loss, correct, counted)
 
 

@@ -36,10 +36,11 @@ class RecipeConfig:
     gen: GenSpec = field(default_factory=lambda: GenSpec(capture=(1, 8, 14, 20, 27)))
     train: TrainConfig = field(default_factory=TrainConfig)
     num_threads: int = 2
+    device: str = "cpu"                        # where the target generates and the drafter trains ("cuda")
     command: str = ""                          # recorded in the model card
 
 
-def load_target_and_tokenizer(spec: str | None, dtype: str = "float32"):
+def load_target_and_tokenizer(spec: str | None, dtype: str = "float32", device: str = "cpu"):
     from dflash_edge.export.fetch import resolve_target
     from dflash_edge.export.models import load_target
     from dflash_edge.runtime.tokenizer import ChatTokenizer
@@ -47,8 +48,8 @@ def load_target_and_tokenizer(spec: str | None, dtype: str = "float32"):
     from .hardware import resolve_dtype
 
     path = resolve_target(spec)
-    target = load_target(path, dtype=getattr(torch, resolve_dtype(dtype))).requires_grad_(False)
-    return target, ChatTokenizer.from_dir(path), path
+    target = load_target(path, dtype=getattr(torch, resolve_dtype(dtype, device))).requires_grad_(False)
+    return target.to(device), ChatTokenizer.from_dir(path), path
 
 
 def encode_prompt(tok, prompt: str) -> list[int]:
@@ -98,7 +99,7 @@ def generate_responses(cfg: RecipeConfig, target, tok, train: list[dict]) -> lis
 
 def prepare_data(cfg: RecipeConfig) -> list[Path]:
     torch.set_num_threads(cfg.num_threads)
-    target, tok, _ = load_target_and_tokenizer(cfg.target, cfg.gen.dtype)
+    target, tok, _ = load_target_and_tokenizer(cfg.target, cfg.gen.dtype, cfg.device)
     train, _ = prompt_files(cfg)
     return generate_responses(cfg, target, tok, train)
 
@@ -204,11 +205,11 @@ def run_recipe(cfg: RecipeConfig, resume: bool = False, log=print) -> dict:
 
     torch.set_num_threads(cfg.num_threads)
     t0 = time.monotonic()
-    gen_target, tok, _ = load_target_and_tokenizer(cfg.target, cfg.gen.dtype)
+    gen_target, tok, _ = load_target_and_tokenizer(cfg.target, cfg.gen.dtype, cfg.device)
     train_rows, heldout = prompt_files(cfg)
     generate_responses(cfg, gen_target, tok, train_rows)
     del gen_target
-    target, _, _ = load_target_and_tokenizer(cfg.target)
+    target, _, _ = load_target_and_tokenizer(cfg.target, device=cfg.device)
     held = spread(generate_heldout(cfg, target, tok, heldout), cfg.eval_prompts)
     wall = {"prompts + responses + held-out responses, this process": time.monotonic() - t0}
     samples = load_samples(Path(cfg.work_dir) / "responses", cfg.max_shards)

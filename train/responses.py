@@ -48,11 +48,11 @@ class _Batch:
 
 
 def _additive(keep: torch.Tensor, dtype) -> torch.Tensor:
-    return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
 
 
 def _prefill(target, prompts: list[list[int]], spec: GenSpec) -> tuple[_Batch, torch.Tensor]:
-    cfg, dtype = target.config, target.lm_head.weight.dtype
+    cfg, dtype, dev = target.config, target.lm_head.weight.dtype, target.lm_head.weight.device
     b, P = len(prompts), max(len(p) for p in prompts)
     s_max = P + spec.max_new_tokens
     lengths = torch.tensor([len(p) for p in prompts])
@@ -64,11 +64,12 @@ def _prefill(target, prompts: list[list[int]], spec: GenSpec) -> tuple[_Batch, t
     positions = (torch.arange(P)[None] - (P - lengths)[:, None]).clamp(min=0)           # [b, P]
     causal = torch.ones(P, P, dtype=torch.bool).tril()
     keep = (causal[None] & valid[:, None, :P]) | torch.eye(P, dtype=torch.bool)[None]    # [b, P, P]
-    empty = torch.zeros(b, cfg.num_key_value_heads, 0, cfg.head_dim, dtype=dtype)
+    tokens, valid, lengths, positions, keep = (t.to(dev) for t in (tokens, valid, lengths, positions, keep))
+    empty = torch.zeros(b, cfg.num_key_value_heads, 0, cfg.head_dim, dtype=dtype, device=dev)
     n = cfg.num_hidden_layers
     logits, hidden, new_k, new_v = target.step(tokens, positions, [empty] * n, [empty] * n,
                                                _additive(keep, dtype), spec.capture)
-    keys = [torch.zeros(b, cfg.num_key_value_heads, s_max, cfg.head_dim, dtype=dtype) for _ in range(n)]
+    keys = [torch.zeros(b, cfg.num_key_value_heads, s_max, cfg.head_dim, dtype=dtype, device=dev) for _ in range(n)]
     values = [torch.zeros_like(k) for k in keys]
     for buf, new in zip(keys + values, new_k + new_v):
         buf[:, :, :P] = new
@@ -92,9 +93,10 @@ def _decode_step(target, st: _Batch, next_tok: torch.Tensor, spec: GenSpec) -> t
 
 
 def _choose(logits: torch.Tensor, sampled: torch.Tensor, spec: GenSpec, gen: torch.Generator) -> torch.Tensor:
-    tok = logits.argmax(-1)                                                              # [b]
+    """Next token per row [b], on the CPU (sampling draws from the CPU generator `gen`: same on any device)."""
+    tok = logits.argmax(-1).cpu()                                                        # [b]
     if sampled.any():
-        probs = torch.softmax(logits[sampled].float() / spec.temperature, dim=-1)
+        probs = torch.softmax(logits[sampled.to(logits.device)].float() / spec.temperature, dim=-1).cpu()
         tok[sampled] = torch.multinomial(probs, 1, generator=gen)[:, 0]
     return tok
 
@@ -112,17 +114,18 @@ def generate_batch(target, prompts: list[list[int]], spec: GenSpec, gen: torch.G
         tok[done] = 0
         done |= torch.tensor([x in eos for x in tok.tolist()])
         if done.all() or t == spec.max_new_tokens - 1:
-            st.tokens = torch.cat([st.tokens, tok[:, None]], dim=1)
+            st.tokens = torch.cat([st.tokens, tok[:, None].to(st.tokens.device)], dim=1)
             break
-        logits = _decode_step(target, st, tok, spec)
+        logits = _decode_step(target, st, tok.to(st.tokens.device), spec)
     return _unpad(st, prompts, P, eos)
 
 
 def _unpad(st: _Batch, prompts: list[list[int]], P: int, eos: set[int]) -> list[Sample]:
-    feats = torch.cat(st.feats, dim=1)                                                   # [b, S - 1, n_ids*H]
+    feats = torch.cat(st.feats, dim=1).cpu()                                             # [b, S - 1, n_ids*H]
+    tokens = st.tokens.cpu()
     out = []
     for r, p in enumerate(prompts):
-        resp = st.tokens[r, P:].tolist()
+        resp = tokens[r, P:].tolist()
         stop = next((i + 1 for i, x in enumerate(resp) if x in eos), len(resp))
         toks = torch.tensor(p + resp[:stop])
         start = P - len(p)

@@ -43,7 +43,8 @@ def init_from_target(drafter, target, samples, max_rows: int = 4096) -> list[int
     src_layers = target.model.layers
     H = cfg.hidden_size
     rescale_qk = hasattr(drafter.layers[0].self_attn, "q_norm") and not hasattr(src_layers[0].self_attn, "q_norm")
-    feats = feature_rows(samples, max_rows)[:max_rows, slot * H:(slot + 1) * H] if rescale_qk else None
+    dev = target.lm_head.weight.device
+    feats = feature_rows(samples, max_rows)[:max_rows, slot * H:(slot + 1) * H].to(dev) if rescale_qk else None
     for layer, tid in zip(drafter.layers, copied):
         src = src_layers[tid]
         own = layer.state_dict()

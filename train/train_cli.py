@@ -52,14 +52,19 @@ def add_arguments(p) -> None:
     p.add_argument("--eval-prompts", type=int, default=60)
     p.add_argument("--ckpt-minutes", type=float, default=3.0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="auto",
+                   help="where the target generates and the drafter trains: cpu, cuda, cuda:N, or auto (a GPU if torch sees one)")
     p.add_argument("--seed", type=int, default=0)
 
 
 def config_from_args(a) -> RecipeConfig:
     from dflash_edge.export.fetch import cache_home
 
-    from .hardware import resolve_dtype
+    from .hardware import resolve_device, resolve_dtype
 
+    device = resolve_device(a.device)
+    # on a GPU generation is launch-bound: fp32 costs nothing there and gives the target's exact greedy tokens
+    gen_dtype = "float32" if device != "cpu" and a.gen_dtype == "auto" else resolve_dtype(a.gen_dtype)
     work = a.work_dir or str(cache_home() / "train" / Path(a.out).name)
     capture = tuple(int(x) for x in a.capture.split(","))
     return RecipeConfig(
@@ -68,11 +73,11 @@ def config_from_args(a) -> RecipeConfig:
         eval_prompts=a.eval_prompts, eval_every=a.eval_every,
         prompts=PromptSpec(num_train=a.prompts, seed=a.seed),
         gen=GenSpec(capture=capture, max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch,
-                    sampled_fraction=a.sampled_fraction, seed=a.seed, dtype=resolve_dtype(a.gen_dtype)),
+                    sampled_fraction=a.sampled_fraction, seed=a.seed, dtype=gen_dtype),
         train=TrainConfig(steps=a.steps, seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors, gamma=a.gamma,
-                          lr=a.lr, seed=a.seed, ckpt_minutes=a.ckpt_minutes, head_dtype=resolve_dtype("auto"),
-                          ctx_window=a.ctx_window, ctx_window_steps=a.ctx_window_steps),
-        num_threads=a.threads, command="dflash-edge " + " ".join(sys.argv[1:]))
+                          lr=a.lr, seed=a.seed, ckpt_minutes=a.ckpt_minutes, head_dtype=resolve_dtype("auto", device),
+                          ctx_window=a.ctx_window, ctx_window_steps=a.ctx_window_steps, device=device),
+        num_threads=a.threads, device=device, command="dflash-edge " + " ".join(sys.argv[1:]))
 
 
 def run(args) -> int:

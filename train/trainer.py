@@ -34,6 +34,7 @@ class TrainConfig:
     sample_positions: bool = True      # keep position k with prob. exp(-(k-1)/gamma) instead of weighting
     ctx_window: int = 0                # >0: blocks see only this many context positions before their anchor ...
     ctx_window_steps: int = 0          # ... for the first N steps (a curriculum), then the whole context
+    device: str = "cpu"                # where the drafter trains ("cuda": the target must already be there)
 
 
 class RunningStats:
@@ -66,8 +67,8 @@ def save_checkpoint(path: Path, drafter, opt, step: int, cfg: TrainConfig) -> No
 
 
 def load_checkpoint(path: Path, drafter, opt) -> int:
-    """Restore drafter + optimizer from `path`; returns the next step."""
-    blob = torch.load(path, weights_only=False)
+    """Restore drafter + optimizer from `path` (onto the drafter's device); returns the next step."""
+    blob = torch.load(path, weights_only=False, map_location=next(drafter.parameters()).device)
     if blob["draft_config"] != drafter.config.to_dict():
         raise ValueError(f"{path} was trained with another drafter config ({blob['draft_config']}); "
                          f"resume with the same --layers/--block-size or use a new --work-dir")
@@ -86,10 +87,17 @@ def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Pa
     from tqdm import tqdm
 
     target.requires_grad_(False)  # frozen: no gradient buffers for the 49k-row embedding
+    device = torch.device(cfg.device)
+    if target.lm_head.weight.device != device:
+        raise ValueError(f"the target is on {target.lm_head.weight.device} but training runs on {device}: "
+                         f"move it first (target.to({cfg.device!r}))")
+    drafter.to(device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # the drafter's fp32 matmuls on tensor cores
     embed = target.model.embed_tokens
     from .hardware import resolve_dtype
 
-    head = DraftHead.build(target.lm_head.weight, getattr(torch, resolve_dtype(cfg.head_dtype)), vocab)
+    head = DraftHead.build(target.lm_head.weight, getattr(torch, resolve_dtype(cfg.head_dtype, cfg.device)), vocab)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     ckpt = Path(ckpt_dir) / "last.pt" if ckpt_dir else None
@@ -105,7 +113,8 @@ def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Pa
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
         gen = torch.Generator().manual_seed(cfg.seed * 7_000_003 + step) if cfg.sample_positions else None
-        out = dflash_loss(drafter, embed, head, draw_batch(samples, cfg, step, block, mask_id), cfg.gamma, gen)
+        batch = draw_batch(samples, cfg, step, block, mask_id).to(device)
+        out = dflash_loss(drafter, embed, head, batch, cfg.gamma, gen)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
