@@ -217,3 +217,16 @@ def test_generation_and_training_on_cuda_agree_with_cpu(tiny_target, samples):
     tau_c = replay_eval(on_cpu, tiny_target.model.embed_tokens, tiny_target.lm_head.weight, held, cats, spec_e).tau()
     tau_g = replay_eval(on_gpu, gpu_target.model.embed_tokens, gpu_target.lm_head.weight, held, cats, spec_e).tau()
     assert abs(tau_c - tau_g) < 0.2, (tau_c, tau_g)
+
+
+def test_batch_workers_match_inline_batches_and_time_budget_stops_early(tiny_target, samples, tmp_path):
+    cfg = dict(steps=5, seqs_per_step=4, anchors_per_seq=4, head_dtype="float32")
+    inline = train_drafter(tiny_target, fresh_drafter(tiny_target), samples, TrainConfig(**cfg))
+    ahead = train_drafter(tiny_target, fresh_drafter(tiny_target), samples, TrainConfig(**cfg, loader_workers=2))
+    assert ahead == inline                                                           # same batches, same order
+    seen = []
+    budget = TrainConfig(**{**cfg, "steps": 100_000}, max_minutes=0.01)             # 0.6 s
+    losses = train_drafter(tiny_target, fresh_drafter(tiny_target), samples, budget, tmp_path,
+                           on_eval=lambda d, step: seen.append(step))
+    assert 0 < len(losses) < 100_000 and seen == [len(losses)]
+    assert torch.load(tmp_path / "last.pt", weights_only=False)["step"] == len(losses)

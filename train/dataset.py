@@ -35,6 +35,11 @@ class BlockBatch:
         return torch.zeros(self.keep.shape, dtype=dtype, device=self.keep.device).masked_fill(
             ~self.keep, torch.finfo(dtype).min)
 
+    def pin_memory(self) -> "BlockBatch":
+        """Page-locked copies (DataLoader's pin_memory calls this) for fast, asynchronous GPU copies."""
+        return replace(self, **{f.name: getattr(self, f.name).pin_memory()
+                                for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)})
+
     def to(self, device) -> "BlockBatch":
         """The same batch with every tensor on `device` (itself when already there)."""
         if self.block_ids.device == torch.device(device):

@@ -128,9 +128,13 @@ def simulated_tau(accept_at, start: int, end: int, budget: int) -> list[int]:
     return steps
 
 
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    """Linear warmup then cosine decay to 10% of the peak."""
+def lr_at(step: int, total: int, peak: float, warmup: int, progress: float = 0.0) -> float:
+    """Linear warmup then cosine decay to 10% of the peak.
+
+    The decay follows the larger of step / total and `progress` (the share of a time budget spent),
+    so a run stopped by its time budget still ends at the low learning rate.
+    """
     if step < warmup:
         return peak * (step + 1) / warmup
-    frac = min((step - warmup) / max(total - warmup, 1), 1.0)
+    frac = min(max((step - warmup) / max(total - warmup, 1), progress), 1.0)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))

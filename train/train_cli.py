@@ -51,6 +51,11 @@ def add_arguments(p) -> None:
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
     p.add_argument("--eval-prompts", type=int, default=60)
     p.add_argument("--ckpt-minutes", type=float, default=3.0)
+    p.add_argument("--max-minutes", type=float, default=0.0,
+                   help="training time budget for this process: stop (and evaluate, save) when spent, "
+                        "with the learning-rate decay fitted to it (0: run all --steps)")
+    p.add_argument("--loader-workers", type=int, default=None,
+                   help="processes building batches ahead (default: 0 on a CPU, up to 8 beside a GPU)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="auto",
                    help="where the target generates and the drafter trains: cpu, cuda, cuda:N, or auto (a GPU if torch sees one)")
@@ -65,6 +70,8 @@ def config_from_args(a) -> RecipeConfig:
     device = resolve_device(a.device)
     # on a GPU generation is launch-bound: fp32 costs nothing there and gives the target's exact greedy tokens
     gen_dtype = "float32" if device != "cpu" and a.gen_dtype == "auto" else resolve_dtype(a.gen_dtype)
+    workers = a.loader_workers if a.loader_workers is not None else (
+        0 if device == "cpu" else max(0, min(8, (os.cpu_count() or 1) - 2)))
     work = a.work_dir or str(cache_home() / "train" / Path(a.out).name)
     capture = tuple(int(x) for x in a.capture.split(","))
     return RecipeConfig(
@@ -76,7 +83,8 @@ def config_from_args(a) -> RecipeConfig:
                     sampled_fraction=a.sampled_fraction, seed=a.seed, dtype=gen_dtype),
         train=TrainConfig(steps=a.steps, seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors, gamma=a.gamma,
                           lr=a.lr, seed=a.seed, ckpt_minutes=a.ckpt_minutes, head_dtype=resolve_dtype("auto", device),
-                          ctx_window=a.ctx_window, ctx_window_steps=a.ctx_window_steps, device=device),
+                          ctx_window=a.ctx_window, ctx_window_steps=a.ctx_window_steps, device=device,
+                          loader_workers=workers, max_minutes=a.max_minutes),
         num_threads=a.threads, device=device, command="dflash-edge " + " ".join(sys.argv[1:]))
 
 

@@ -1,7 +1,8 @@
 """The training loop: AdamW on the drafter only, periodic atomic checkpoints, exact `--resume`.
 
 The batch of step s is drawn from a generator seeded with (seed, s), so a resumed run sees the
-same data as an uninterrupted one.
+same data as an uninterrupted one (and worker processes can build batches ahead, in any order).
+A time budget (`max_minutes`) ends a run early, with the learning-rate decay squeezed to fit.
 
 >>> drafter = train_drafter(target, samples, TrainConfig(steps=400), ckpt_dir="/tmp/ck")  # doctest: +SKIP
 """
@@ -35,6 +36,8 @@ class TrainConfig:
     ctx_window: int = 0                # >0: blocks see only this many context positions before their anchor ...
     ctx_window_steps: int = 0          # ... for the first N steps (a curriculum), then the whole context
     device: str = "cpu"                # where the drafter trains ("cuda": the target must already be there)
+    loader_workers: int = 0            # >0: processes building batches ahead (a GPU outruns one CPU thread)
+    max_minutes: float = 0.0           # >0: stop after this long (this process), LR decay fitted to it
 
 
 class RunningStats:
@@ -57,6 +60,30 @@ def draw_batch(samples, cfg: TrainConfig, step: int, block: int, mask_id: int):
     anchors = [sample_anchors(s, cfg.anchors_per_seq, gen) for s in picked]
     window = cfg.ctx_window if step < cfg.ctx_window_steps else 0
     return make_batch(picked, anchors, block, mask_id, window)
+
+
+class _StepBatches:
+    """Map-style dataset: item i is the batch of step `start + i` (for a DataLoader's workers)."""
+
+    def __init__(self, samples, cfg: TrainConfig, start: int, block: int, mask_id: int):
+        self.samples, self.cfg, self.start, self.block, self.mask_id = samples, cfg, start, block, mask_id
+
+    def __len__(self) -> int:
+        return max(self.cfg.steps - self.start, 0)
+
+    def __getitem__(self, i: int):
+        return draw_batch(self.samples, self.cfg, self.start + i, self.block, self.mask_id)
+
+
+def step_batches(samples, cfg: TrainConfig, start: int, block: int, mask_id: int):
+    """The batches of steps start..steps-1, in order: built inline, or ahead by `cfg.loader_workers` processes."""
+    data = _StepBatches(samples, cfg, start, block, mask_id)
+    if cfg.loader_workers <= 0:
+        return (data[i] for i in range(len(data)))
+    from torch.utils.data import DataLoader
+
+    return iter(DataLoader(data, batch_size=None, shuffle=False, num_workers=cfg.loader_workers,
+                           pin_memory=cfg.device.startswith("cuda"), prefetch_factor=4))
 
 
 def save_checkpoint(path: Path, drafter, opt, step: int, cfg: TrainConfig) -> None:
@@ -105,22 +132,27 @@ def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Pa
         ckpt.parent.mkdir(parents=True, exist_ok=True)
     start = load_checkpoint(ckpt, drafter, opt) if resume and ckpt and ckpt.exists() else 0
     block, mask_id = drafter.config.block_size, drafter.config.mask_token_id
-    stats, last_save = RunningStats(), time.monotonic()
+    stats, began = RunningStats(), time.monotonic()
+    last_save, budget = began, cfg.max_minutes * 60
     drafter.train()
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="train", unit="step")
-    losses = []
-    for step in bar:
+    bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step")
+    losses, step = [], start
+    for step, batch in enumerate(step_batches(samples, cfg, start, block, mask_id), start):
+        spent = (time.monotonic() - began) / budget if budget else 0.0
+        if spent >= 1.0:
+            bar.write(f"time budget of {cfg.max_minutes:g} min spent: stopping at step {step} of {cfg.steps}")
+            break
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
+            g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup, spent)
         gen = torch.Generator().manual_seed(cfg.seed * 7_000_003 + step) if cfg.sample_positions else None
-        batch = draw_batch(samples, cfg, step, block, mask_id).to(device)
-        out = dflash_loss(drafter, embed, head, batch, cfg.gamma, gen)
+        out = dflash_loss(drafter, embed, head, batch.to(device), cfg.gamma, gen)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
         losses.append(out.loss.item())
         s = stats.update(loss=losses[-1], tau=estimated_tau(out.correct, out.counted))
+        bar.update(1)
         bar.set_postfix(loss=f"{s['loss']:.3f}", tau_est=f"{s['tau']:.2f}")
         if ckpt and time.monotonic() - last_save > cfg.ckpt_minutes * 60:
             save_checkpoint(ckpt, drafter, opt, step + 1, cfg)
@@ -128,9 +160,12 @@ def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Pa
         if on_eval and eval_every and (step + 1) % eval_every == 0 and step + 1 < cfg.steps:
             on_eval(drafter.eval(), step + 1)
             drafter.train()
+    else:
+        step = cfg.steps
+    bar.close()
     if ckpt:
-        save_checkpoint(ckpt, drafter, opt, cfg.steps, cfg)
+        save_checkpoint(ckpt, drafter, opt, step, cfg)
     drafter.eval()
     if on_eval:
-        on_eval(drafter, cfg.steps)
+        on_eval(drafter, step)
     return losses
