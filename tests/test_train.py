@@ -230,3 +230,20 @@ def test_batch_workers_match_inline_batches_and_time_budget_stops_early(tiny_tar
                            on_eval=lambda d, step: seen.append(step))
     assert 0 < len(losses) < 100_000 and seen == [len(losses)]
     assert torch.load(tmp_path / "last.pt", weights_only=False)["step"] == len(losses)
+
+
+def test_train_cli_data_stage_then_training_to_a_saved_drafter(tiny_checkpoints, tmp_path):
+    from dflash_edge.cli import main
+
+    work, out = tmp_path / "work", tmp_path / "drafter"
+    args = ["train", "--target", tiny_checkpoints["llama"][1], "--out", str(out), "--work-dir", str(work),
+            "--prompts", "24", "--max-new-tokens", "12", "--gen-batch", "8", "--layers", "1", "--block-size", "4",
+            "--capture", "1,3", "--steps", "6", "--eval-every", "3", "--eval-prompts", "6", "--device", "cpu"]
+    assert main(args + ["--data-only"]) == 0
+    assert len(list((work / "responses").glob("shard_*.pt"))) == 3 and (work / "heldout").is_dir()
+    assert not out.exists() and not list(work.glob("ckpt-*"))                      # no training yet
+    assert main(args + ["--resume", "--init", "target"]) == 0
+    best = json.loads((work / "best.json").read_text())
+    assert best["step"] in (3, 6) and (out / "README.md").is_file()
+    assert json.loads((out / "config.json").read_text())["block_size"] == 4 and (out / "model.safetensors").is_file()
+    assert main(args + ["--device", "tpu"]) == 2                                     # a clear error, not a traceback

@@ -97,11 +97,19 @@ def generate_responses(cfg: RecipeConfig, target, tok, train: list[dict]) -> lis
     return paths
 
 
-def prepare_data(cfg: RecipeConfig) -> list[Path]:
+def prepare_data(cfg: RecipeConfig):
+    """Prompts, training responses and held-out responses (each resumable); returns
+    (fp32 target on `cfg.device`, tokenizer, held-out prompt rows, held-out samples for evaluation)."""
     torch.set_num_threads(cfg.num_threads)
-    target, tok, _ = load_target_and_tokenizer(cfg.target, cfg.gen.dtype, cfg.device)
-    train, _ = prompt_files(cfg)
-    return generate_responses(cfg, target, tok, train)
+    gen_target, tok, _ = load_target_and_tokenizer(cfg.target, cfg.gen.dtype, cfg.device)
+    train_rows, heldout = prompt_files(cfg)
+    generate_responses(cfg, gen_target, tok, train_rows)
+    if gen_target.lm_head.weight.dtype == torch.float32:
+        target = gen_target
+    else:
+        del gen_target
+        target, _, _ = load_target_and_tokenizer(cfg.target, device=cfg.device)
+    return target, tok, heldout, spread(generate_heldout(cfg, target, tok, heldout), cfg.eval_prompts)
 
 
 # ---------------------------------------------------------------- training stage
@@ -196,23 +204,22 @@ def save_with_card(drafter, out: Path, cfg: RecipeConfig, result: dict, extra_fi
                  extra_files={"README.md": model_card(cfg, result), **(extra_files or {})})
 
 
-def run_recipe(cfg: RecipeConfig, resume: bool = False, log=print) -> dict:
-    """All stages; returns the best held-out result (replayed greedy τ and per-position rates)."""
+def run_recipe(cfg: RecipeConfig, resume: bool = False, log=print, data_only: bool = False) -> dict:
+    """All stages (only the data ones with `data_only`); returns the best held-out result
+    (replayed greedy τ and per-position rates)."""
     from dflash_edge.export.draft_vocab import DRAFT_VOCAB_FILE, draft_vocab_json
 
     from .objective import frequent_tokens
     from .trainer import train_drafter
 
-    torch.set_num_threads(cfg.num_threads)
     t0 = time.monotonic()
-    gen_target, tok, _ = load_target_and_tokenizer(cfg.target, cfg.gen.dtype, cfg.device)
-    train_rows, heldout = prompt_files(cfg)
-    generate_responses(cfg, gen_target, tok, train_rows)
-    del gen_target
-    target, _, _ = load_target_and_tokenizer(cfg.target, device=cfg.device)
-    held = spread(generate_heldout(cfg, target, tok, heldout), cfg.eval_prompts)
+    target, tok, heldout, held = prepare_data(cfg)
     wall = {"prompts + responses + held-out responses, this process": time.monotonic() - t0}
     samples = load_samples(Path(cfg.work_dir) / "responses", cfg.max_shards)
+    if data_only:
+        tokens = sum(len(s.tokens) - s.prompt_len for s in samples)
+        log(f"data ready in {cfg.work_dir}: {len(samples)} responses ({tokens} tokens), {len(held)} held-out")
+        return {"responses": len(samples), "tokens": tokens, "wall_s": wall}
     vocab = (frequent_tokens((s.tokens[s.prompt_len:] for s in samples), cfg.draft_vocab, target.config.eos_token_id)
              if cfg.draft_vocab else None)
     log(f"training on {len(samples)} responses ({sum(len(s.tokens) - s.prompt_len for s in samples)} tokens), "

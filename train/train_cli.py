@@ -25,6 +25,8 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="directory for the trained drafter (z-lab format)")
     p.add_argument("--work-dir", help="prompts, response shards, checkpoints (default: $DFLASH_EDGE_HOME/train/<out name>)")
     p.add_argument("--resume", action="store_true", help="continue from the work dir's last checkpoint")
+    p.add_argument("--data-only", action="store_true",
+                   help="build prompts, responses and held-out responses in the work dir, then stop (train later)")
     p.add_argument("--layers", type=int, default=1, help="draft decoder layers (1-5)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--capture", default="1,8,14,20,27", help="target layer ids whose features feed the drafter")
@@ -91,6 +93,8 @@ def config_from_args(a) -> RecipeConfig:
 def run(args) -> int:
     from .recipe import run_recipe
 
-    best = run_recipe(config_from_args(args), resume=args.resume)
+    best = run_recipe(config_from_args(args), resume=args.resume, data_only=args.data_only)
+    if args.data_only:
+        return 0
     print(f"best held-out tau {best.get('tau', 0):.3f} (step {best.get('step')}) -> {args.out}")
     return 0
