@@ -40,9 +40,10 @@ ARGS=(--target default --device "$DEVICE" --out $S/drafter --work-dir $S/work --
       --anchors "$ANCHORS" --gamma "$GAMMA" --lr "$LR" --eval-every "$EVAL_EVERY" --eval-prompts 60 --threads 8 $EXTRA)
 timeout -s INT $(( $(left) - 150 )) python3 -m dflash_edge.cli train "${ARGS[@]}" --data-only >>"$OUT/log.txt" 2>&1
 log "data stage exit $?: $(tail -c 300 "$OUT/log.txt" | tr '\r' '\n' | tail -1)"
-MIN=$(python3 -c "print(max($(left) - 75, 30) / 60)")
+# --max-minutes times the training loop only: leave room for loading (before it) and the last evaluation (after)
+MIN=$(python3 -c "print(round(max($(left) - 120, 30) / 60, 2))")
 log "training for $MIN min"
-timeout -s INT $(( $(left) - 25 )) python3 -m dflash_edge.cli train "${ARGS[@]}" --resume --max-minutes "$MIN" >>"$OUT/log.txt" 2>&1
+timeout -s INT $(( $(left) - 20 )) python3 -m dflash_edge.cli train "${ARGS[@]}" --resume --max-minutes "$MIN" >>"$OUT/log.txt" 2>&1
 log "training exit $?"
 grep -E "best|tau =|per-position" "$OUT/log.txt" | tail -12
 if [ -f $S/drafter/model.safetensors ]; then
