@@ -68,7 +68,7 @@ def _prefill(target, prompts: list[list[int]], spec: GenSpec) -> tuple[_Batch, t
     empty = torch.zeros(b, cfg.num_key_value_heads, 0, cfg.head_dim, dtype=dtype, device=dev)
     n = cfg.num_hidden_layers
     logits, hidden, new_k, new_v = target.step(tokens, positions, [empty] * n, [empty] * n,
-                                               _additive(keep, dtype), spec.capture)
+                                               _additive(keep, dtype), spec.capture, last_logits_only=True)
     keys = [torch.zeros(b, cfg.num_key_value_heads, s_max, cfg.head_dim, dtype=dtype, device=dev) for _ in range(n)]
     values = [torch.zeros_like(k) for k in keys]
     for buf, new in zip(keys + values, new_k + new_v):

@@ -59,11 +59,13 @@ class TargetModel(nn.Module):
         return StaticKVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len,
                              dtype=self.lm_head.weight.dtype)
 
-    def step(self, input_ids, positions, past_k, past_v, mask, capture=()):
+    def step(self, input_ids, positions, past_k, past_v, mask, capture=(), last_logits_only=False):
         """Pure forward: (logits, captured hidden or None, new_k list, new_v list).
 
         `past_k[i]`/`past_v[i]` are layer i's cached prefix [1, Hkv, S, D]; `mask` is additive
-        [T, S + T]. Nothing is written anywhere: the caller stores the returned K/V.
+        [T, S + T]. Nothing is written anywhere: the caller stores the returned K/V. With
+        `last_logits_only` the logits are those of the last position only ([b, 1, V]: a batched
+        prefill then skips a [b, T, V] tensor).
         """
         x = self.model.embed_tokens(input_ids)                                      # [1, T, H]
         rope = self.rope(positions)
@@ -75,7 +77,7 @@ class TargetModel(nn.Module):
             if i in capture:
                 captured.append(x)
         hidden = torch.cat([captured[capture.index(i)] for i in capture], dim=-1) if capture else None
-        logits = lm_logits(self.lm_head, self.model.norm(x))                        # [b, T, V]
+        logits = lm_logits(self.lm_head, self.model.norm(x[:, -1:] if last_logits_only else x))  # [b, T or 1, V]
         return logits, hidden, new_k, new_v
 
     def forward(self, input_ids: torch.Tensor, cache: StaticKVCache, capture: tuple[int, ...] = ()) -> TargetOutput:

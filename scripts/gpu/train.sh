@@ -27,11 +27,29 @@ assert hashlib.sha256(data).hexdigest() == want, "sha256 mismatch: the two halve
 open(f"{s}/model.gguf", "wb").write(data)
 PYEOF
 log "GGUF rebuilt"
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --target $S/site $S/gguf-*.whl . >>"$OUT/log.txt" 2>&1 \
-  || { log "offline install failed (see log.txt)"; exit 3; }
+# offline install without pip or setuptools: unzip the pure-Python gguf wheel and link our
+# subpackages where pyproject's package-dir maps them
+python3 - "$S/site" "$S"/gguf-*.whl <<'PYEOF' >>"$OUT/log.txt" 2>&1 || { log "offline install failed (see log.txt)"; exit 3; }
+import os, sys, tomllib, zipfile
+from pathlib import Path
+site = Path(sys.argv[1]); site.mkdir(parents=True, exist_ok=True)
+zipfile.ZipFile(sys.argv[2]).extractall(site)
+dirs = tomllib.loads(Path("pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+for name, src in sorted(dirs.items(), key=lambda kv: kv[0].count(".")):
+    dest = site.joinpath(*name.split("."))
+    if name == "dflash_edge":
+        dest.mkdir(exist_ok=True)
+        for f in Path(src).iterdir():
+            (dest / f.name).unlink(missing_ok=True); (dest / f.name).symlink_to(f.resolve())
+    elif not dest.exists():
+        dest.symlink_to(Path(src).resolve())
+print("installed into", site, sorted(p.name for p in (site / "dflash_edge").iterdir()))
+PYEOF
 python3 -m dflash_edge.cli fetch --gguf $S/model.gguf --name smollm2-135m-instruct >>"$OUT/log.txt" 2>&1 \
   || { log "GGUF import failed (see log.txt)"; exit 3; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >>"$OUT/log.txt" 2>&1
+python3 -c "import torch, dflash_edge.train.recipe as r; print('torch', torch.__version__, 'dflash_edge from', r.__file__)" \
+  >>"$OUT/log.txt" 2>&1
 mkdir -p $S/work && cp $S/prompts_train.jsonl $S/work/
 log "installed and imported; generating data"
 
@@ -41,9 +59,13 @@ ARGS=(--target default --device "$DEVICE" --out $S/drafter --work-dir $S/work --
 timeout -s INT $(( $(left) - 150 )) python3 -m dflash_edge.cli train "${ARGS[@]}" --data-only >>"$OUT/log.txt" 2>&1
 log "data stage exit $?: $(tail -c 300 "$OUT/log.txt" | tr '\r' '\n' | tail -1)"
 # --max-minutes times the training loop only: leave room for loading (before it) and the last evaluation (after)
+# train on the shards that exist (a data stage cut short must not resume generating inside the training call)
+NS=$(ls $S/work/responses/shard_*.pt 2>/dev/null | wc -l)
+[ "$NS" -gt 0 ] || { log "no response shards were generated"; exit 3; }
 MIN=$(python3 -c "print(round(max($(left) - 120, 30) / 60, 2))")
-log "training for $MIN min"
-timeout -s INT $(( $(left) - 20 )) python3 -m dflash_edge.cli train "${ARGS[@]}" --resume --max-minutes "$MIN" >>"$OUT/log.txt" 2>&1
+log "training on $NS shards for $MIN min"
+timeout -s INT $(( $(left) - 20 )) python3 -m dflash_edge.cli train "${ARGS[@]}" --resume --max-shards "$NS" \
+  --max-minutes "$MIN" >>"$OUT/log.txt" 2>&1
 log "training exit $?"
 grep -E "best|tau =|per-position" "$OUT/log.txt" | tail -12
 if [ -f $S/drafter/model.safetensors ]; then
