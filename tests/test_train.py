@@ -210,7 +210,7 @@ def test_generation_and_training_on_cuda_agree_with_cpu(tiny_target, samples):
     cfg = dict(steps=20, seqs_per_step=4, anchors_per_seq=4, lr=1e-2, warmup=2, head_dtype="float32")
     on_cpu, on_gpu = fresh_drafter(tiny_target), fresh_drafter(tiny_target)
     lc = train_drafter(tiny_target, on_cpu, samples, TrainConfig(**cfg))
-    lg = train_drafter(gpu_target, on_gpu, samples, TrainConfig(**cfg, device="cuda"))
+    lg = train_drafter(gpu_target, on_gpu, samples, TrainConfig(**cfg, device="cuda", loader_workers=2))  # pinned batches
     assert abs(lc[-1] - lg[-1]) < 0.05 * lc[-1], (lc[-1], lg[-1])                  # TF32 on the GPU: close, not equal
     spec_e = EvalSpec(block_size=BLOCK, max_new_tokens=40)
     held, cats = samples[:6], ["all"] * 6
