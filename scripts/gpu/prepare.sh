@@ -26,7 +26,7 @@ sha256sum "$D/tmp/model.gguf" | cut -d' ' -f1 > "$D/a/model.gguf.sha256"
 xz -9 -T2 -c "$D/tmp/model.gguf" > "$D/tmp/model.gguf.xz"
 split -b 44M -d "$D/tmp/model.gguf.xz" "$D/tmp/part."
 mv "$D/tmp/part.00" "$D/a/" && mv "$D/tmp/part.01" "$D/b/"
-[ ! -e "$D/tmp/part.02" ] || { echo "the GGUF does not fit two parts of 45M" >&2; exit 1; }
+[ ! -e "$D/tmp/part.02" ] || { echo "the GGUF does not fit two parts of 44M" >&2; exit 1; }
 GGUF_VERSION=$("$PY" -c "import importlib.metadata as m; print(m.version('gguf'))")
 "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$D/a" "gguf==$GGUF_VERSION"
 rm -rf "$D/tmp"

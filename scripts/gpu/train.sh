@@ -8,7 +8,7 @@
 set -uo pipefail
 T0=$SECONDS
 : "${OUT:?OUT must be set (the device tool sets it)}"
-BUDGET=${BUDGET:-560} PROMPTS=${PROMPTS:-8192} GEN_BATCH=${GEN_BATCH:-512} LAYERS=${LAYERS:-2}
+BUDGET=${BUDGET:-560} GEN_BATCH=${GEN_BATCH:-512} LAYERS=${LAYERS:-2}
 BLOCK=${BLOCK:-16} SEQS=${SEQS:-64} ANCHORS=${ANCHORS:-32} GAMMA=${GAMMA:-7} LR=${LR:-1.5e-3}
 EVAL_EVERY=${EVAL_EVERY:-500} INIT=${INIT:-target} DEVICE=${DEVICE:-cuda} EXTRA=${EXTRA:-}
 S=/tmp/dfe-gpu
@@ -30,7 +30,7 @@ log "GGUF rebuilt"
 # offline install without pip or setuptools: unzip the pure-Python gguf wheel and link our
 # subpackages where pyproject's package-dir maps them
 python3 - "$S/site" "$S"/gguf-*.whl <<'PYEOF' >>"$OUT/log.txt" 2>&1 || { log "offline install failed (see log.txt)"; exit 3; }
-import os, sys, tomllib, zipfile
+import sys, tomllib, zipfile
 from pathlib import Path
 site = Path(sys.argv[1]); site.mkdir(parents=True, exist_ok=True)
 zipfile.ZipFile(sys.argv[2]).extractall(site)
@@ -50,11 +50,11 @@ python3 -m dflash_edge.cli fetch --gguf $S/model.gguf --name smollm2-135m-instru
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >>"$OUT/log.txt" 2>&1
 python3 -c "import torch, dflash_edge.train.recipe as r; print('torch', torch.__version__, 'dflash_edge from', r.__file__)" \
   >>"$OUT/log.txt" 2>&1
-mkdir -p $S/work && cp $S/prompts_train.jsonl $S/work/
+mkdir -p $S/work && cp $S/prompts_train.jsonl $S/work/   # the prompts prepare.sh built (it sets their number)
 log "installed and imported; generating data"
 
 ARGS=(--target default --device "$DEVICE" --out $S/drafter --work-dir $S/work --layers "$LAYERS" --block-size "$BLOCK"
-      --init "$INIT" --prompts "$PROMPTS" --gen-batch "$GEN_BATCH" --steps 1000000 --seqs-per-step "$SEQS"
+      --init "$INIT" --gen-batch "$GEN_BATCH" --steps 1000000 --seqs-per-step "$SEQS"
       --anchors "$ANCHORS" --gamma "$GAMMA" --lr "$LR" --eval-every "$EVAL_EVERY" --eval-prompts 60 --threads 8 $EXTRA)
 timeout -s INT $(( $(left) - 150 )) python3 -m dflash_edge.cli train "${ARGS[@]}" --data-only >>"$OUT/log.txt" 2>&1
 log "data stage exit $?: $(tail -c 300 "$OUT/log.txt" | tr '\r' '\n' | tail -1)"
