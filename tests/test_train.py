@@ -197,7 +197,7 @@ def test_unknown_or_missing_device_is_a_clear_error():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 def test_generation_and_training_on_cuda_agree_with_cpu(tiny_target, samples):
-    import copy
+    import dataclasses
 
     gpu_target = copy.deepcopy(tiny_target).to("cuda")
     prompts = random_prompts(6, seed=11)
@@ -247,3 +247,51 @@ def test_train_cli_data_stage_then_training_to_a_saved_drafter(tiny_checkpoints,
     assert best["step"] in (3, 6) and (out / "README.md").is_file()
     assert json.loads((out / "config.json").read_text())["block_size"] == 4 and (out / "model.safetensors").is_file()
     assert main(args + ["--device", "tpu"]) == 2                                     # a clear error, not a traceback
+
+
+def test_soft_targets_are_the_targets_distributions_and_train(tiny_target, samples, tmp_path):
+    import dataclasses
+    import os
+
+    from dflash_edge.train.dataset import anchor_range
+    from dflash_edge.train.objective import DraftHead, dflash_loss
+    from dflash_edge.train.soft_targets import attach_soft_targets, next_token_logits, soft_path
+
+    s = samples[0]
+    full = tiny_target(s.tokens[None, :-1], tiny_target.new_cache(64)).logits[0, s.prompt_len - 1:]
+    torch.testing.assert_close(next_token_logits(tiny_target, s, CAPTURE), full, atol=2e-2, rtol=1e-2)
+    shards = write_shards(tiny_target, random_prompts(16, seed=5), tmp_path,
+                          GenSpec(capture=CAPTURE, max_new_tokens=20, batch_size=8, sampled_fraction=0.0, dtype="float32"))
+    per_shard = [load_shard(p) for p in shards]
+    attach_soft_targets(tiny_target, shards, per_shard, CAPTURE, k=4)
+    files = [soft_path(p, 4) for p in shards]
+    stamps = [os.stat(f).st_mtime_ns for f in files]
+    again = [load_shard(p) for p in shards]
+    attach_soft_targets(tiny_target, shards, again, CAPTURE, k=4)                       # cached, not recomputed
+    assert [os.stat(f).st_mtime_ns for f in files] == stamps
+    torch.testing.assert_close(again[1][3].soft_logp, per_shard[1][3].soft_logp)
+    flat = [x for group in per_shard for x in group]
+    # greedy responses: the target's top-1 is the next token (fp16 features may flip a rare near-tie)
+    top1 = torch.cat([x.soft_ids[x.prompt_len - 1:, 0] for x in flat])
+    nxt = torch.cat([x.tokens[x.prompt_len:] for x in flat])
+    assert (top1 == nxt).float().mean() > 0.95
+    batch = make_batch(flat[:2], [torch.tensor([flat[0].prompt_len + 1]), torch.tensor([flat[1].prompt_len])], BLOCK, MASK)
+    lab = batch.labels != -100
+    torch.testing.assert_close(batch.soft_p.sum(-1)[lab], torch.ones(int(lab.sum())))
+    assert (batch.soft_p.sum(-1)[~lab] == 0).all()
+    assert (batch.soft_ids[..., 0][lab] == batch.labels[lab]).float().mean() > 0.9
+    # the soft loss trains: it falls, and ids outside a reduced head are dropped, not mislabelled
+    drafter, head = fresh_drafter(tiny_target), DraftHead.build(tiny_target.lm_head.weight, torch.float32)
+    losses = train_drafter(tiny_target, drafter, flat, TrainConfig(steps=40, seqs_per_step=8, anchors_per_seq=8,
+                                                                   gamma=2.0, lr=1e-2, warmup=5, head_dtype="float32"))
+    assert sum(losses[-8:]) / 8 < sum(losses[:8]) / 8 - 0.05                          # above a floor: the entropy
+    every = make_batch(flat[:4], [torch.arange(*anchor_range(x)) for x in flat[:4]], BLOCK, MASK)
+    hits = [dflash_loss(d, tiny_target.model.embed_tokens, head, every, gamma=2.0).correct[0]
+            for d in (fresh_drafter(tiny_target), drafter)]
+    assert hits[1] > 2 * hits[0] + 5, hits                                           # first block position
+    small = DraftHead.build(tiny_target.lm_head.weight, torch.float32, torch.arange(0, 96, 2))
+    out = dflash_loss(drafter, tiny_target.model.embed_tokens, small, batch, gamma=2.0)
+    assert torch.isfinite(out.loss)
+    hard = dflash_loss(drafter, tiny_target.model.embed_tokens, head, dataclasses.replace(batch, soft_ids=None), gamma=2.0)
+    soft = dflash_loss(drafter, tiny_target.model.embed_tokens, head, batch, gamma=2.0)
+    assert not torch.isclose(hard.loss, soft.loss) and torch.equal(hard.correct, soft.correct)

@@ -25,6 +25,8 @@ class BlockBatch:
     labels: torch.Tensor          # [b, K*B] token at anchor+k, IGNORE at k=0 / past the end / padding blocks
     keep: torch.Tensor            # [b, K*B, C + K*B] bool: which keys each block query sees
     block_size: int
+    soft_ids: torch.Tensor | None = None   # [b, K*B, k] the target's top-k for each label (distillation) ...
+    soft_p: torch.Tensor | None = None     # [b, K*B, k] ... and their probabilities renormalised over the k
 
     @property
     def num_blocks(self) -> int:
@@ -86,6 +88,11 @@ def make_batch(samples: list[Sample], anchors: list[torch.Tensor], block: int, m
     pos = torch.zeros(b, K, block, dtype=torch.long)
     labels = torch.full((b, K, block), IGNORE, dtype=torch.long)
     keep = torch.zeros(b, K * block, C + K * block, dtype=torch.bool)
+    soft = samples[0].soft_ids is not None
+    if soft:
+        k = samples[0].soft_ids.shape[1]
+        soft_ids = torch.zeros(b, K, block, k, dtype=torch.long)
+        soft_p = torch.zeros(b, K, block, k)
     offs = torch.arange(block)
     for r, (s, a) in enumerate(zip(samples, anchors)):
         feats[r, :len(s.features)] = s.features
@@ -97,8 +104,13 @@ def make_batch(samples: list[Sample], anchors: list[torch.Tensor], block: int, m
         ok = tgt < len(s.tokens)
         labels[r, :n, 1:] = torch.where(ok, s.tokens[tgt.clamp(max=len(s.tokens) - 1)], IGNORE)
         keep[r] = block_keep(full, C, block, window)
+        if soft:  # feature row t holds the distribution of token t + 1
+            row = (tgt - 1).clamp(max=len(s.soft_ids) - 1)
+            soft_ids[r, :n, 1:] = s.soft_ids[row].long()
+            soft_p[r, :n, 1:] = torch.softmax(s.soft_logp[row].float(), dim=-1) * ok[..., None]
+    extra = {"soft_ids": soft_ids.view(b, K * block, -1), "soft_p": soft_p.view(b, K * block, -1)} if soft else {}
     return BlockBatch(feats, torch.arange(C).expand(b, C), ids.view(b, -1), pos.view(b, -1),  # [b, K*B]
-                      labels.view(b, -1), keep, block)
+                      labels.view(b, -1), keep, block, **extra)
 
 
 def all_anchor_batch(sample: Sample, block: int, mask_id: int) -> BlockBatch:

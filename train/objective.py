@@ -97,7 +97,11 @@ def dflash_loss(drafter, embed, head: DraftHead, batch: BlockBatch, gamma: float
     local = head.local_labels(labels.clamp(min=0))
     sel = keep_positions(labels, B, gamma, gen) & (local >= 0)                            # kept, inside the head
     logits = hidden.reshape(-1, hidden.shape[-1])[sel].to(head.weight.dtype) @ head.weight.T  # [n, V']
-    ce = F.cross_entropy(logits.float(), local[sel], reduction="none")                    # [n]
+    if batch.soft_ids is None:
+        ce = F.cross_entropy(logits.float(), local[sel], reduction="none")                # [n]
+    else:
+        ce = soft_cross_entropy(logits, head, batch.soft_ids.reshape(-1, batch.soft_ids.shape[-1])[sel],
+                                batch.soft_p.reshape(-1, batch.soft_p.shape[-1])[sel])
     w = torch.ones_like(ce) if gen is not None else decay_weights(B, gamma).to(ce.device).repeat(labels.numel() // B)[sel]
     loss = (ce * w).sum() / w.sum().clamp(min=1e-9)
     with torch.no_grad():
@@ -106,6 +110,16 @@ def dflash_loss(drafter, embed, head: DraftHead, batch: BlockBatch, gamma: float
         counted = sel.view(-1, B)[:, 1:].sum(0).cpu()                                     # [B-1]
         correct = hit.view(-1, B)[:, 1:].sum(0).cpu()
     return LossOutput(loss, correct, counted)
+
+
+def soft_cross_entropy(logits: torch.Tensor, head: DraftHead, ids: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """[n] cross-entropy of the drafter's softmax against the target's top-k distribution (`ids`, `p`
+    [n, k]); ids outside a reduced head are dropped and the rest renormalised."""
+    local = head.local_labels(ids)
+    p = p * (local >= 0)
+    p = p / p.sum(-1, keepdim=True).clamp(min=1e-9)
+    logq = torch.log_softmax(logits.float(), dim=-1).gather(-1, local.clamp(min=0))     # [n, k]
+    return -(p * logq).sum(-1)
 
 
 def estimated_tau(correct: torch.Tensor, counted: torch.Tensor) -> float:

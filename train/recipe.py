@@ -27,6 +27,7 @@ class RecipeConfig:
     layers: int = 1
     block_size: int = 16
     draft_vocab: int = 0                       # >0: softmax of the loss over the N most frequent tokens
+    soft_topk: int = 0                         # >0: distil the target's top-k next-token distributions (soft_targets.py)
     scale_features: bool = True                # train fc on per-channel unit-scale features (conditioning.py)
     init: str = "random"                       # "target": start from the target's top layers (target_init.py)
     max_shards: int = 0                        # >0: train on the first N response shards only
@@ -113,16 +114,32 @@ def prepare_data(cfg: RecipeConfig):
 
 
 # ---------------------------------------------------------------- training stage
-def load_samples(shard_dir: Path, max_shards: int = 0) -> list:
-    from .responses import load_shard
-
+def shard_paths(shard_dir: Path, max_shards: int = 0) -> list[Path]:
     paths = sorted(shard_dir.glob("shard_*.pt"))
     if max_shards:
         paths = paths[:max_shards]
     if not paths:
         raise FileNotFoundError(f"no response shards in {shard_dir}: run the data stage first "
                                 f"(`dflash-edge train` builds them)")
-    return [s for p in paths for s in load_shard(p)]
+    return paths
+
+
+def load_samples(shard_dir: Path, max_shards: int = 0, target=None, soft_topk: int = 0,
+                 capture: tuple[int, ...] = ()) -> list:
+    """The samples of the first `max_shards` shards (all if 0); with `soft_topk` > 0 each also carries
+    the target's top-k next-token distributions (computed once with `target`, cached beside the shard)."""
+    from .responses import load_shard
+
+    paths = shard_paths(shard_dir, max_shards)
+    per_shard = [load_shard(p) for p in paths]
+    if soft_topk:
+        from tqdm import tqdm
+
+        from .soft_targets import attach_soft_targets
+
+        with tqdm(total=len(paths), desc=f"soft targets (top {soft_topk})", unit="shard") as bar:
+            attach_soft_targets(target, paths, per_shard, capture, soft_topk, lambda i, n: bar.update(1))
+    return [s for group in per_shard for s in group]
 
 
 def generate_heldout(cfg: RecipeConfig, target, tok, heldout: list[dict]) -> list:
@@ -215,7 +232,7 @@ def run_recipe(cfg: RecipeConfig, resume: bool = False, log=print, data_only: bo
     t0 = time.monotonic()
     target, tok, heldout, held = prepare_data(cfg)
     wall = {"prompts + responses + held-out responses, this process": time.monotonic() - t0}
-    samples = load_samples(Path(cfg.work_dir) / "responses", cfg.max_shards)
+    samples = load_samples(Path(cfg.work_dir) / "responses", cfg.max_shards, target, cfg.soft_topk, cfg.gen.capture)
     if data_only:
         tokens = sum(len(s.tokens) - s.prompt_len for s in samples)
         log(f"data ready in {cfg.work_dir}: {len(samples)} responses ({tokens} tokens), {len(held)} held-out")

@@ -34,6 +34,8 @@ class Sample:
     prompt_len: int
     features: torch.Tensor            # [N - 1, n_ids * H] fp16: target features of tokens 0..N-2
     index: int = -1                   # row of the prompt list
+    soft_ids: torch.Tensor | None = None   # [N - 1, k] int32: the target's top-k next tokens (soft_targets.py)
+    soft_logp: torch.Tensor | None = None  # [N - 1, k] fp16: their log-probabilities
 
 
 @dataclass

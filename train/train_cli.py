@@ -50,6 +50,8 @@ def add_arguments(p) -> None:
                    help="curriculum: blocks see only the last N context positions ... (0: always the whole context)")
     p.add_argument("--ctx-window-steps", type=int, default=0, help="... during the first N steps")
     p.add_argument("--draft-vocab", type=int, default=0, help="softmax the loss over the N most frequent tokens (0: full)")
+    p.add_argument("--soft-topk", type=int, default=0,
+                   help="distil the target's top-k next-token distributions instead of its hard tokens (0: hard labels)")
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
     p.add_argument("--eval-prompts", type=int, default=60)
     p.add_argument("--ckpt-minutes", type=float, default=3.0)
@@ -78,7 +80,7 @@ def config_from_args(a) -> RecipeConfig:
     capture = tuple(int(x) for x in a.capture.split(","))
     return RecipeConfig(
         target=a.target, work_dir=work, out=a.out, layers=a.layers, block_size=a.block_size,
-        draft_vocab=a.draft_vocab, scale_features=a.feature_scale, init=a.init, max_shards=a.max_shards,
+        draft_vocab=a.draft_vocab, soft_topk=a.soft_topk, scale_features=a.feature_scale, init=a.init, max_shards=a.max_shards,
         eval_prompts=a.eval_prompts, eval_every=a.eval_every,
         prompts=PromptSpec(num_train=a.prompts, seed=a.seed),
         gen=GenSpec(capture=capture, max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch,
