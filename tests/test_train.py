@@ -242,10 +242,21 @@ def test_train_cli_data_stage_then_training_to_a_saved_drafter(tiny_checkpoints,
     assert main(args + ["--data-only"]) == 0
     assert len(list((work / "responses").glob("shard_*.pt"))) == 3 and (work / "heldout").is_dir()
     assert not out.exists() and not list(work.glob("ckpt-*"))                      # no training yet
-    assert main(args + ["--resume", "--init", "target"]) == 0
+    assert main(args + ["--resume", "--init", "target", "--soft-topk", "4"]) == 0
+    assert len(list((work / "responses").glob("soft_*_k4.pt"))) == 3
     best = json.loads((work / "best.json").read_text())
     assert best["step"] in (3, 6) and (out / "README.md").is_file()
     assert json.loads((out / "config.json").read_text())["block_size"] == 4 and (out / "model.safetensors").is_file()
+    prompts = tmp_path / "held.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n"
+                               for p, c in [("a b c", "x"), ("hello there", "y"), ("q", "x"), ("one two three four", "y")]))
+    ev = ["eval-drafter", "--target", tiny_checkpoints["llama"][1], "--draft", str(out), "--prompts", str(prompts),
+          "--max-new-tokens", "16"]
+    assert main(ev + ["--json", str(tmp_path / "ref.json")]) == 0
+    assert main(ev + ["--replay", "--json", str(tmp_path / "replay.json")]) == 0
+    ref, rep = (json.loads((tmp_path / f).read_text()) for f in ("ref.json", "replay.json"))
+    assert ref["verify_steps"] > 4 and {k: v for k, v in ref.items() if k != "prompts"} == \
+        {k: v for k, v in rep.items() if k != "prompts"}                              # the same acceptance either way
     assert main(args + ["--device", "tpu"]) == 2                                     # a clear error, not a traceback
 
 
