@@ -197,7 +197,7 @@ def test_unknown_or_missing_device_is_a_clear_error():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 def test_generation_and_training_on_cuda_agree_with_cpu(tiny_target, samples):
-    import dataclasses
+    import copy
 
     gpu_target = copy.deepcopy(tiny_target).to("cuda")
     prompts = random_prompts(6, seed=11)
