@@ -69,14 +69,12 @@ def replayed(target, drafter, prompt_ids, categories, spec, progress=None, batch
     import torch
 
     from .evaluate import AcceptanceReport, replay_eval
-    from .responses import GenSpec, generate_batch
+    from .responses import GenSpec, generate_batch, plan_batches
 
     gen = GenSpec(capture=tuple(drafter.config.target_layer_ids), max_new_tokens=spec.max_new_tokens,
                   sampled_fraction=0.0, dtype="float32")
-    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     rep = AcceptanceReport(spec.block_size)
-    for c in range(0, len(order), batch):
-        rows = order[c:c + batch]
+    for rows in plan_batches(prompt_ids, batch):
         samples = generate_batch(target, [prompt_ids[i] for i in rows], gen, torch.Generator().manual_seed(0))
         part = replay_eval(drafter, target.model.embed_tokens, target.lm_head.weight.detach(), samples,
                            [categories[i] for i in rows], spec)
