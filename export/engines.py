@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dflash_edge.runtime.bundle import file_entry, read_bundle, write_manifest
 from dflash_edge.runtime.errors import DflashEdgeError
+from dflash_edge.runtime.io_tables import portable_graphs
 from dflash_edge.runtime.trt_profiles import trt_profiles
 
 # precision -> TensorRT builder flags. fp32 graphs: TensorRT picks per layer among the enabled types.
@@ -73,11 +74,15 @@ def build_engines(opts: EngineOptions) -> dict:
     if opts.precision not in PRECISION_FLAGS:
         raise DflashEdgeError(f"--precision {opts.precision!r} is not one of {', '.join(PRECISION_FLAGS)}")
     bundle = read_bundle(opts.bundle)
-    graphs = opts.graphs or tuple(bundle.manifest["graphs"])
+    graphs = opts.graphs or tuple(portable_graphs(bundle.manifest["graphs"]))
     unknown = sorted(set(graphs) - set(bundle.manifest["graphs"]))
     if unknown:
         have = ", ".join(bundle.manifest["graphs"])
         raise DflashEdgeError(f"graph(s) {unknown} are not in {bundle.root}; it has {have}")
+    fused = sorted(set(graphs) - set(portable_graphs(graphs)))
+    if fused:
+        raise DflashEdgeError(f"graph(s) {fused} use onnxruntime-only fused ops that TensorRT cannot parse; "
+                              f"build the portable graphs instead ({', '.join(portable_graphs(bundle.manifest['graphs']))})")
     trt = import_tensorrt()
     _warn_precision(opts.precision)
     for graph in graphs:

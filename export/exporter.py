@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dflash_edge.runtime import bundle as bundle_mod
 from dflash_edge.runtime.errors import DflashEdgeError
-from dflash_edge.runtime.io_tables import io_manifest, model_dims
+from dflash_edge.runtime.io_tables import FLAVOURS, io_manifest, model_dims
 
 from .publish import publish_dir
 
@@ -34,6 +34,7 @@ class ExportOptions:
     force: bool = False
     verify: bool = True
     draft_vocab: int = 0                 # >0: the drafter's LM head over this many frequent tokens (draft_vocab.py)
+    fused: bool = True                   # also write `target_fused` (GroupQueryAttention) where the model allows
 
 
 def _check_options(opts: ExportOptions, target, drafter) -> None:
@@ -79,10 +80,21 @@ def _manifest(target, drafter, tok_files, graphs, opts, sources) -> dict:
     }
 
 
+# graph -> its external-data file: the fused target reuses the portable target's weights file
+DATA_FILES = {"target": "target.onnx.data", "target_fused": "target.onnx.data", "drafter": "drafter.onnx.data"}
+
+
 def _graph_entry(root: Path, name: str, opts: ExportOptions, extra: dict) -> dict:
-    files = [bundle_mod.file_entry(root, f"{name}.onnx"), bundle_mod.file_entry(root, f"{name}.onnx.data")]
+    files = [bundle_mod.file_entry(root, f"{name}.onnx"), bundle_mod.file_entry(root, DATA_FILES[name])]
     return {"files": files, "precision": "fp32", "io": io_manifest(name, "float32"), "opset": extra["opset"],
-            "static_shapes": extra["static_shapes"]}
+            "static_shapes": extra["static_shapes"], "flavour": FLAVOURS[name].kind}
+
+
+def fused_supported(cfg) -> str | None:
+    """Why the fused target cannot be built for `cfg` (None: it can)."""
+    if cfg.head_dim % 16:
+        return f"head_dim {cfg.head_dim} is not a multiple of 16 (onnxruntime's GroupQueryAttention requires it)"
+    return None
 
 
 def export_bundle(opts: ExportOptions, progress=None) -> Path:
@@ -93,6 +105,7 @@ def export_bundle(opts: ExportOptions, progress=None) -> Path:
     from .fetch import resolve_target
     from .graphs import DrafterGraph, TargetGraph
     from .models import load_target
+    from .fused_graph import OPSET_FUSED, build_fused_target
     from .onnx_export import OPSET, export_graph
     from .parity import check_graphs
     from .resolve_drafter import resolve_drafter
@@ -131,6 +144,14 @@ def export_bundle(opts: ExportOptions, progress=None) -> Path:
             paths[name] = export_graph(modules[name], name, dims, tmp / f"{name}.onnx")
             timings[f"export_{name}"] = time.perf_counter() - t
             steps.update(1)
+        fused_note = fused_supported(target.config) if opts.fused else "not requested (--no-fused)"
+        if fused_note is None:
+            t = time.perf_counter()
+            steps.set_postfix_str("writing target_fused")
+            paths["target_fused"] = tmp / "target_fused.onnx"
+            fused_note = build_fused_target(target, tuple(drafter.config.target_layer_ids), paths["target_fused"],
+                                            tmp / DATA_FILES["target_fused"], index_model=paths["target"])
+            timings["export_target_fused"] = time.perf_counter() - t
         tok_files = _copy_tokenizer(target_dir, tmp)
         report = {}
         if opts.verify:
@@ -142,12 +163,13 @@ def export_bundle(opts: ExportOptions, progress=None) -> Path:
             report = check_graphs(paths, modules, prompt, opts.block_size)
             timings["parity"] = time.perf_counter() - t
         steps.update(1)
-        static = {"target": {"decode": {"T": 1}, "verify": {"T": opts.block_size},
-                             "prefill": {"T": opts.prefill_chunk}},
-                  "drafter": {"draft": {"B": opts.block_size}}}
-        graphs = {n: _graph_entry(tmp, n, opts, {"opset": OPSET, "static_shapes": static[n]}) for n in paths}
+        target_static = {"decode": {"T": 1}, "verify": {"T": opts.block_size}, "prefill": {"T": opts.prefill_chunk}}
+        static = {"target": target_static, "target_fused": target_static, "drafter": {"draft": {"B": opts.block_size}}}
+        opsets = {"target": OPSET, "drafter": OPSET, "target_fused": OPSET_FUSED}
+        graphs = {n: _graph_entry(tmp, n, opts, {"opset": opsets[n], "static_shapes": static[n]}) for n in paths}
         sources = {"target": str(target_dir), "drafter": getattr(drafter, "source", "random"),
                    "drafter_random_init": getattr(drafter, "source", "random") == "random", "parity": report,
+                   "target_fused": fused_note,
                    "export_seconds": {k: round(v, 2) for k, v in timings.items()}}
         from .trt_readiness import bundle_trt_readiness
         sources["trt_readiness"] = bundle_trt_readiness(tmp)

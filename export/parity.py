@@ -86,4 +86,28 @@ def check_graphs(paths: dict, modules: dict, prompt_ids: list[int], block: int, 
     got = drf.run(None, {n: t.numpy() for n, t in
                          zip(["block_ids", "ctx_hidden", "start", "past_key", "past_value"], feeds)})
     _compare("drafter", [o.name for o in drf.get_outputs()], got, want_d, tol, report)
+    if "target_fused" in paths:
+        steps = [(prompt, 0, want), (block_ids, len(prompt_ids), want_v)]
+        check_fused(_session(paths["target_fused"]), steps, len(prompt_ids) + block, tol, report)
     return report
+
+
+def check_fused(session, steps, capacity: int, tol: Tolerance, report: dict) -> None:
+    """The fused target over head-major buffers, step after step, against the portable graph's torch
+    outputs `want` = (logits, next_ids, hidden, new_key [T, L, Hkv, D], new_value) for each (ids, start, want)."""
+    layers, kv_heads, head_dim = steps[0][2][3].shape[1:]
+    cache = {f"past_{kv}.{i}": np.zeros((1, kv_heads, capacity, head_dim), np.float32)     # [1, Hkv, Smax, D]
+             for kv in ("key", "value") for i in range(layers)}
+    names = [o.name for o in session.get_outputs()]
+    for ids, start, want in steps:
+        num_new = ids.shape[1]
+        feeds = {"input_ids": ids.numpy(), "seqlens_k": np.array([start + num_new - 1], np.int32),
+                 "total_sequence_length": np.array(start + num_new, np.int32), **cache}
+        out = dict(zip(names, session.run(None, feeds)))
+        _compare("target_fused", ["logits", "next_ids", "hidden"], [out[n] for n in ("logits", "next_ids", "hidden")],
+                 want[:3], tol, report)
+        for kv, ref in (("key", want[3]), ("value", want[4])):
+            rows = np.stack([out[f"present_{kv}.{i}"][0, :, start:start + num_new].transpose(1, 0, 2)
+                             for i in range(layers)], axis=1)                               # [T, L, Hkv, D]
+            _compare("target_fused", [f"new_{kv}"], [rows], [ref], tol, report)
+            cache.update({f"past_{kv}.{i}": out[f"present_{kv}.{i}"] for i in range(layers)})

@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_edge.runtime.io_tables import portable_graphs
+
 from . import trt_support as sup
 
 STANDARD_DOMAINS = ("", "ai.onnx")
@@ -75,7 +77,7 @@ def bundle_trt_readiness(bundle_dir: str | Path) -> dict:
         graphs = {n: root / g["files"][0]["path"] for n, g in json.loads(mpath.read_text())["graphs"].items()}
     else:
         graphs = {p.stem: p for p in sorted(root.glob("*.onnx"))}
-    reports = {n: check_trt_readiness(p, n) for n, p in graphs.items()}
+    reports = {n: check_trt_readiness(graphs[n], n) for n in portable_graphs(graphs)}   # TensorRT never sees fused ones
     return {"tensorrt_version": sup.SOURCE["tensorrt_version"], "table": sup.SOURCE["url"],
             "ok": all(r.ok for r in reports.values()),
             "graphs": {n: r.summary() for n, r in reports.items()}}

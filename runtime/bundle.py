@@ -31,12 +31,12 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
               "max_position_embeddings", "draft_vocab_size"),
     "kv_cache": ("layout", "dtype", "slack"),
     "tokenizer": ("file", "config"),
-    "graph": ("files", "precision", "io", "static_shapes", "opset"),
+    "graph": ("files", "precision", "io", "static_shapes", "opset", "flavour"),   # flavour: io_tables.FLAVOURS
     "source": None,
     "shared_weights": None,
     "engines": None,
 }
-OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset", "draft_vocab_size"}
+OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset", "draft_vocab_size", "flavour"}
 KV_LAYOUT = "S,L,Hkv,D"
 
 

@@ -22,8 +22,8 @@ import numpy as np
 from .bundle import Bundle, BundleError, read_bundle
 from .emitter import Emitter
 from .errors import ContextOverflowError, DflashEdgeError
-from .io_tables import io_manifest, model_dims
-from .kv import DraftModel, TargetModel
+from .io_tables import GRAPHS, io_manifest, model_dims, pick_graph
+from .kv import TARGET_MODELS, DraftModel, TargetModel
 from .policy import AdaptiveDrafting
 from .sampling import SamplingParams, select_token
 from .session import SessionConfig, open_graph
@@ -126,8 +126,12 @@ class Generator:
 
     @classmethod
     def load(cls, bundle: str | Path | Bundle, provider: str = "cpu", *, threads: int = 0, spin: bool = False,
-             verify: bool = True) -> "Generator":
-        """Open a bundle on `provider` ("cpu", "cuda", "tensorrt"); sha256-checks files unless verify=False."""
+             verify: bool = True, target_graph: str | None = None) -> "Generator":
+        """Open a bundle on `provider` ("cpu", "cuda", "tensorrt"); sha256-checks files unless verify=False.
+
+        `target_graph` ("target" portable, "target_fused"): force a flavour; default: the fused one where
+        the provider runs it (io_tables.pick_graph), the portable one elsewhere (TensorRT).
+        """
         from .tokenizer import ChatTokenizer
 
         b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle, verify=verify)
@@ -139,8 +143,12 @@ class Generator:
         capacity = b.max_context + max(b.manifest["kv_cache"]["slack"], b.block_size, chunk)
         ranges = symbol_ranges(b.manifest)                          # the shapes the graphs are built for
         profiles = trt_profiles(b) if provider == "tensorrt" else {}
-        target = TargetModel(open_graph(b.graph_path("target"), config, profiles.get("target")), dims, capacity,
-                             (1, b.block_size, chunk), b.kv_dtype)
+        name = target_graph or pick_graph(b.manifest["graphs"], "target", provider, b.kv_dtype)  # fused where it runs
+        if name not in b.manifest["graphs"] or name not in TARGET_MODELS:
+            raise BundleError(f"target_graph={name!r}: {b.root} has no such target graph; it has "
+                              f"{', '.join(n for n in b.manifest['graphs'] if n in TARGET_MODELS)}")
+        target = TARGET_MODELS[name](open_graph(b.graph_path(name), config, profiles.get(name)), dims, capacity,
+                       (1, b.block_size, chunk), b.kv_dtype)
         drafter = DraftModel(open_graph(b.graph_path("drafter"), config, profiles.get("drafter")), dims, capacity,
                              target.hidden, b.model["mask_token_id"], b.kv_dtype, max_ctx_rows=ranges["C"][2])
         return cls(b, ChatTokenizer.from_dir(b.root), target, drafter)
@@ -340,7 +348,7 @@ def _chunk_starts(n: int, size: int) -> list[int]:
 
 
 def _check_io_tables(b: Bundle) -> None:
-    for name in ("target", "drafter"):
-        if b.manifest["graphs"][name]["io"] != io_manifest(name, b.kv_dtype):
+    for name in b.manifest["graphs"]:
+        if name not in GRAPHS or b.manifest["graphs"][name]["io"] != io_manifest(name, b.kv_dtype):
             raise BundleError(f"{b.root}: graph {name!r} declares inputs/outputs that this runtime does not "
                               f"implement; re-export the bundle with this dflash-edge version")

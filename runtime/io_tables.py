@@ -8,6 +8,11 @@ runtime's preallocated buffers and bindings, the TensorRT profiles and the manif
 KV layout is sequence-major, `[S, L, Hkv, D]`: the live prefix of a preallocated `[S_max, L, Hkv, D]`
 buffer is a contiguous view (bound as input without a copy) and the slot for the new tokens
 `[pos : pos + T]` is contiguous too (bound as output: the graph writes new K/V straight into the cache).
+
+`target_fused` is a second flavour of the target (issue 12): onnxruntime's `GroupQueryAttention` over
+per-layer head-major buffers `[1, Hkv, Smax, D]`, each bound as both `past_key.{i}` and `present_key.{i}`
+(same pointer: the op appends the new rows in place and never copies the prefix). Only onnxruntime runs
+it; TensorRT builds its engines from the portable `target` (FLAVOURS below).
 """
 from __future__ import annotations
 
@@ -21,11 +26,13 @@ class TensorSpec:
     name: str
     dtype: str                 # "int64" | "float32" | "float16" | KV
     shape: tuple[str, ...]     # symbols or literal ints as strings
+    per: str | None = None     # "L": one tensor per layer, `name` formatted with {i} (expand_specs)
 
 
 # Symbols: T new target tokens (1 decode, B verify, P prefill chunk); S cached positions; C new context
 # positions for the drafter; L/Ld target/drafter layers; Hkv kv heads; D head dim; V vocab; H hidden;
-# N = len(target_layer_ids) * H context-feature width; B block size; Bm1 = B - 1.
+# N = len(target_layer_ids) * H context-feature width; B block size; Bm1 = B - 1; Smax the capacity of
+# a preallocated per-layer KV buffer (fixed per load: the runtime's buffer size).
 GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
     "target": {
         "inputs": (
@@ -40,6 +47,22 @@ GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
             TensorSpec("hidden", "float32", ("1", "T", "N")),        # drafter context features
             TensorSpec("new_key", KV, ("T", "L", "Hkv", "D")),
             TensorSpec("new_value", KV, ("T", "L", "Hkv", "D")),
+        ),
+    },
+    "target_fused": {
+        "inputs": (
+            TensorSpec("input_ids", "int64", ("1", "T")),
+            TensorSpec("seqlens_k", "int32", ("1",)),                # start + T - 1 (GQA: total length - 1)
+            TensorSpec("total_sequence_length", "int32", ()),        # start + T
+            TensorSpec("past_key.{i}", KV, ("1", "Hkv", "Smax", "D"), per="L"),    # rows [0:start] are live
+            TensorSpec("past_value.{i}", KV, ("1", "Hkv", "Smax", "D"), per="L"),
+        ),
+        "outputs": (
+            TensorSpec("logits", "float32", ("1", "T", "V")),
+            TensorSpec("next_ids", "int64", ("1", "T")),
+            TensorSpec("hidden", "float32", ("1", "T", "N")),
+            TensorSpec("present_key.{i}", KV, ("1", "Hkv", "Smax", "D"), per="L"),  # the past buffer, rows
+            TensorSpec("present_value.{i}", KV, ("1", "Hkv", "Smax", "D"), per="L"),  # [start:start+T] written
         ),
     },
     "drafter": {
@@ -58,7 +81,51 @@ GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
     },
 }
 
-DYNAMIC_SYMBOLS = ("T", "S", "C")
+DYNAMIC_SYMBOLS = ("T", "S", "C", "Smax")
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """What a graph is for: the loop's `role` and its `kind` ("portable": standard ONNX ops only, what
+    TensorRT parses; "fused": onnxruntime contrib ops) and the KV dtypes each provider runs it with."""
+    role: str
+    kind: str
+    providers: dict[str, tuple[str, ...]] | None = None   # None: every provider, every dtype
+
+
+# onnxruntime registers GroupQueryAttention for float32 on CPU but only float16/bfloat16 on CUDA.
+FLAVOURS = {"target": Flavour("target", "portable"), "drafter": Flavour("drafter", "portable"),
+            "target_fused": Flavour("target", "fused", {"cpu": ("float32", "float16"),
+                                                        "cuda": ("float16", "bfloat16")})}
+
+
+def portable_graphs(names) -> list[str]:
+    """The graphs of `names` that TensorRT can build (unknown names count as portable)."""
+    return [n for n in names if n not in FLAVOURS or FLAVOURS[n].kind == "portable"]
+
+
+def pick_graph(names, role: str, provider: str, kv_dtype: str) -> str:
+    """The graph of `names` that plays `role` on `provider`: a fused flavour where it runs, else the portable one.
+
+    >>> pick_graph(["target", "target_fused", "drafter"], "target", "cpu", "float32")
+    'target_fused'
+    >>> pick_graph(["target", "target_fused", "drafter"], "target", "tensorrt", "float32")
+    'target'
+    """
+    fused = [n for n in names if n in FLAVOURS and FLAVOURS[n].role == role and FLAVOURS[n].kind == "fused"
+             and kv_dtype in (FLAVOURS[n].providers or {}).get(provider, ())]
+    return fused[0] if fused else role
+
+
+def expand_specs(specs, dims: dict[str, int]) -> list[TensorSpec]:
+    """Per-layer specs expanded to one spec per layer (`past_key.{i}` -> past_key.0 .. past_key.{L-1})."""
+    out = []
+    for spec in specs:
+        if spec.per is None:
+            out.append(spec)
+        else:
+            out += [TensorSpec(spec.name.format(i=i), spec.dtype, spec.shape) for i in range(dims[spec.per])]
+    return out
 
 
 def model_dims(manifest_model: dict, block_size: int) -> dict[str, int]:
@@ -80,5 +147,6 @@ def numpy_dtype(dtype: str, kv_dtype: str) -> str:
 
 def io_manifest(graph: str, kv_dtype: str) -> dict:
     """The manifest's I/O section of one graph."""
-    return {side: [{"name": t.name, "dtype": numpy_dtype(t.dtype, kv_dtype), "shape": list(t.shape)}
+    return {side: [{"name": t.name, "dtype": numpy_dtype(t.dtype, kv_dtype), "shape": list(t.shape),
+                    **({"per": t.per} if t.per else {})}
                    for t in GRAPHS[graph][side]] for side in ("inputs", "outputs")}

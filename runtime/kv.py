@@ -101,25 +101,97 @@ class HostStep:
         return self.arrays[name]
 
 
-class TargetModel:
-    """The target graph with its KV cache, feature buffer and one bound step per static T."""
+class LayerKV:
+    """Per-layer head-major K and V buffers, layer i = `[1, Hkv, capacity, D]`, and the host-side `pos`.
 
+    For the fused target (GroupQueryAttention): each layer's slab is bound as BOTH `past_key.{i}` and
+    `present_key.{i}`; the op sees past and present share memory, reads the live rows `[0:pos]` in place
+    and writes the new ones after them. Bound once per step shape; rollback = assign `pos`.
+    """
+
+    def __init__(self, capacity: int, layers: int, kv_heads: int, head_dim: int, dtype, device="cpu", device_id=0):
+        row = (kv_heads, capacity, head_dim)
+        self.key = DeviceBuffer(layers, row, dtype, device, device_id)          # [L, Hkv, capacity, D]
+        self.value = DeviceBuffer(layers, row, dtype, device, device_id)
+        self.pos = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.key.row_shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.key.nbytes + self.value.nbytes
+
+    def bind(self, binding) -> None:
+        for i in range(self.key.rows):                      # layer i -> shape [1, Hkv, capacity, D]
+            for kind, buf in (("key", self.key), ("value", self.value)):
+                buf.bind_input(binding, f"past_{kind}.{i}", i, i + 1)
+                buf.bind_output(binding, f"present_{kind}.{i}", i, i + 1)
+
+
+class TargetModel:
+    """The target graph with its KV cache, feature buffer and one bound step per T (made on first use)."""
+
+    GRAPH = "target"
     HOST = ("input_ids", "start", "logits", "next_ids")
 
     def __init__(self, runner, dims: dict[str, int], capacity: int, step_sizes: tuple[int, ...], kv_dtype: str):
-        self.runner = runner
-        self.kv = KVCache(capacity, dims["L"], dims["Hkv"], dims["D"], kv_dtype, runner.device, runner.device_id)
+        self.runner, self.dims = runner, dims
+        self.kv = self._new_cache(capacity, kv_dtype)
         self.hidden = DeviceBuffer(capacity, (dims["N"],), np.float32, runner.device, runner.device_id, lead=(1,))
-        self.steps = {t: HostStep(runner, "target", {**dims, "T": t}, self.HOST) for t in sorted(set(step_sizes))}
+        self.steps: dict[int, HostStep] = {}
+        for size in sorted(set(step_sizes)):
+            self.add_step(size)
+
+    def _new_cache(self, capacity: int, kv_dtype: str):
+        d = self.dims
+        return KVCache(capacity, d["L"], d["Hkv"], d["D"], kv_dtype, self.runner.device, self.runner.device_id)
+
+    def add_step(self, size: int) -> HostStep:
+        """Bind a step of `size` new tokens (the graph is dynamic in T: any size works)."""
+        self.steps[size] = HostStep(self.runner, self.GRAPH, {**self.dims, "T": size}, self.HOST)
+        return self.steps[size]
+
+    def step(self, size: int) -> HostStep:
+        return self.steps.get(size) or self.add_step(size)
+
+    def _place(self, step: HostStep, size: int, start: int) -> None:
+        step["start"][0] = start
+        self.kv.bind(step.binding, start, size)
 
     def forward(self, size: int, start: int) -> HostStep:
         """Run the step of `size` tokens (its `input_ids` already filled) placed at positions start.. ."""
-        step = self.steps[size]
-        step["start"][0] = start
-        self.kv.bind(step.binding, start, size)
+        step = self.step(size)
+        self._place(step, size, start)
         self.hidden.bind_output(step.binding, "hidden", start, start + size)
         self.runner.run(step.binding)
         return step
+
+
+class FusedTargetModel(TargetModel):
+    """`target_fused`: GroupQueryAttention over `LayerKV` (bound once per step; only lengths change)."""
+
+    GRAPH = "target_fused"
+    HOST = ("input_ids", "seqlens_k", "total_sequence_length", "logits", "next_ids")
+
+    def _new_cache(self, capacity: int, kv_dtype: str):
+        d = self.dims
+        return LayerKV(capacity, d["L"], d["Hkv"], d["D"], kv_dtype, self.runner.device, self.runner.device_id)
+
+    def add_step(self, size: int) -> HostStep:
+        step = super().add_step(size)
+        self.kv.bind(step.binding)
+        return step
+
+    def _place(self, step: HostStep, size: int, start: int) -> None:
+        if not (0 <= start and start + size <= self.kv.capacity):
+            raise IndexError(f"positions [{start}:{start + size}] outside the preallocated cache of {self.kv.capacity}")
+        step["seqlens_k"][0] = start + size - 1                     # GQA: total length - 1
+        step["total_sequence_length"][...] = start + size
+
+
+TARGET_MODELS = {"target": TargetModel, "target_fused": FusedTargetModel}   # graph name -> its runtime wrapper
 
 
 class DraftModel:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .io_tables import GRAPHS, model_dims, resolve_shape
+from .io_tables import GRAPHS, model_dims, portable_graphs, resolve_shape
 
 Shape = tuple[int, ...]
 
@@ -27,7 +27,7 @@ def symbol_ranges(manifest: dict) -> dict[str, tuple[int, int, int]]:
 
 
 def trt_profiles(bundle) -> dict[str, dict[str, dict[str, Shape]]]:
-    """graph -> input name -> {"min", "opt", "max"} shapes, for every graph of `bundle`.
+    """graph -> input name -> {"min", "opt", "max"} shapes, for every portable graph of `bundle`.
 
     `bundle` is a `Bundle`, a manifest dict, or a bundle directory.
     """
@@ -35,7 +35,7 @@ def trt_profiles(bundle) -> dict[str, dict[str, dict[str, Shape]]]:
     dims = model_dims(manifest["model"], manifest["block_size"])
     ranges = symbol_ranges(manifest)
     out = {}
-    for graph in manifest["graphs"]:
+    for graph in portable_graphs(manifest["graphs"]):         # fused flavours are onnxruntime-only
         if graph not in GRAPHS:
             continue                       # a graph this version has no I/O table for: nothing to derive
         out[graph] = {spec.name: {level: resolve_shape(spec, {**dims, **{s: r[i] for s, r in ranges.items()}})
