@@ -37,7 +37,7 @@ class EngineOptions:
     precision: str = "fp16"             # fp16 | int8 | fp8
     device: str | None = None           # label recorded in the manifest (default: the detected GPU name)
     workspace_gb: float = 4.0           # builder scratch memory limit
-    graphs: tuple[str, ...] | None = None   # default: every graph of the bundle
+    graphs: tuple[str, ...] | None = None   # default: every portable graph of the bundle (TensorRT parses those)
 
 
 def import_tensorrt():

@@ -18,13 +18,13 @@ BASE = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_laye
             bos_token_id=1, eos_token_id=2)
 
 
-def hf_model(variant: str, seed: int = 0):
-    """A randomly initialised transformers model of `variant` (a FAMILY_EXTRAS key)."""
+def hf_model(variant: str, seed: int = 0, overrides: dict | None = None):
+    """A randomly initialised transformers model of `variant` (a FAMILY_EXTRAS key), `overrides` on top."""
     import torch
     import transformers
 
     family = variant.split("-")[0]
-    kwargs = {**BASE, **FAMILY_EXTRAS[variant]}
+    kwargs = {**BASE, **FAMILY_EXTRAS[variant], **(overrides or {})}
     scaling = kwargs.pop("rope_scaling", None)
     cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[family]
