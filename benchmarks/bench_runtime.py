@@ -27,14 +27,11 @@ import time
 def measure(bundle: str, context: int, repeats: int, threads: int, spin: bool = False,
             extra_sizes: tuple[int, ...] = ()) -> dict:
     from dflash_edge.runtime import Generator
-    from dflash_edge.runtime.io_tables import model_dims
-    from dflash_edge.runtime.kv import HostStep
 
     gen = Generator.load(bundle, threads=threads, spin=spin, verify=False)
     tgt, drf, block, chunk = gen.target, gen.drafter, gen.block_size, gen.prefill_chunk
-    dims = model_dims(gen.bundle.model, block)
     for t in extra_sizes:                                  # other verify sizes (the graph's T is dynamic)
-        tgt.steps.setdefault(t, HostStep(tgt.runner, "target", {**dims, "T": t}, tgt.HOST))
+        tgt.step(t)
     context = min(context, gen.max_context - chunk)
     ids = [(7 * i) % 1000 + 10 for i in range(context)]
     gen._prefill(ids, gen_sampling())                      # fills the caches with a real prefix
@@ -66,7 +63,8 @@ def measure(bundle: str, context: int, repeats: int, threads: int, spin: bool = 
             fn()
             times[name].append(time.perf_counter() - t)
     med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-    return {"bundle": bundle, "context": context, "block_size": block, "prefill_chunk": chunk, "repeats": repeats,
+    return {"bundle": bundle, "target_graph": tgt.GRAPH, "context": context, "block_size": block,
+            "prefill_chunk": chunk, "repeats": repeats,
             "threads": threads, "spin": spin, "median_ms": {k: round(v, 2) for k, v in med.items()},
             "verify_over_decode": round(med["verify"] / med["decode"], 3),
             "draft_plus_verify_over_decode": round((med["verify"] + med["draft"]) / med["decode"], 3)}

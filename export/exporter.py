@@ -103,9 +103,9 @@ def export_bundle(opts: ExportOptions, progress=None) -> Path:
     from tqdm import tqdm
 
     from .fetch import resolve_target
+    from .fused_graph import OPSET_FUSED, build_fused_target
     from .graphs import DrafterGraph, TargetGraph
     from .models import load_target
-    from .fused_graph import OPSET_FUSED, build_fused_target
     from .onnx_export import OPSET, export_graph
     from .parity import check_graphs
     from .resolve_drafter import resolve_drafter

@@ -148,7 +148,7 @@ class Generator:
             raise BundleError(f"target_graph={name!r}: {b.root} has no such target graph; it has "
                               f"{', '.join(n for n in b.manifest['graphs'] if n in TARGET_MODELS)}")
         target = TARGET_MODELS[name](open_graph(b.graph_path(name), config, profiles.get(name)), dims, capacity,
-                       (1, b.block_size, chunk), b.kv_dtype)
+                                     (1, b.block_size, chunk), b.kv_dtype)
         drafter = DraftModel(open_graph(b.graph_path("drafter"), config, profiles.get("drafter")), dims, capacity,
                              target.hidden, b.model["mask_token_id"], b.kv_dtype, max_ctx_rows=ranges["C"][2])
         return cls(b, ChatTokenizer.from_dir(b.root), target, drafter)

@@ -8,6 +8,11 @@ so new K/V land in the cache without a copy and rollback is moving `pos`.
 The target's `hidden` output is bound the same way into a `[capacity, N]` buffer; the drafter's
 `ctx_hidden` input is the slice of it it has not cached yet: no copy between the two graphs.
 Small per-step tensors (ids, `start`, logits, argmax ids) live in host numpy arrays bound once.
+
+The fused target flavour (`FusedTargetModel`, issue 12) keeps its cache per layer, head-major
+(`LayerKV`: layer i is `[1, Hkv, capacity, D]`), each slab bound as both the past input and the present
+output of onnxruntime's GroupQueryAttention: the op reads the prefix in place and writes only the new
+rows, so a step's cost grows with what attention reads, not with copying the cache.
 """
 from __future__ import annotations
 
