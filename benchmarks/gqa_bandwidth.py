@@ -39,7 +39,8 @@ def gqa_graph(layers: int, heads: int, kv_heads: int, head_dim: int, max_pos: in
         outputs += [helper.make_tensor_value_info(f"out.{i}", f32, [1, 1, heads * head_dim])]
         outputs += [helper.make_tensor_value_info(f"present_{kv}.{i}", f32, cache) for kv in ("key", "value")]
         nodes.append(helper.make_node(
-            "GroupQueryAttention", ["q", "k", "v", f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total", "cos", "sin"],
+            "GroupQueryAttention",
+            ["q", "k", "v", f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total", "cos", "sin"],
             [f"out.{i}", f"present_key.{i}", f"present_value.{i}"], domain="com.microsoft", num_heads=heads,
             kv_num_heads=kv_heads, do_rotary=1))
     graph = helper.make_graph(nodes, "gqa", inputs, outputs, tables)
@@ -70,7 +71,8 @@ def measure(contexts, threads: int, repeats: int, layers=30, heads=9, kv_heads=3
                 b.bind_input(f"past_{kv}.{i}", "cpu", 0, np.float32, past[i].shape, past[i].ctypes.data)
                 b.bind_output(f"present_{kv}.{i}", "cpu", 0, np.float32, pres[i].shape, pres[i].ctypes.data)
             b.bind_output(f"out.{i}", "cpu")
-        for name, arr in {**small, "seqlens_k": np.array([ctx], np.int32), "total": np.array(ctx + 1, np.int32)}.items():
+        lengths = {"seqlens_k": np.array([ctx], np.int32), "total": np.array(ctx + 1, np.int32)}
+        for name, arr in {**small, **lengths}.items():
             b.bind_cpu_input(name, arr)
         return lambda: sess.run_with_iobinding(b)
 

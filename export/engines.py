@@ -81,8 +81,9 @@ def build_engines(opts: EngineOptions) -> dict:
         raise DflashEdgeError(f"graph(s) {unknown} are not in {bundle.root}; it has {have}")
     fused = sorted(set(graphs) - set(portable_graphs(graphs)))
     if fused:
+        portable = ", ".join(portable_graphs(bundle.manifest["graphs"]))
         raise DflashEdgeError(f"graph(s) {fused} use onnxruntime-only fused ops that TensorRT cannot parse; "
-                              f"build the portable graphs instead ({', '.join(portable_graphs(bundle.manifest['graphs']))})")
+                              f"build the portable graphs instead ({portable})")
     trt = import_tensorrt()
     _warn_precision(opts.precision)
     for graph in graphs:

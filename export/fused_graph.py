@@ -92,11 +92,13 @@ class _Builder:
     def __init__(self, weights: WeightFile):
         self.weights, self.nodes, self.inits, self._n = weights, [], [], 0
 
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs) -> list[str]:
+    def op(self, op_type: str, inputs: list[str], outs: int | list[str] = 1, domain: str = "", **attrs) -> list[str]:
+        """Append a node; `outs`: how many outputs to name automatically, or their names. `attrs`: ONNX attributes."""
         from onnx import helper
 
         self._n += 1
-        outs = [f"{op_type}_{self._n}_{k}" for k in range(n_out)]
+        if isinstance(outs, int):
+            outs = [f"{op_type}_{self._n}_{k}" for k in range(outs)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=f"{op_type}_{self._n}", domain=domain, **attrs))
         return outs
 
@@ -128,10 +130,9 @@ def _head_norm(g: _Builder, x: str, norm, name: str, heads: int, head_dim: int, 
 
 def _skip_norm(g: _Builder, y: str, x: str, name: str, norm, eps: float) -> tuple[str, str]:
     """(RMSNorm(x + y), x + y) in one op: the residual add fused into the next norm."""
-    out = g.op("SkipSimplifiedLayerNormalization", [y, x, g.norm_weight(name, norm)], n_out=4, domain=MS,
-               epsilon=eps)
-    g.nodes[-1].output[1:3] = ["", ""]                                               # mean / inv-std: not needed
-    return out[0], out[3]
+    normed, _, _, total = g.op("SkipSimplifiedLayerNormalization", [y, x, g.norm_weight(name, norm)],
+                               [f"{name}.out", "", "", f"{name}.residual"], domain=MS, epsilon=eps)   # no mean/inv-std
+    return normed, total
 
 
 def _attention(g: _Builder, h: str, layer, i: int, io: dict) -> str:
@@ -144,12 +145,12 @@ def _attention(g: _Builder, h: str, layer, i: int, io: dict) -> str:
     if s.qk_norm:
         q = _head_norm(g, q, attn.q_norm, f"{name}.q_norm", s.num_heads, s.head_dim, s.rms_norm_eps)
         k = _head_norm(g, k, attn.k_norm, f"{name}.k_norm", s.num_kv_heads, s.head_dim, s.rms_norm_eps)
-    out = g.op("GroupQueryAttention",
+    out = g.op("GroupQueryAttention",                                                # present = past's buffer
                [q, k, v, f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length",
-                io["cos"], io["sin"]], n_out=3, domain=MS,
-               num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1, rotary_interleaved=0)
-    g.nodes[-1].output[1:] = [f"present_key.{i}", f"present_value.{i}"]             # the runtime binds both to past
-    return g.linear(out[0], attn.o_proj, f"{name}.o_proj")                           # [1, T, H]
+                io["cos"], io["sin"]],
+               [f"{name}.out", f"present_key.{i}", f"present_value.{i}"], domain=MS,
+               num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1, rotary_interleaved=0)[0]
+    return g.linear(out, attn.o_proj, f"{name}.o_proj")                              # [1, T, H]
 
 
 def _mlp(g: _Builder, h: str, mlp, name: str) -> str:
@@ -177,9 +178,8 @@ def build_fused_target(target, capture: tuple[int, ...], out: Path, data: Path,
     io = {"cos": g.init("rope.cos_cache", target.rope.cos[:, :half].numpy()),         # [P, D/2]: cos/sin scale
           "sin": g.init("rope.sin_cache", target.rope.sin[:, :half].numpy())}        # (yarn) already folded in
     x = g.op("Gather", [embed, "input_ids"])[0]                                      # [1, T, H]
-    h = g.op("RMSNormalization", [x, g.norm_weight("model.layers.0.input_layernorm",
-                                                                body.layers[0].input_layernorm)],
-             axis=-1, epsilon=eps)[0]
+    first_norm = g.norm_weight("model.layers.0.input_layernorm", body.layers[0].input_layernorm)
+    h = g.op("RMSNormalization", [x, first_norm], axis=-1, epsilon=eps)[0]
     captured = {}
     for i, layer in enumerate(body.layers):
         a = _attention(g, h, layer, i, io)
@@ -190,15 +190,13 @@ def build_fused_target(target, capture: tuple[int, ...], out: Path, data: Path,
         h, x = _skip_norm(g, m, x, "model.norm" if last else f"model.layers.{i + 1}.input_layernorm", nxt, eps)
         if i in capture:
             captured[i] = x
-    g.op("Concat", [captured[i] for i in capture], axis=-1)
-    g.nodes[-1].output[0] = "hidden"                                                 # [1, T, N]
-    head = embed if cfg.tie_word_embeddings else g.init("lm_head.weight", target.lm_head.weight.detach().float().numpy())
+    g.op("Concat", [captured[i] for i in capture], ["hidden"], axis=-1)              # [1, T, N]
+    head = embed if cfg.tie_word_embeddings else g.init("lm_head.weight",
+                                                        target.lm_head.weight.detach().float().numpy())   # [V, H]
     flat = g.op("Reshape", [h, g.const("shape_rows", [-1, cfg.hidden_size])])[0]     # [T, H]
     logits = g.op("Gemm", [flat, head], transB=1)[0]                                 # [T, V]
-    g.op("Reshape", [logits, g.const("shape_logits", [1, -1, cfg.vocab_size])])
-    g.nodes[-1].output[0] = "logits"                                                 # [1, T, V]
-    g.op("ArgMax", ["logits"], axis=-1, keepdims=0)
-    g.nodes[-1].output[0] = "next_ids"                                               # [1, T]
+    g.op("Reshape", [logits, g.const("shape_logits", [1, -1, cfg.vocab_size])], ["logits"])   # [1, T, V]
+    g.op("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0)                    # [1, T]
 
     dims = {"L": cfg.num_hidden_layers, "Hkv": cfg.num_key_value_heads, "D": cfg.head_dim, "V": cfg.vocab_size,
             "H": cfg.hidden_size, "N": len(capture) * cfg.hidden_size}

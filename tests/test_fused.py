@@ -69,7 +69,8 @@ class Oracle:
         ids = self.real.draft(last_token, ctx_end).copy()
         for k in range(1, len(ids) + 1):
             if ctx_end + k < len(self.full):
-                ids[k - 1] = self.full[ctx_end + k] if self.rng.random() < self.hit else (self.full[ctx_end + k] + 1) % 90
+                true = self.full[ctx_end + k]
+                ids[k - 1] = true if self.rng.random() < self.hit else (true + 1) % 90
         return ids
 
 
