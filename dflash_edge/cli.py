@@ -20,6 +20,7 @@ COMMANDS = {
     "export": ("dflash_edge.export.export_cli", "export target + drafter to an ONNX bundle"),
     "build-engines": ("dflash_edge.export.engines_cli", "build TensorRT engines for a bundle (needs TensorRT)"),
     "run": ("dflash_edge.runtime.run_cli", "generate from a bundle with the speculative runtime (streams text)"),
+    "quantize": ("dflash_edge.quantize.quantize_cli", "fp32 bundle -> int4/int8/fp16 bundle with a quality report"),
     "bench": ("dflash_edge.runtime.bench_cli", "speculative vs autoregressive tokens/s on a prompt set, lossless check"),
 }
 

@@ -1,7 +1,9 @@
-"""`dflash-edge export`: target + drafter -> bundle."""
+"""`dflash-edge export`: target + drafter -> bundle (`--precision` other than fp32: export, then quantise)."""
 from __future__ import annotations
 
 from .exporter import ExportOptions, export_bundle
+
+PRECISIONS = ("fp32", "fp16", "int8", "int4")     # dflash_edge.quantize.precisions.PRECISIONS
 
 
 def add_arguments(p) -> None:
@@ -17,10 +19,18 @@ def add_arguments(p) -> None:
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime-vs-torch parity check")
     p.add_argument("--no-fused", action="store_true",
                    help="write only the portable target graph (no GroupQueryAttention `target_fused` flavour)")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="quantise both graphs after export (`dflash-edge quantize` defaults, quality report included)")
 
 
 def run(args) -> int:
-    export_bundle(ExportOptions(out=args.out, target=args.target, draft=args.draft, block_size=args.block_size,
-                                max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
-                                verify=not args.no_verify, draft_vocab=args.draft_vocab, fused=not args.no_fused))
+    opts = ExportOptions(out=args.out, target=args.target, draft=args.draft, block_size=args.block_size,
+                         max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
+                         verify=not args.no_verify, draft_vocab=args.draft_vocab, fused=not args.no_fused)
+    if args.precision == "fp32":
+        export_bundle(opts)
+    else:
+        from dflash_edge.quantize.bundle_quant import export_quantized
+
+        export_quantized(export_bundle, opts, args.precision)
     return 0

@@ -1,1 +1,9 @@
-"""dflash_edge.quantize — see DESIGN.md §2."""
+"""dflash_edge.quantize — bundle -> smaller bundle (+ quality report); see DESIGN.md §2.
+
+One module per precision family (`fp16.py`, `int8.py`, `int4.py`, the shared tied embedding / LM head
+in `tied_embedding.py`), the bundle-to-bundle orchestrator (`bundle_quant.py`), the quality report
+(`quality.py`) and the CLI verb (`quantize_cli.py`). Heavy imports stay inside the functions.
+
+>>> from dflash_edge.quantize.bundle_quant import QuantizeOptions, quantize_bundle   # doctest: +SKIP
+>>> quantize_bundle(QuantizeOptions("bundle/", "bundle-int4/", target="int4", draft="int8"))  # doctest: +SKIP
+"""

@@ -25,18 +25,21 @@ MANIFEST = "manifest.json"
 SCHEMA: dict[str, tuple[str, ...] | None] = {
     "": ("format", "manifest_version", "exporter_version", "created", "model", "block_size",
          "trained_block_size", "max_context", "prefill_chunk", "kv_cache", "shared_weights", "graphs",
-         "tokenizer", "source", "engines"),
+         "tokenizer", "source", "engines",
+         "quality"),                                  # quality: quantize's report file (path, bytes, sha256)
     "model": ("family", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
               "draft_num_layers", "target_layer_ids", "mask_token_id", "eos_token_ids", "bos_token_id",
               "max_position_embeddings", "draft_vocab_size"),
     "kv_cache": ("layout", "dtype", "slack"),
     "tokenizer": ("file", "config"),
-    "graph": ("files", "precision", "io", "static_shapes", "opset", "flavour"),   # flavour: io_tables.FLAVOURS
+    "graph": ("files", "precision", "io", "static_shapes", "opset", "flavour",   # flavour: io_tables.FLAVOURS
+              "quantization"),                        # quantization: tool, settings, what was lowered
     "source": None,
     "shared_weights": None,
     "engines": None,
 }
-OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset", "draft_vocab_size", "flavour"}
+OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset", "draft_vocab_size", "flavour",
+            "quality", "quantization"}
 KV_LAYOUT = "S,L,Hkv,D"
 
 
@@ -128,6 +131,7 @@ def read_bundle(path: str | Path, verify: bool = True) -> Bundle:
     validate_manifest(manifest, str(mpath))
     entries = [e for g in manifest["graphs"].values() for e in g["files"]]
     entries += [{"path": manifest["tokenizer"]["file"]}]
+    entries += [manifest["quality"]] if "quality" in manifest else []
     for entry in entries:
         fpath = root / entry["path"]
         if not fpath.is_file():

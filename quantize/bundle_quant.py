@@ -1,0 +1,148 @@
+"""`quantize_bundle`: an fp32 bundle -> a new bundle with each graph at its requested precision.
+
+Same contract as the input (manifest, sha256 per file, I/O tables, fp32 KV); `--draft` sets the graph
+named "drafter", `--target` every other graph in the manifest. Written to a hidden temp folder beside
+the output and renamed into place only when complete (an interrupted run leaves nothing bundle-like);
+the input bundle is only read.
+
+>>> quantize_bundle(QuantizeOptions("bundle/", "bundle-int4/", target="int4", draft="int8"))  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import copy
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_edge.runtime import bundle as bundle_mod
+
+from .precisions import QuantizeError, QuantSettings, check_lowering, check_precision
+from .quality import ReportOptions
+
+QUALITY_FILE = "quality.json"
+DRAFTER = "drafter"
+
+
+@dataclass
+class QuantizeOptions:
+    bundle: str | Path                   # input bundle (any precision; only fp32 graphs are lowered)
+    out: str | Path
+    target: str = "int4"                 # precision of every graph but the drafter
+    draft: str = "int8"                  # precision of the drafter graph
+    force: bool = False
+    settings: QuantSettings = field(default_factory=QuantSettings)
+    report: ReportOptions | None = field(default_factory=ReportOptions)   # None: no quality report
+
+
+def family(precision: str):
+    """The module that lowers a graph to `precision` (each has `quantize(model, settings) -> info`)."""
+    import importlib
+
+    return importlib.import_module(f"{__package__}.{check_precision(precision)}")
+
+
+def wanted(opts: QuantizeOptions, graph: str) -> str:
+    return opts.draft if graph == DRAFTER else opts.target
+
+
+def _check_out(src: Path, out: Path, force: bool) -> None:
+    src, res = src.resolve(), out.resolve()
+    if res == src or src in res.parents:
+        raise QuantizeError(f"--out {out} is inside the input bundle {src}; write the new bundle elsewhere")
+    if res in src.parents:
+        raise QuantizeError(f"--out {out} contains the input bundle {src} (replacing it would delete the input); "
+                            f"choose another folder")
+    if out.exists() and not force:
+        raise QuantizeError(f"{out} already exists; pass --force to replace it")
+
+
+def _lower_graph(src: bundle_mod.Bundle, name: str, want: str, tmp: Path, settings: QuantSettings) -> dict:
+    """Write graph `name` at `want` into `tmp`; returns its manifest entry."""
+    from .graph_io import load_graph, save_graph
+
+    entry = copy.deepcopy(src.manifest["graphs"][name])
+    if want == entry["precision"]:                        # kept as it is: copy the files byte for byte
+        for f in entry["files"]:
+            shutil.copy2(src.root / f["path"], tmp / f["path"])
+        return entry
+    t = time.perf_counter()
+    model = load_graph(src.graph_path(name))
+    info = family(want).quantize(model, settings)
+    names = save_graph(model, tmp / entry["files"][0]["path"])
+    entry["files"] = [bundle_mod.file_entry(tmp, n) for n in names]
+    entry["precision"] = want
+    entry["quantization"] = {"from": "fp32", "tool": f"onnxruntime {_ort_version()}", "settings": settings.to_dict(),
+                             **info, "seconds": round(time.perf_counter() - t, 1)}
+    return entry
+
+
+def _ort_version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
+def quantize_bundle(opts: QuantizeOptions, log=sys.stderr) -> Path:
+    """Lower the bundle's graphs, write the quality report (unless `opts.report` is None), publish atomically."""
+    from dflash_edge.runtime.publish import publish_dir
+
+    src = bundle_mod.read_bundle(opts.bundle, verify=True)      # a file failing its sha256 stops here
+    out = Path(opts.out).expanduser()
+    graphs = src.manifest["graphs"]
+    for name, graph in graphs.items():
+        check_lowering(name, graph["precision"], wanted(opts, name))
+    _check_out(src.root, out, opts.force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        manifest = copy.deepcopy(src.manifest)
+        manifest.pop("engines", None)                              # TensorRT engines were built for the old graphs
+        manifest.pop("quality", None)
+        for name in graphs:
+            print(f"quantize: {name} -> {wanted(opts, name)}", file=log)
+            manifest["graphs"][name] = _lower_graph(src, name, wanted(opts, name), tmp, opts.settings)
+        for key in ("file", "config"):
+            if src.manifest["tokenizer"].get(key):
+                shutil.copy2(src.root / src.manifest["tokenizer"][key], tmp / src.manifest["tokenizer"][key])
+        manifest.setdefault("source", {})["quantized_from"] = str(src.root.resolve())
+        bundle_mod.write_manifest(tmp, manifest)
+        if opts.report is not None:
+            from .quality import format_report, quality_report, write_report
+
+            report = quality_report(src.root, tmp, opts.report, log=log)
+            manifest["quality"] = write_report(tmp, QUALITY_FILE, report)
+            bundle_mod.write_manifest(tmp, manifest)
+            print(format_report(report), file=log)
+        publish_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    sizes = ", ".join(f"{n} {g['precision']} {sum(f['bytes'] for f in g['files']) / 1e6:.1f} MB"
+                      for n, g in manifest["graphs"].items())
+    print(f"quantized {out} ({sizes})", file=log)
+    return out
+
+
+def export_quantized(export, opts, precision: str, report: ReportOptions | None = None) -> Path:
+    """`export --precision`: `export(opts)` an fp32 bundle into a temp folder, quantise it into `opts.out`.
+
+    `export` is `dflash_edge.export.exporter.export_bundle`, passed in (quantize/ does not import export/);
+    `report` defaults to the full quality report.
+    """
+    import dataclasses
+
+    check_precision(precision)
+    out = Path(opts.out).expanduser()
+    if out.exists() and not opts.force:
+        raise QuantizeError(f"{out} already exists; pass --force to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.fp32-", dir=out.parent))
+    try:
+        fp32 = export(dataclasses.replace(opts, out=tmp / "fp32", force=True))
+        return quantize_bundle(QuantizeOptions(fp32, out, target=precision, draft=precision, force=opts.force,
+                                               report=report or ReportOptions()))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,162 @@
+"""Quality report of a quantised bundle against its fp32 reference (JSON in the bundle, a table for humans).
+
+Text: held-out prompts (`train/data/heldout_prompts.jsonl` unless `prompts` names a JSONL with "prompt"
+fields), each followed by the reference (fp32) target's own greedy reply, teacher-forced through both
+targets in prefill-sized chunks. Measured on the reply positions:
+  top1_agreement  share of positions where both targets' argmax agree
+  perplexity      of the reply tokens under each target (low for the reference: they are its own picks)
+Then on the first `accept_prompts` prompts, each bundle generates with its drafter (mean acceptance
+length, tokens/s) and the quantised one also plainly (ms/token; and whether both outputs are equal).
+
+>>> report = quality_report("bundle/", "bundle-int4/", ReportOptions(positions=2048))   # doctest: +SKIP
+>>> print(format_report(report))                                                      # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class ReportOptions:
+    positions: int = 2048           # teacher-forced reply positions (at least; whole replies)
+    max_new_tokens: int = 128       # per reference reply
+    accept_prompts: int = 8         # prompts for acceptance length and speed
+    prompts: str | None = None      # JSONL with "prompt" fields (default: the held-out training prompts)
+    threads: int = 0                # onnxruntime intra-op threads (0: one per CPU)
+
+
+def default_prompts_file() -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("dflash_edge.train").joinpath("data", "heldout_prompts.jsonl")))
+
+
+def load_prompts(path: str | Path | None) -> list[str]:
+    path = Path(path) if path else default_prompts_file()
+    return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def teacher_forced_logits(gen, ids: list[int], rows: slice) -> np.ndarray:
+    """Logits [rows, V] of the target on `ids` run in prefill chunks from an empty cache (row i predicts i+1)."""
+    size, n = gen.prefill_chunk, len(ids)
+    step = gen.target.steps[size]
+    out = np.empty((n, step["logits"].shape[-1]), np.float32)        # [n, V]
+    for start in range(0, n, size):
+        chunk = ids[start:start + size]
+        step["input_ids"][0, :len(chunk)] = chunk
+        step["input_ids"][0, len(chunk):] = chunk[-1]                   # padding of the last chunk: causal, ignored
+        gen.target.forward(size, start)
+        out[start:start + len(chunk)] = step["logits"][0, :len(chunk)]
+    gen.target.kv.pos = 0
+    return out[rows]
+
+
+def _log_softmax_at(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """log p(tokens[i] | row i) for logits [n, V]."""
+    top = logits.max(axis=-1, keepdims=True)                           # [n, 1]
+    lse = top[:, 0] + np.log(np.exp(logits - top).sum(axis=-1))        # [n]
+    return logits[np.arange(len(tokens)), tokens] - lse
+
+
+def _text_metrics(ref, quant, texts: list[tuple[list[int], list[int]]]) -> dict:
+    agree = total = 0
+    nll = {"reference": 0.0, "quantized": 0.0}
+    for prompt, reply in texts:
+        ids, rows = prompt + reply, slice(len(prompt) - 1, len(prompt) + len(reply) - 1)
+        tokens = np.asarray(reply)
+        lr, lq = teacher_forced_logits(ref, ids, rows), teacher_forced_logits(quant, ids, rows)   # [len(reply), V]
+        agree += int((lr.argmax(-1) == lq.argmax(-1)).sum())
+        total += len(reply)
+        nll["reference"] -= float(_log_softmax_at(lr, tokens).sum())
+        nll["quantized"] -= float(_log_softmax_at(lq, tokens).sum())
+    return {"positions": total, "top1_agreement": agree / max(total, 1),
+            "perplexity": {k: float(np.exp(v / max(total, 1))) for k, v in nll.items()}}
+
+
+def _ms_per_token(res) -> float:
+    s = res.stats
+    return 1e3 * s.decode_s / max(s.new_tokens - 1, 1)
+
+
+def _speeds(ref, quant, texts, opts: ReportOptions, plain_ref_ms: list[float]) -> dict:
+    taus = {"reference": [], "quantized": []}
+    spec_ms = {"reference": [], "quantized": []}
+    plain_q, lossless = [], True
+    for prompt, _ in texts[:opts.accept_prompts]:
+        for key, gen in (("reference", ref), ("quantized", quant)):
+            res = gen.generate_ids(prompt, opts.max_new_tokens, use_draft=True)
+            taus[key] += res.stats.acceptance_lengths
+            spec_ms[key].append(_ms_per_token(res))
+            if key == "quantized":
+                plain = gen.generate_ids(prompt, opts.max_new_tokens, use_draft=False)
+                plain_q.append(_ms_per_token(plain))
+                lossless &= plain.token_ids == res.token_ids
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0   # noqa: E731
+    return {"acceptance_length": {k: mean(v) for k, v in taus.items()},
+            "plain_ms_per_token": {"reference": statistics.median(plain_ref_ms), "quantized": statistics.median(plain_q)},
+            "speculative_ms_per_token": {k: statistics.median(v) for k, v in spec_ms.items()},
+            "speculative_equals_plain": lossless, "speed_prompts": len(plain_q)}
+
+
+def quality_report(reference: str | Path, quantized: str | Path, opts: ReportOptions, log=sys.stderr) -> dict:
+    """Compare bundle `quantized` with its fp32 `reference` (both bundle folders); returns the report dict."""
+    from dflash_edge.runtime import Generator
+    from dflash_edge.runtime.bundle import read_bundle
+
+    ref = Generator.load(reference, threads=opts.threads, verify=False)
+    quant = Generator.load(read_bundle(quantized, verify=False), threads=opts.threads)
+    texts, plain_ref_ms, positions = [], [], 0
+    prompts = load_prompts(opts.prompts)
+    for prompt in prompts:
+        if positions >= opts.positions:
+            break
+        ids = ref.encode(prompt)
+        res = ref.generate_ids(ids, opts.max_new_tokens, use_draft=False)
+        texts.append((ids, res.token_ids))
+        plain_ref_ms.append(_ms_per_token(res))
+        positions += len(res.token_ids)
+        print(f"quality: reference replies {positions}/{opts.positions} positions", file=log, end="\r")
+    print(file=log)
+    sizes = {name: {"reference": sum(f["bytes"] for f in ref.bundle.manifest["graphs"][name]["files"]),
+                    "quantized": sum(f["bytes"] for f in g["files"]), "precision": g["precision"]}
+             for name, g in quant.bundle.manifest["graphs"].items()}
+    total = {k: sum(s[k] for s in sizes.values()) for k in ("reference", "quantized")}
+    return {"reference_bundle": str(Path(reference).resolve()),
+            "text": {"prompts_file": str(Path(opts.prompts) if opts.prompts else default_prompts_file()),
+                     "prompts": len(texts), "replies": "the reference target's greedy replies",
+                     "max_new_tokens": opts.max_new_tokens},
+            **_text_metrics(ref, quant, texts),
+            **_speeds(ref, quant, texts, opts, plain_ref_ms),
+            "bytes": {"graphs": sizes, "total": total, "ratio": total["quantized"] / total["reference"]},
+            "options": asdict(opts)}
+
+
+def write_report(root: Path, name: str, report: dict) -> dict:
+    """Write `root/name` (JSON); returns its manifest entry (path, bytes, sha256)."""
+    from dflash_edge.runtime.bundle import file_entry
+
+    (root / name).write_text(json.dumps(report, indent=2) + "\n")
+    return file_entry(root, name)
+
+
+def format_report(r: dict) -> str:
+    """A short table for humans."""
+    ppl, tau = r["perplexity"], r["acceptance_length"]
+    plain, spec = r["plain_ms_per_token"], r["speculative_ms_per_token"]
+    mb = {k: v / 1e6 for k, v in r["bytes"]["total"].items()}
+    rows = [("", "reference", "quantized"),
+            ("bytes (MB)", f"{mb['reference']:.1f}", f"{mb['quantized']:.1f} ({r['bytes']['ratio']:.0%})"),
+            ("perplexity", f"{ppl['reference']:.3f}", f"{ppl['quantized']:.3f}"),
+            ("acceptance length", f"{tau['reference']:.3f}", f"{tau['quantized']:.3f}"),
+            ("plain ms/token", f"{plain['reference']:.1f}", f"{plain['quantized']:.1f}"),
+            ("speculative ms/token", f"{spec['reference']:.1f}", f"{spec['quantized']:.1f}")]
+    lines = [f"top-1 agreement {r['top1_agreement']:.2%} over {r['positions']} positions "
+             f"({r['text']['prompts']} prompts); speculative == plain: {r['speculative_equals_plain']}"]
+    lines += [f"  {a:<22}{b:>12}{c:>20}" for a, b, c in rows]
+    return "\n".join(lines)

@@ -1,0 +1,276 @@
+"""Quantised bundles (issue 12): each precision round-trips losslessly against its own target; manifest,
+hashes and report fields; every bad input. Tier 1 on tiny in-process bundles; tier 2 on SmolLM2 at int4."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from fixtures_bundle import tiny_bundle  # noqa: F401  (fixture)
+
+PROMPTS = [[5, 17, 33, 42, 8], [90, 1, 64, 12, 77, 3, 3, 19, 45, 60, 11], [(13 * i) % 90 + 3 for i in range(29)]]
+CASES = [("int4", "int4"), ("int8", "int8"), ("fp16", "fp16"), ("int4", "fp32")]
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": " ".join(f"t{(7 * i + k) % 90 + 3}" for k in range(n))}) + "\n"
+                            for i, n in enumerate((5, 11, 3, 8))))
+    return str(path)
+
+
+def quantize(src, out, target, draft, report=None, **settings):
+    from dflash_edge.quantize.bundle_quant import QuantizeOptions, quantize_bundle
+    from dflash_edge.quantize.precisions import QuantSettings
+
+    return quantize_bundle(QuantizeOptions(src, out, target=target, draft=draft, force=True, report=report,
+                                           settings=QuantSettings(**settings)))
+
+
+def small_report(prompts_file):
+    from dflash_edge.quantize.quality import ReportOptions
+
+    return ReportOptions(positions=24, max_new_tokens=12, accept_prompts=2, prompts=prompts_file, threads=1)
+
+
+@pytest.fixture(scope="module")
+def quantized(tiny_bundle, tmp_path_factory, prompts_file):
+    """(target, draft) -> quantised copy of the tied tiny llama bundle (block 8), each built once."""
+    built = {}
+
+    def get(target, draft, variant="llama"):
+        if (target, draft, variant) not in built:
+            out = tmp_path_factory.mktemp(f"q-{variant}-{target}-{draft}") / "bundle"
+            src = tiny_bundle(variant, 8).path
+            built[target, draft, variant] = quantize(src, out, target, draft, report=small_report(prompts_file))
+        return built[target, draft, variant]
+
+    return get
+
+
+# ---- lossless against the bundle's own target ------------------------------------------------------
+@pytest.mark.parametrize("target,draft", CASES)
+def test_each_precision_is_lossless_against_its_own_target(quantized, target, draft):
+    from dflash_edge.runtime import Generator
+
+    gen = Generator.load(quantized(target, draft), threads=1)
+    for prompt in PROMPTS:
+        spec = gen.generate_ids(prompt, 40, stop_token_ids=())
+        plain = gen.generate_ids(prompt, 40, use_draft=False, stop_token_ids=())
+        assert spec.token_ids == plain.token_ids and len(plain.token_ids) == 40
+        assert spec.stats.acceptance_lengths            # the drafter really ran
+
+
+def test_untied_model_quantises_its_embedding_and_head(quantized):
+    """qwen3 (untied): the embedding Gather alone becomes 4-bit blocks, the LM head a MatMulNBits."""
+    import onnx
+
+    from dflash_edge.runtime import Generator
+
+    path = quantized("int4", "int4", variant="qwen3")
+    ops = [n.op_type for n in onnx.load(str(path / "target.onnx"), load_external_data=False).graph.node]
+    assert "GatherBlockQuantized" in ops and "Gemm" not in ops and ops.count("MatMulNBits") == 6 * 7 + 1
+    gen = Generator.load(path, threads=1)
+    spec = gen.generate_ids(PROMPTS[1], 30, stop_token_ids=())
+    assert spec.token_ids == gen.generate_ids(PROMPTS[1], 30, use_draft=False, stop_token_ids=()).token_ids
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_tied_embedding_and_head_share_one_block_quantised_tensor(bits):
+    """Gather(W) + Gemm(x, W, transB=1) (the exporter's tied LM head) -> one packed tensor feeding
+    GatherBlockQuantized and MatMulNBits; both equal the numpy dequantisation of that tensor."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dflash_edge.quantize.tied_embedding import quantize_tied_embedding
+
+    v, h, bs = 256, 64, 32
+    w = np.random.default_rng(0).standard_normal((v, h)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["W", "ids"], ["emb"]), helper.make_node("Shape", ["emb"], ["s"]),
+             helper.make_node("Reshape", ["emb", "flat"], ["x"]),
+             helper.make_node("Gemm", ["x", "W"], ["logits"], transB=1)]
+    graph = helper.make_graph(nodes, "tied", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "T"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("emb", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array([-1, h]), "flat")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert quantize_tied_embedding(model, bits, bs, accuracy_level=0) == ["W"]
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert "W" not in inits and [n.op_type for n in model.graph.node].count("Gemm") == 0
+    packed, scales = inits[f"W_Q{bits}"], inits["W_scales"]                 # [V, H/bs, bs*bits/8], [V, H/bs]
+    if bits == 4:
+        q = np.stack([packed & 15, packed >> 4], -1).reshape(v, h // bs, bs).astype(np.float32) - 8
+    else:
+        q = packed.reshape(v, h // bs, bs).astype(np.float32) - 128
+    deq = (q * scales[..., None]).reshape(v, h)                                # [V, H]
+    assert np.abs(deq - w).max() <= np.abs(w).max() / (7 if bits == 4 else 127)
+    ids = np.array([[3, 7, 200, 255]])
+    logits, emb = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"ids": ids})
+    np.testing.assert_allclose(emb[0], deq[ids[0]], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(logits, deq[ids[0]] @ deq.T, rtol=1e-4, atol=1e-3)
+
+
+# ---- manifest, hashes, report ----------------------------------------------------------------------
+def test_manifest_hashes_and_report(quantized, tiny_bundle):
+    import onnx
+
+    from dflash_edge.runtime.bundle import read_bundle, sha256_file
+
+    src = tiny_bundle("llama", 8).path
+    before = {p.name: sha256_file(p) for p in src.iterdir() if p.is_file()}
+    b = read_bundle(quantized("int4", "int8"), verify=True)
+    assert {p.name: sha256_file(p) for p in src.iterdir() if p.is_file()} == before     # input untouched
+    graphs = b.manifest["graphs"]
+    assert graphs["target"]["precision"] == "int4" and graphs["drafter"]["precision"] == "int8"
+    q = graphs["target"]["quantization"]
+    assert q["settings"] == {"block_size": 32, "accuracy_level": 4, "embedding_bits": 0, "symmetric": True,
+                             "algorithm": "rtn"}
+    # 6 layers x 7 projections + the LM head (too small for the exporter to share with the embedding)
+    assert q["embedding_bits"] == 4 and q["embedding"] and q["matmul_nbits"] == 6 * 7 + 1
+    assert graphs["drafter"]["quantization"]["embedding_bits"] == 8
+    for g in graphs.values():
+        for f in g["files"]:
+            assert sha256_file(b.root / f["path"]) == f["sha256"] and (b.root / f["path"]).stat().st_size == f["bytes"]
+    ops = {n.op_type for n in onnx.load(str(b.graph_path("target")), load_external_data=False).graph.node}
+    assert {"MatMulNBits", "GatherBlockQuantized"} <= ops and "Gather" in ops   # Gather left: shapes, rope
+    for entry in graphs["target"]["io"]["inputs"] + graphs["target"]["io"]["outputs"]:
+        assert entry["dtype"] in ("int64", "float32")                                   # KV and I/O stay fp32
+    report = json.loads((b.root / b.manifest["quality"]["path"]).read_text())
+    assert report["positions"] >= 24 and 0.0 <= report["top1_agreement"] <= 1.0
+    assert set(report["perplexity"]) == {"reference", "quantized"} and all(
+        np.isfinite(v) and v >= 1.0 for v in report["perplexity"].values())
+    assert report["acceptance_length"]["quantized"] >= 1.0 and report["speculative_equals_plain"] is True
+    assert report["bytes"]["graphs"]["target"]["quantized"] < report["bytes"]["graphs"]["target"]["reference"]
+    assert report["plain_ms_per_token"]["quantized"] > 0 and "engines" not in b.manifest
+
+
+def test_keeping_fp32_copies_graphs_byte_for_byte(quantized, tiny_bundle):
+    from dflash_edge.runtime.bundle import read_bundle
+
+    src = read_bundle(tiny_bundle("llama", 8).path)
+    b = read_bundle(quantized("int4", "fp32"))
+    assert b.manifest["graphs"]["drafter"] == src.manifest["graphs"]["drafter"]
+
+
+def test_quantised_top1_agrees_with_fp32_on_tiny_model(quantized):
+    """int8 (8-bit weights) stays close to fp32; the report measures it rather than assuming it."""
+    from dflash_edge.runtime.bundle import read_bundle
+
+    b = read_bundle(quantized("int8", "int8"))
+    report = json.loads((b.root / "quality.json").read_text())
+    assert report["top1_agreement"] >= 0.9
+
+
+def test_export_precision_is_export_then_quantise(tiny_bundle, tmp_path, prompts_file):
+    from dflash_edge.export.exporter import ExportOptions, export_bundle
+    from dflash_edge.quantize.bundle_quant import export_quantized
+    from dflash_edge.runtime import Generator
+
+    root = tiny_bundle("llama", 8).path.parent
+    opts = ExportOptions(out=tmp_path / "int4", target=str(root / "target"), draft=str(root / "drafter"),
+                         block_size=8, max_context=128, prefill_chunk=8, verify=False)
+    out = export_quantized(export_bundle, opts, "int4", report=small_report(prompts_file))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["int4"]                    # no fp32 leftovers
+    gen = Generator.load(out, threads=1)
+    assert {g["precision"] for g in gen.bundle.manifest["graphs"].values()} == {"int4"}
+    assert gen.generate_ids(PROMPTS[0], 20).token_ids == gen.generate_ids(PROMPTS[0], 20, use_draft=False).token_ids
+
+
+# ---- bad input -------------------------------------------------------------------------------------
+def test_unknown_precision(tiny_bundle, tmp_path):
+    from dflash_edge.quantize.precisions import QuantizeError
+
+    with pytest.raises(QuantizeError, match="unknown precision 'int3'"):
+        quantize(tiny_bundle("llama", 8).path, tmp_path / "out", "int3", "int8")
+    assert not (tmp_path / "out").exists()
+
+
+def test_raising_or_requantising_a_quantised_graph(quantized, tmp_path):
+    from dflash_edge.quantize.precisions import QuantizeError
+
+    src = quantized("int4", "int8")
+    with pytest.raises(QuantizeError, match="already int4: cannot raise it to fp16"):
+        quantize(src, tmp_path / "a", "fp16", "int8")
+    with pytest.raises(QuantizeError, match="'drafter' is already int8: cannot re-quantise it to int4"):
+        quantize(src, tmp_path / "b", "int4", "int4")
+
+
+def test_out_inside_input_or_existing(tiny_bundle, tmp_path):
+    from dflash_edge.quantize.bundle_quant import QuantizeOptions, quantize_bundle
+    from dflash_edge.quantize.precisions import QuantizeError
+
+    src = tiny_bundle("llama", 8).path
+    with pytest.raises(QuantizeError, match="inside the input bundle"):
+        quantize(src, src / "int4", "int4", "int8")
+    with pytest.raises(QuantizeError, match="contains the input bundle"):
+        quantize(src, src.parent, "int4", "int8")
+    (tmp_path / "exists").mkdir()
+    with pytest.raises(QuantizeError, match="already exists; pass --force"):
+        quantize_bundle(QuantizeOptions(src, tmp_path / "exists", report=None))
+    assert not (src / "int4").exists()
+
+
+def test_bundle_failing_its_sha256(tiny_bundle, tmp_path):
+    from dflash_edge.runtime.bundle import BundleError
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_bundle("llama", 8).path, bad)
+    with open(bad / "target.onnx.data", "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(BundleError, match="sha256 does not match"):
+        quantize(bad, tmp_path / "out", "int4", "int8")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["save_graph", "quality_report"])
+def test_interrupted_quantisation_leaves_nothing_bundle_like(tiny_bundle, tmp_path, monkeypatch, prompts_file, where):
+    import dflash_edge.quantize.graph_io as graph_io
+    import dflash_edge.quantize.quality as quality
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(graph_io if where == "save_graph" else quality, where, boom)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        quantize(tiny_bundle("llama", 8).path, out, "int4", "int8", report=small_report(prompts_file))
+    assert list(tmp_path.iterdir()) == []                    # no output, no partial folder
+
+
+def test_cli_errors_are_one_line_and_exit_2(tiny_bundle, tmp_path, capsys):
+    from dflash_edge.cli import main
+
+    src = str(tiny_bundle("llama", 8).path)
+    assert main(["quantize", src, "--out", str(tmp_path / "o"), "--target", "int2", "--no-report"]) == 2
+    assert "unknown precision 'int2'" in capsys.readouterr().err
+    assert main(["quantize", src, "--out", str(tmp_path / "o"), "--block-size", "24", "--no-report"]) == 2
+    assert "power of two" in capsys.readouterr().err
+
+
+# ---- tier 2: the default model at int4 -------------------------------------------------------------
+@pytest.mark.tier2
+def test_smollm2_int4_speculative_equals_plain(smollm2_dir, tmp_path_factory):
+    from dflash_edge.export.exporter import ExportOptions, export_bundle
+    from dflash_edge.runtime import Generator
+
+    root = tmp_path_factory.mktemp("smollm2-int4")
+    fp32 = export_bundle(ExportOptions(out=root / "fp32", target=str(smollm2_dir), draft="default", verify=False),
+                         progress=False)
+    q = quantize(fp32, root / "int4", "int4", "int8")
+    shutil.rmtree(fp32)
+    gen = Generator.load(q)
+    for prompt in ["Why is the sky blue?", "Write a Python function that reverses a string.",
+                   "List three uses of a paperclip."]:
+        ids = gen.encode(prompt)
+        spec = gen.generate_ids(ids, 64, stop_token_ids=())
+        plain = gen.generate_ids(ids, 64, use_draft=False, stop_token_ids=())
+        assert spec.token_ids == plain.token_ids
+        assert spec.stats.mean_acceptance_length > 1.0     # the shipped drafter still drafts useful tokens
