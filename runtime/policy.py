@@ -10,8 +10,8 @@ c(j), the chance that proposal token j is right when the ones before it were, is
 and position from what the target actually commits (`observe` + `commit`): a proposal is checked
 against the committed tokens even beyond the k that were verified, and even when it was not verified at
 all (a drafter *probe*: draft, then decode plainly; probes back off 1, 2, 4 .. `max_backoff` steps while
-drafting does not pay). Step times are running averages; verify(k) = decode * ratio(k) * scale, with
-ratio from the tuned file (tuning.py) or a linear prior, and `scale` following the measured verify times.
+drafting does not pay). Step times are running averages; verify(k) = decode * (1 + (ratio(k) - 1) * scale),
+ratio(k) from the tuned file (tuning.py) or a linear prior, `scale` fitted to the measured verify times.
 Whatever runs, every committed token is the target's own, so the output does not depend on the choice.
 
 >>> p = AdaptivePolicy(block_size=8)
@@ -38,15 +38,23 @@ class Choice:
 
 
 class Acceptance:
-    """Per-position conditional acceptance c(j) of one source, decayed counts plus a prior."""
+    """Per-position conditional acceptance c(j) of one source: counts decayed per proposal, plus a prior.
+
+    Decaying every position at each proposal (not only those observed) lets positions that are no
+    longer reached fall back to the prior instead of keeping an old, better, estimate.
+    """
 
     def __init__(self, size: int, prior: list[float], weight: float, decay: float):
         self.prior, self.weight, self.decay = np.asarray(prior, float), weight, decay   # [size]
         self.hits, self.trials = np.zeros(size), np.zeros(size)                        # [size], j-1 at index
 
+    def new_proposal(self) -> None:
+        self.hits *= self.decay
+        self.trials *= self.decay
+
     def record(self, j: int, hit: bool) -> None:
-        self.hits[j - 1] = self.decay * self.hits[j - 1] + hit
-        self.trials[j - 1] = self.decay * self.trials[j - 1] + 1
+        self.hits[j - 1] += hit
+        self.trials[j - 1] += 1
 
     def expected(self) -> np.ndarray:
         """E(k) for k = 0..size: 1 + cumulative sums of S(j)."""
@@ -72,7 +80,7 @@ class AdaptivePolicy:
             self.ratio = 1.0 + 0.04 * ks                            # ~1.6 at block 16 on a 2-core CPU (fp32)
             drafter_prior = [0.3] * self.kmax
             self.decode_s = self.draft_s = None
-        self.scale = 1.0                                            # measured / modelled verify time
+        self.scale = 1.0                                            # measured / modelled extra verify time
         self.acc = {"drafter": Acceptance(self.kmax, drafter_prior, weight=8.0 if tuned else 2.0, decay=0.98),
                     "lookup": Acceptance(self.kmax, [0.6] * self.kmax, weight=2.0, decay=0.9)}
         self.pending: dict[str, tuple[int, list[int], int]] = {}    # source -> (first position, tokens, checked)
@@ -81,7 +89,8 @@ class AdaptivePolicy:
 
     # ---- the decision -----------------------------------------------------------------------------------
     def verify_s(self, k: np.ndarray | int):
-        return self.decode_s * self.ratio[k] * self.scale
+        """Modelled target step time for k proposals: decode plus the (scaled) extra cost of k more rows."""
+        return self.decode_s * (1.0 + (self.ratio[k] - 1.0) * self.scale)
 
     def choose(self, lookup_len: int, room: int) -> Choice:
         """The step to run, given the lookup proposal's length and the tokens the output may still take."""
@@ -118,13 +127,15 @@ class AdaptivePolicy:
             self.draft_s = _avg(self.draft_s, draft_seconds, self.smoothing)
         if choice.source == "plain":
             self.decode_s = _avg(self.decode_s, seconds, self.smoothing)
-        elif self.decode_s is not None:
-            self.scale = _avg(self.scale, seconds / (self.decode_s * self.ratio[choice.k]), self.smoothing)
+        elif self.decode_s is not None and self.ratio[choice.k] > 1.001:
+            extra = max(seconds / self.decode_s - 1.0, 0.0) / (self.ratio[choice.k] - 1.0)
+            self.scale = _avg(self.scale, extra, self.smoothing)
 
     def observe(self, source: str, first_position: int, tokens: list[int]) -> None:
         """A proposal for positions first_position.. (checked against the committed tokens as they come)."""
         if len(tokens):
             self.pending[source] = (first_position, list(tokens), 0)
+            self.acc[source].new_proposal()
 
     def commit(self, history: list[int]) -> None:
         """Score pending proposals against `history` (token ids by absolute position) as far as it goes."""

@@ -3,6 +3,7 @@
 Measures, within `--budget-s` seconds (about a third on step times, the rest on acceptance):
   decode     the target step of T = 1 (plain decoding)
   verify(k)  the target step of T = k + 1 for every k = 1..B-1, interleaved round-robin, medians
+             (made non-decreasing in T: on a busy machine noise must not make a longer step look cheaper)
   draft      one drafter pass
   S(j)       the share of speculative steps whose first j drafts the target accepts, on calibration
              prompts (greedy, full block)
@@ -55,7 +56,7 @@ def run(args) -> int:
 def tune(gen, prompts: list[str], budget_s: float, max_new_tokens: int = 96, context: int = 256):
     """Measure `gen` here and return the `Tuned` choice (not yet written)."""
     from .bench_cli import _machine
-    from .tuning import Tuned, choose_verify_len, manifest_digest, survival
+    from .tuning import Tuned, choose_verify_len, manifest_digest, monotone, survival
 
     if not prompts:
         raise DflashEdgeError("no calibration prompts: pass --prompts FILE.jsonl with at least one 'prompt'")
@@ -64,10 +65,11 @@ def tune(gen, prompts: list[str], budget_s: float, max_new_tokens: int = 96, con
     times, ctx = step_times(gen, context, seconds=budget_s / 3)
     accepted, used = acceptance(gen, prompts, max_new_tokens, deadline=t0 + budget_s)
     drafts = gen.block_size - 1
-    verify_ms = {k: times[k] for k in range(1, drafts + 1)}
+    target_ms = [round(t, 3) for t in monotone([times[k] for k in range(drafts + 1)])]   # T = 1..B
+    verify_ms = {k: target_ms[k] for k in range(1, drafts + 1)}
     s = survival(accepted, drafts)
-    k, rates = choose_verify_len(times[0], times["draft"], verify_ms, s)
-    return Tuned(verify_len=k, decode_ms=times[0], draft_ms=times["draft"], verify_ms=verify_ms, acceptance=s,
+    k, rates = choose_verify_len(target_ms[0], times["draft"], verify_ms, s)
+    return Tuned(verify_len=k, decode_ms=target_ms[0], draft_ms=times["draft"], verify_ms=verify_ms, acceptance=s,
                  manifest_sha256=manifest_digest(gen.bundle.manifest),
                  expected_tokens_per_s={k: round(r, 3) for k, r in rates.items()},
                  calibration={"prompts": used, "steps": len(accepted), "max_new_tokens": max_new_tokens,
@@ -81,7 +83,8 @@ def step_times(gen, context: int, seconds: float, min_rounds: int = 3, max_round
 
     tgt, drf, block = gen.target, gen.drafter, gen.block_size
     ctx = max(block + 1, min(context, gen.max_context - max(block, gen.prefill_chunk)))
-    ids = [(7 * i) % 1000 + 10 for i in range(ctx)]
+    vocab = gen.bundle.model["vocab_size"]
+    ids = [(7 * i + 3) % min(vocab, 1000) for i in range(ctx)]      # any in-vocabulary prefix: costs only
     gen._prefill(ids, SamplingParams())                             # a real prefix in both caches
 
     def draft():

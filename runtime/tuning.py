@@ -75,6 +75,23 @@ def survival(accepted_drafts: list[int], max_drafts: int) -> list[float]:
     return [sum(a >= j for a in accepted_drafts) / n if n else 0.0 for j in range(1, max_drafts + 1)]
 
 
+def monotone(values: list[float]) -> list[float]:
+    """The non-decreasing least-squares fit (pool adjacent violators): a step of more tokens never costs less,
+    so noise that says otherwise (a busy machine) is averaged out instead of picked.
+
+    >>> monotone([3.0, 2.0, 4.0, 6.0, 5.0])
+    [2.5, 2.5, 4.0, 5.5, 5.5]
+    """
+    blocks: list[list[float]] = []                 # [sum, count] of pooled runs
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(count)]
+
+
 def manifest_digest(manifest: dict) -> str:
     """sha256 of the manifest's canonical JSON: it covers every graph's sha256, dims and block size."""
     return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
