@@ -10,6 +10,8 @@ the same target pass as the drafter's, so the output is still the target's own.
 [4, 5, 9]
 >>> lk.extend([7]); lk.propose(3)       # "2 3 7", "3 7", "7" are new: nothing to propose
 []
+>>> PromptLookup([4, 4, 4]).propose(3)  # a repeating text continues with its period
+[4, 4, 4]
 """
 from __future__ import annotations
 
@@ -41,5 +43,8 @@ class PromptLookup:
             if len(h) > n:
                 end = self.index.get(tuple(h[-n:]))
                 if end is not None:
-                    return h[end:end + limit]
+                    out, period = h[end:end + limit], len(h) - end
+                    while len(out) < limit:         # the occurrence runs into the suffix: the text repeats
+                        out.append(out[len(out) - period])      # with this period, so continue it
+                    return out
         return []

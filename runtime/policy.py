@@ -160,4 +160,8 @@ def _conditional(survival: list[float]) -> list[float]:
 
 
 def _avg(old: float | None, new: float, smoothing: float) -> float:
-    return new if old is None or not math.isfinite(old) else old + smoothing * (new - old)
+    """Running average; a sample above 3x the average counts as 3x (one stall on a busy machine must not
+    decide the next dozen steps)."""
+    if old is None or not math.isfinite(old):
+        return new
+    return old + smoothing * (min(new, 3.0 * old) - old)

@@ -78,7 +78,10 @@ def test_lookup_matches_a_brute_force_search():
             if len(h) > n:
                 for end in range(len(h) - 1, n - 1, -1):          # latest earlier occurrence with a next token
                     if h[end - n:end] == h[-n:]:
-                        return h[end:end + limit]
+                        ext = h + [None] * limit                   # continue periodically past the end
+                        for i in range(len(h), len(ext)):
+                            ext[i] = ext[i - (len(h) - end)]
+                        return ext[end:end + limit]
         return []
 
     rng = random.Random(0)
