@@ -24,6 +24,7 @@ class PromptLookup:
         self.sizes = tuple(range(max_ngram, min_ngram - 1, -1))       # longest (most specific) first
         self.index: dict[tuple[int, ...], int] = {}
         self.indexed = 0                                               # n-grams ending before this are indexed
+        self.matched = 0                                               # n of the last proposal's match (0: none)
         self.extend(history)
 
     def extend(self, tokens: list[int]) -> None:
@@ -43,8 +44,10 @@ class PromptLookup:
             if len(h) > n:
                 end = self.index.get(tuple(h[-n:]))
                 if end is not None:
+                    self.matched = n
                     out, period = h[end:end + limit], len(h) - end
                     while len(out) < limit:         # the occurrence runs into the suffix: the text repeats
                         out.append(out[len(out) - period])      # with this period, so continue it
                     return out
+        self.matched = 0
         return []

@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SOURCES = ("drafter", "lookup")
-
 
 @dataclass(frozen=True)
 class Choice:
@@ -81,8 +79,7 @@ class AdaptivePolicy:
             drafter_prior = [0.3] * self.kmax
             self.decode_s = self.draft_s = None
         self.scale = 1.0                                            # measured / modelled extra verify time
-        self.acc = {"drafter": Acceptance(self.kmax, drafter_prior, weight=8.0 if tuned else 2.0, decay=0.98),
-                    "lookup": Acceptance(self.kmax, [0.6] * self.kmax, weight=2.0, decay=0.9)}
+        self.acc = {"drafter": Acceptance(self.kmax, drafter_prior, weight=8.0 if tuned else 2.0, decay=0.98)}
         self.pending: dict[str, tuple[int, list[int], int]] = {}    # source -> (first position, tokens, checked)
         self.backoff = self.until_probe = 1
         self.chosen: list[Choice] = []
@@ -92,8 +89,14 @@ class AdaptivePolicy:
         """Modelled target step time for k proposals: decode plus the (scaled) extra cost of k more rows."""
         return self.decode_s * (1.0 + (self.ratio[k] - 1.0) * self.scale)
 
-    def choose(self, lookup_len: int, room: int) -> Choice:
-        """The step to run, given the lookup proposal's length and the tokens the output may still take."""
+    def stats_of(self, source: str) -> Acceptance:
+        """A source's acceptance; lookups are counted apart per matched n-gram length ("lookup4", ...)."""
+        if source not in self.acc:
+            self.acc[source] = Acceptance(self.kmax, [0.6] * self.kmax, weight=2.0, decay=0.9)
+        return self.acc[source]
+
+    def choose(self, lookup_len: int, room: int, lookup_source: str = "lookup") -> Choice:
+        """The step to run, given the lookup proposal's length (and key) and the tokens the output may still take."""
         if self.decode_s is None:
             return self._note(Choice("plain"))
         best, rate = Choice("plain"), 1.0 / self.decode_s
@@ -103,7 +106,8 @@ class AdaptivePolicy:
             if limit < 1 or extra is None:
                 continue
             ks = np.arange(1, limit + 1) if source == "lookup" or not self.fixed_k else np.array([limit])
-            rates = self.acc[source].expected()[ks] / (extra + self.verify_s(ks))
+            acc = self.stats_of(lookup_source if source == "lookup" else source)
+            rates = acc.expected()[ks] / (extra + self.verify_s(ks))
             i = int(np.argmax(rates))
             if rates[i] > rate:
                 best, rate = Choice(source, int(ks[i])), float(rates[i])
@@ -135,14 +139,14 @@ class AdaptivePolicy:
         """A proposal for positions first_position.. (checked against the committed tokens as they come)."""
         if len(tokens):
             self.pending[source] = (first_position, list(tokens), 0)
-            self.acc[source].new_proposal()
+            self.stats_of(source).new_proposal()
 
     def commit(self, history: list[int]) -> None:
         """Score pending proposals against `history` (token ids by absolute position) as far as it goes."""
         for source, (first, tokens, j) in list(self.pending.items()):
             while j < len(tokens) and first + j < len(history):
                 hit = tokens[j] == history[first + j]
-                self.acc[source].record(j + 1, hit)
+                self.stats_of(source).record(j + 1, hit)
                 j = j + 1 if hit else len(tokens)
             if j == len(tokens):
                 del self.pending[source]
