@@ -102,7 +102,7 @@ def oracle_sweep(bundle: str, hits: list[float], limit: int, max_new_tokens: int
             gen.drafter = real
             ar = gen.generate(row["prompt"], max_new_tokens=max_new_tokens, use_draft=False)
             gen.drafter = OracleDrafter(real, gen.encode(row["prompt"]) + ar.token_ids, hit, seed=i)
-            spec = gen.generate(row["prompt"], max_new_tokens=max_new_tokens)
+            spec = gen.generate(row["prompt"], max_new_tokens=max_new_tokens, use_draft=True)
             assert spec.token_ids == ar.token_ids, row["id"]
             rows.append({"id": row["id"], "hit": hit, "tau": spec.stats.mean_acceptance_length,
                          "speedup": spec.stats.decode_tokens_per_s / ar.stats.decode_tokens_per_s,

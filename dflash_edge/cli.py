@@ -22,6 +22,7 @@ COMMANDS = {
     "run": ("dflash_edge.runtime.run_cli", "generate from a bundle with the speculative runtime (streams text)"),
     "quantize": ("dflash_edge.quantize.quantize_cli", "fp32 bundle -> int4/int8/fp16 bundle with a quality report"),
     "bench": ("dflash_edge.runtime.bench_cli", "speculative vs autoregressive tokens/s on a prompt set, lossless check"),
+    "tune": ("dflash_edge.runtime.tune_cli", "measure this machine and store the best verify length in the bundle"),
 }
 
 

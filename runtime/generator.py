@@ -24,11 +24,13 @@ from .emitter import Emitter
 from .errors import ContextOverflowError, DflashEdgeError
 from .io_tables import GRAPHS, io_manifest, model_dims, pick_graph
 from .kv import TARGET_MODELS, DraftModel, TargetModel
-from .policy import AdaptiveDrafting
+from .lookup import PromptLookup
+from .policy import AdaptivePolicy
 from .sampling import SamplingParams, select_token
 from .session import SessionConfig, open_graph
 from .stats import GenerationStats
 from .trt_profiles import symbol_ranges, trt_profiles
+from .tuning import Tuned, check_verify_len, read_tuned
 
 
 class NonFiniteLogitsError(DflashEdgeError):
@@ -54,8 +56,9 @@ class Request:
     max_new_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
-    use_draft: bool | str = True    # True, False or "auto" (policy.py: draft only while it pays)
+    use_draft: bool | str = "auto"  # "auto" (policy.py: per step, what pays), True (always draft), False (plain)
     t_call: float = 0.0             # perf_counter() when the call began (TTFT includes tokenizing)
+    verify_len: int | None = None   # drafts verified per step (1..B-1); None: tuned / adaptive (True: B-1)
 
 
 class Stream:
@@ -117,20 +120,22 @@ class TextAssembler:
 class Generator:
     """A loaded bundle: target and drafter graphs, their preallocated caches, the tokenizer."""
 
-    def __init__(self, bundle: Bundle, tokenizer, target: TargetModel, drafter: DraftModel):
+    def __init__(self, bundle: Bundle, tokenizer, target: TargetModel, drafter: DraftModel, tuned: Tuned | None = None):
         self.bundle, self.tokenizer, self.target, self.drafter = bundle, tokenizer, target, drafter
         self.block_size = bundle.block_size
         self.prefill_chunk = bundle.manifest["prefill_chunk"]
         self.max_context = bundle.max_context
         self.eos = frozenset(bundle.model["eos_token_ids"])
+        self.tuned = tuned                                          # tuning.py: None until `dflash-edge tune`
 
     @classmethod
     def load(cls, bundle: str | Path | Bundle, provider: str = "cpu", *, threads: int = 0, spin: bool = False,
-             verify: bool = True, target_graph: str | None = None) -> "Generator":
+             verify: bool = True, target_graph: str | None = None, use_tuned: bool = True) -> "Generator":
         """Open a bundle on `provider` ("cpu", "cuda", "tensorrt"); sha256-checks files unless verify=False.
 
         `target_graph` ("target" portable, "target_fused"): force a flavour; default: the fused one where
         the provider runs it (io_tables.pick_graph), the portable one elsewhere (TensorRT).
+        With `use_tuned`, the bundle's tuned.json (from `dflash-edge tune`) is validated and seeds the policy.
         """
         from .tokenizer import ChatTokenizer
 
@@ -148,40 +153,43 @@ class Generator:
             raise BundleError(f"target_graph={name!r}: {b.root} has no such target graph; it has "
                               f"{', '.join(n for n in b.manifest['graphs'] if n in TARGET_MODELS)}")
         target = TARGET_MODELS[name](open_graph(b.graph_path(name), config, profiles.get(name)), dims, capacity,
-                                     (1, b.block_size, chunk), b.kv_dtype)
+                                     (*range(1, b.block_size + 1), chunk), b.kv_dtype)   # T = k + 1 for k = 0..B-1
         drafter = DraftModel(open_graph(b.graph_path("drafter"), config, profiles.get("drafter")), dims, capacity,
                              target.hidden, b.model["mask_token_id"], b.kv_dtype, max_ctx_rows=ranges["C"][2])
-        return cls(b, ChatTokenizer.from_dir(b.root), target, drafter)
+        return cls(b, ChatTokenizer.from_dir(b.root), target, drafter, read_tuned(b) if use_tuned else None)
 
     # ---- public API -------------------------------------------------------------------------------
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop=None, chat: bool = True,
-                 use_draft: bool | str = True) -> GenerationResult:
+                 use_draft: bool | str = "auto", verify_len: int | None = None) -> GenerationResult:
         """Generate a reply to `prompt` (a string or a list of chat messages).
 
-        `use_draft`: True drafts every step, False decodes plainly (the baseline), "auto" drafts only
-        while drafting is measured to be faster here (`policy.py`); the tokens are the same either way.
+        `use_draft`: "auto" (default) picks per step plain decoding, the drafter or a prompt lookup and the
+        verify length, by what is measured to be fastest here (`policy.py`, seeded by `tuned.json`); True
+        drafts every step, False decodes plainly (the baseline). `verify_len` (1..B-1) fixes the drafts
+        verified per step. The tokens are the same either way.
         """
-        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, use_draft)
+        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, use_draft,
+                             verify_len)
         for _ in stream:
             pass
         return stream.result
 
     def stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, stop=None, chat: bool = True,
-               use_draft: bool | str = True) -> Stream:
+               use_draft: bool | str = "auto", verify_len: int | None = None) -> Stream:
         """Like `generate`, yielding text pieces as tokens are committed (never half a character)."""
         t_call = time.perf_counter()
         req = Request(self.encode(prompt, chat), max_new_tokens, SamplingParams(temperature, top_k, top_p, seed),
-                      tuple([stop] if isinstance(stop, str) else stop or ()), use_draft, t_call)
+                      tuple([stop] if isinstance(stop, str) else stop or ()), use_draft, t_call, verify_len)
         self._room(req)                                             # bad input fails here, not mid-iteration
         return Stream(self._text_pieces(req))
 
     def generate_ids(self, prompt_ids: list[int], max_new_tokens: int = 128,
-                     sampling: SamplingParams = SamplingParams(), use_draft: bool | str = True,
-                     stop_token_ids=None) -> GenerationResult:
+                     sampling: SamplingParams = SamplingParams(), use_draft: bool | str = "auto",
+                     stop_token_ids=None, verify_len: int | None = None) -> GenerationResult:
         """Token ids in, tokens out (no chat template); `stop_token_ids` overrides the eos ids."""
-        req = Request(list(prompt_ids), max_new_tokens, sampling, (), use_draft, time.perf_counter())
+        req = Request(list(prompt_ids), max_new_tokens, sampling, (), use_draft, time.perf_counter(), verify_len)
         return self._collect(req, None if stop_token_ids is None else frozenset(stop_token_ids))
 
     def encode(self, prompt, chat: bool = True) -> list[int]:
@@ -218,39 +226,73 @@ class Generator:
 
     # ---- the loop ----------------------------------------------------------------------------------
     def _loop(self, req: Request, stats: GenerationStats, eos: frozenset[int]) -> Iterator[list[int]]:
-        """prefill -> [draft -> verify -> accept -> advance]*; yields each step's committed tokens."""
+        """prefill -> [choose -> (draft | look up) -> verify -> accept -> advance]*; yields committed tokens."""
         emit = Emitter(req.max_new_tokens, eos, room=self._room(req))
         emit.push([self._prefill(req.prompt_ids, req.sampling)])
         stats.ttft_s = time.perf_counter() - req.t_call
         clock = _Clock(self, stats)
-        policy = AdaptiveDrafting() if req.use_draft == "auto" else None
+        policy = AdaptivePolicy(self.block_size, self.tuned, req.verify_len) if req.use_draft == "auto" else None
+        lookup = PromptLookup(req.prompt_ids + emit.tokens) if policy else None   # token ids by position
         try:
             yield emit.tokens
             while not emit.reason:
-                t = time.perf_counter()
-                draft = policy.draft_next() if policy else req.use_draft
-                if draft:
-                    tokens = self._speculative_step(emit.tokens[-1], req.sampling)
+                if policy:
+                    tokens = self._adaptive_step(emit, req.sampling, policy, lookup, stats)
+                elif req.use_draft:
+                    tokens = self._speculative_step(emit.tokens[-1], req.sampling,
+                                                    req.verify_len or self.block_size - 1)
                     stats.acceptance_lengths.append(len(tokens))
-                    if policy:
-                        policy.spec_done(len(tokens), time.perf_counter() - t)
                 else:
                     tokens = self._decode_step(emit.tokens[-1], req.sampling)
-                    if policy:
-                        policy.decode_done(time.perf_counter() - t)
-                        stats.plain_steps += 1
-                yield emit.push(tokens)
+                committed = emit.push(tokens)
+                if policy:
+                    lookup.extend(committed)
+                    policy.commit(lookup.history)
+                yield committed
         finally:
             clock.stop(emit)
 
-    def _speculative_step(self, last: int, sampling: SamplingParams) -> list[int]:
-        """Draft a block after `last`, verify it in one target pass, keep the agreeing prefix + a bonus token."""
+    def _adaptive_step(self, emit: Emitter, sampling: SamplingParams, policy: AdaptivePolicy, lookup: PromptLookup,
+                       stats: GenerationStats) -> list[int]:
+        """One step of what `policy` expects to be fastest; reports its times and proposals back."""
+        last, pos = emit.tokens[-1], self.target.kv.pos                # pos: position of `last` (not yet cached)
+        proposal = lookup.propose(self.block_size - 1)
+        key = f"lookup{lookup.matched}"                                 # acceptance counted per matched n-gram size
+        choice = policy.choose(len(proposal), room=emit.budget - len(emit.tokens), lookup_source=key)
+        policy.observe(key, pos + 1, proposal)
+        draft_s, drafts = 0.0, None
+        if choice.source == "drafter" or choice.probe:
+            t = time.perf_counter()
+            drafts = self.drafter.draft(last, ctx_end=pos)             # [B-1] view
+            draft_s = time.perf_counter() - t
+            policy.observe("drafter", pos + 1, drafts.tolist())
+        t = time.perf_counter()
+        if choice.source == "plain":
+            tokens = self._decode_step(last, sampling)
+            stats.plain_steps += 1
+        else:
+            tokens = self._verify(last, drafts[:choice.k] if choice.source == "drafter" else proposal[:choice.k],
+                                  sampling)
+            (stats.acceptance_lengths if choice.source == "drafter" else stats.lookup_lengths).append(len(tokens))
+            stats.verify_lens.append(choice.k)
+        policy.step_done(choice, time.perf_counter() - t, draft_s)
+        stats.probe_steps += choice.probe
+        return tokens
+
+    def _speculative_step(self, last: int, sampling: SamplingParams, k: int) -> list[int]:
+        """Draft a block after `last`, verify its first k drafts in one target pass."""
+        drafts = self.drafter.draft(last, ctx_end=self.target.kv.pos)  # drafter first caches features [.. pos)
+        return self._verify(last, drafts[:k], sampling)
+
+    def _verify(self, last: int, proposals, sampling: SamplingParams) -> list[int]:
+        """Run `last` + k proposals through the target (T = k + 1); keep the agreeing prefix + a bonus token."""
         start = self.target.kv.pos                                  # position of `last` (not yet cached)
-        step = self.target.steps[self.block_size]
-        block = step["input_ids"][0]                                # [B]: last token, then B-1 drafts
+        size = len(proposals) + 1
+        step = self.target.steps[size]
+        block = step["input_ids"][0]                                # [T]: last token, then T-1 proposals
         block[0] = last
-        block[1:] = self.drafter.draft(last, ctx_end=start)         # drafter first caches features [.. start)
-        self.target.forward(self.block_size, start)
+        block[1:] = proposals
+        self.target.forward(size, start)
         accepted, bonus = self._accept(step, block, start, sampling)
         self.target.kv.pos = start + accepted + 1                   # rollback: rejected rows are just ignored
         return block[1:1 + accepted].tolist() + [bonus]
@@ -269,8 +311,10 @@ class Generator:
         """Tokens the context has left after the prompt (errors name the limit)."""
         prompt_ids = req.prompt_ids
         if req.use_draft not in (True, False, "auto"):
-            raise ValueError(f"use_draft={req.use_draft!r}: pass True (always draft), False (plain decoding) "
-                             f"or 'auto' (draft while it is measured to pay)")
+            raise ValueError(f"use_draft={req.use_draft!r}: pass 'auto' (the default: per step, what is measured "
+                             f"to pay), True (always draft) or False (plain decoding)")
+        if req.verify_len is not None:
+            check_verify_len(req.verify_len, self.block_size)
         if req.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={req.max_new_tokens}: ask for at least 1 token")
         if not prompt_ids:
@@ -297,13 +341,13 @@ class Generator:
     def _accept(self, step, block: np.ndarray, start: int, sampling: SamplingParams) -> tuple[int, int]:
         """(number of drafts accepted, the target's token after them); row i predicts position start+1+i."""
         if sampling.greedy:
-            target_ids = step["next_ids"][0]                        # [B] fused argmax: no vocab scan here
-            match = block[1:] == target_ids[:-1]                    # [B-1]
+            target_ids = step["next_ids"][0]                        # [T] fused argmax: no vocab scan here
+            match = block[1:] == target_ids[:-1]                    # [T-1]
             accepted = len(match) if match.all() else int(match.argmin())
             return accepted, self._select(step, accepted, start + 1 + accepted, sampling)
-        for i in range(self.block_size):                            # sample lazily: stop at the first miss
+        for i in range(len(block)):                                 # sample lazily: stop at the first miss
             token = self._select(step, i, start + 1 + i, sampling)
-            if i == self.block_size - 1 or block[1 + i] != token:
+            if i == len(block) - 1 or block[1 + i] != token:
                 return i, token
         raise AssertionError("unreachable")
 

@@ -15,8 +15,11 @@ def add_arguments(p) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
     p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding (the baseline)")
-    p.add_argument("--auto-draft", action="store_true",
-                   help="draft only while drafting is measured to be faster than plain decoding here")
+    p.add_argument("--always-draft", action="store_true", help="draft every step (default: per step, what is "
+                                                                   "measured to pay, seeded by tuned.json)")
+    p.add_argument("--auto-draft", action="store_true", help="no effect: adaptive drafting is the default")
+    p.add_argument("--verify-len", type=int, default=None, help="drafts verified per step, 1..block size - 1 "
+                                                                "(default: tuned / adaptive)")
     p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per usable CPU)")
 
@@ -27,7 +30,8 @@ def run(args) -> int:
     gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads)
     stream = gen.stream(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, chat=not args.raw,
-                        use_draft=False if args.no_draft else "auto" if args.auto_draft else True)
+                        use_draft=False if args.no_draft else True if args.always_draft else "auto",
+                        verify_len=args.verify_len)
     for piece in stream:
         sys.stdout.write(piece)
         sys.stdout.flush()

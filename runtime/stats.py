@@ -22,6 +22,9 @@ class GenerationStats:
     draft_calls: int = 0
     draft_run_s: float = 0.0                   # drafter share of decode_run_s
     plain_steps: int = 0                       # use_draft="auto": steps decoded without drafting
+    lookup_lengths: list[int] = field(default_factory=list)      # tokens committed per prompt-lookup step
+    verify_lens: list[int] = field(default_factory=list)         # use_draft="auto": proposals verified per step
+    probe_steps: int = 0                       # use_draft="auto": steps that also ran the drafter unverified
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -58,6 +61,9 @@ class GenerationStats:
         if self.acceptance_lengths:
             line += (f", mean acceptance length {self.mean_acceptance_length:.2f} over "
                      f"{len(self.acceptance_lengths)} steps")
+        if self.lookup_lengths:
+            line += (f", prompt lookup {sum(self.lookup_lengths) / len(self.lookup_lengths):.2f} tokens/step over "
+                     f"{len(self.lookup_lengths)} steps")
         if self.plain_steps:
             line += f" (+{self.plain_steps} steps without drafting)"
         return f"{line}, python overhead {self.python_overhead:.1%}; finish: {self.finish_reason}"

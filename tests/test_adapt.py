@@ -1,0 +1,344 @@
+"""Issue 13 (tier 1): verify length k, prompt lookup, the adaptive policy, `tune` and tuned.json, bench arms."""
+import json
+import random
+import shutil
+
+import numpy as np
+import pytest
+
+from dflash_edge.runtime.sampling import SamplingParams
+from fixtures_bundle import tiny_bundle  # noqa: F401  (fixture)
+from test_runtime import OracleDrafter, PROMPTS, SAMPLERS, one_torch_thread, oracle, reference  # noqa: F401
+from tiny import check_two_token_distribution
+
+REPEATING = [5, 17, 33, 42, 8, 61, 5, 17, 33, 42, 8, 61, 5, 17, 33]     # lookup proposes from the first step
+
+
+def synthetic_tuned(gen, verify_len=0, acceptance=0.0, decode_ms=1.0, verify_ms=1.1, draft_ms=0.5):
+    from dflash_edge.runtime.tuning import Tuned, manifest_digest
+
+    drafts = gen.block_size - 1
+    return Tuned(verify_len=verify_len, decode_ms=decode_ms, draft_ms=draft_ms,
+                 verify_ms={k: verify_ms for k in range(1, drafts + 1)}, acceptance=[acceptance] * drafts,
+                 manifest_sha256=manifest_digest(gen.bundle.manifest))
+
+
+@pytest.fixture
+def bundle_copy(tiny_bundle, tmp_path):
+    """A private copy of the block-8 tiny bundle (tuned.json is written into it)."""
+    return shutil.copytree(tiny_bundle("qwen3", 8).path, tmp_path / "bundle")
+
+
+# ---- verify length k ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_verify_len_bounds_each_step_and_stays_lossless(tiny_bundle, oracle, k):
+    tb = tiny_bundle("qwen3", 8)
+    want = reference(tb, PROMPTS[1], 40, stop=())
+    oracle(tb.generator, PROMPTS[1] + want.token_ids, 1.0)
+    got = tb.generator.generate_ids(PROMPTS[1], 40, use_draft=True, verify_len=k, stop_token_ids=())
+    assert got.token_ids == want.token_ids
+    steps = got.stats.acceptance_lengths
+    assert all(a == k + 1 for a in steps[:-1]) and 1 <= steps[-1] <= k + 1     # T = k + 1: k drafts + bonus
+
+
+@pytest.mark.parametrize("sampling", SAMPLERS[:2])
+def test_verify_len_sampled_same_tokens_as_plain(tiny_bundle, oracle, sampling):
+    tb = tiny_bundle("llama", 8)
+    plain = tb.generator.generate_ids(PROMPTS[1], 40, sampling, use_draft=False, stop_token_ids=())
+    oracle(tb.generator, PROMPTS[1] + plain.token_ids, 0.9)
+    for k in (2, 5):
+        got = tb.generator.generate_ids(PROMPTS[1], 40, sampling, use_draft=True, verify_len=k, stop_token_ids=())
+        assert got.token_ids == plain.token_ids and max(got.stats.acceptance_lengths) <= k + 1
+
+
+@pytest.mark.parametrize("bad", [0, 8, 99, -1, 2.5, True])
+def test_verify_len_out_of_range_is_named(tiny_bundle, bad):
+    from dflash_edge.runtime.tuning import VerifyLengthError
+
+    with pytest.raises(VerifyLengthError, match=r"outside 1\.\.7.*block size 8"):
+        tiny_bundle("qwen3", 8).generator.generate_ids(PROMPTS[0], 4, verify_len=bad)
+
+
+def test_verify_len_flag_errors_in_the_cli(tiny_bundle, capsys):
+    from dflash_edge.cli import main
+
+    path = str(tiny_bundle("qwen3", 8).path)
+    assert main(["run", path, "--prompt", "t5", "--verify-len", "9"]) == 2
+    assert "outside 1..7" in capsys.readouterr().err
+    assert main(["bench", path, "--verify-len", "0", "--limit", "1"]) == 2
+    assert "outside 1..7" in capsys.readouterr().err
+
+
+# ---- prompt lookup --------------------------------------------------------------------------------------
+def test_lookup_matches_a_brute_force_search():
+    from dflash_edge.runtime.lookup import PromptLookup
+
+    def brute(h, limit):
+        for n in (4, 3, 2):
+            if len(h) > n:
+                for end in range(len(h) - 1, n - 1, -1):          # latest earlier occurrence with a next token
+                    if h[end - n:end] == h[-n:]:
+                        ext = h + [None] * limit                   # continue periodically past the end
+                        for i in range(len(h), len(ext)):
+                            ext[i] = ext[i - (len(h) - end)]
+                        return ext[end:end + limit]
+        return []
+
+    rng = random.Random(0)
+    for _ in range(200):
+        h = [rng.randrange(4) for _ in range(rng.randrange(1, 30))]
+        lk = PromptLookup(h[:5])
+        for i in range(5, len(h)):
+            lk.extend([h[i]])
+        assert lk.history == h and lk.propose(6) == brute(h, 6)
+
+
+def test_prompt_lookup_greedy_equals_plain(tiny_bundle):
+    for variant in ("llama", "qwen3"):
+        gen = tiny_bundle(variant, 8).generator
+        for prompt in (REPEATING, PROMPTS[3]):
+            plain = gen.generate_ids(prompt, 60, use_draft=False, stop_token_ids=())
+            auto = gen.generate_ids(prompt, 60, stop_token_ids=())
+            assert auto.token_ids == plain.token_ids
+    s = auto.stats
+    assert s.lookup_lengths and s.target_calls == len(s.acceptance_lengths) + len(s.lookup_lengths) + s.plain_steps
+
+
+@pytest.fixture
+def always_lookup(monkeypatch):
+    """Unigram lookup and known step times, over a prompt that holds every token: a proposal every step."""
+    import functools
+
+    from dflash_edge.runtime import generator, lookup
+
+    def install(gen):
+        monkeypatch.setattr(generator, "PromptLookup", functools.partial(lookup.PromptLookup, min_ngram=1))
+        monkeypatch.setattr(gen, "tuned", synthetic_tuned(gen))     # no plain step needed to measure decode
+        return random.Random(1).sample(range(96), 96) + PROMPTS[0]
+
+    return install
+
+
+@pytest.mark.parametrize("sampling", SAMPLERS)
+def test_prompt_lookup_sampled_same_tokens_as_plain(tiny_bundle, always_lookup, sampling):
+    gen = tiny_bundle("llama", 8).generator
+    prompt = always_lookup(gen)
+    plain = gen.generate_ids(prompt, 24, sampling, use_draft=False, stop_token_ids=())
+    auto = gen.generate_ids(prompt, 24, sampling, stop_token_ids=())
+    assert auto.token_ids == plain.token_ids and len(auto.stats.lookup_lengths) >= 5
+
+
+def test_prompt_lookup_sampling_distribution_matches_target(tiny_bundle, always_lookup):
+    """The 2nd token comes from verifying a lookup proposal."""
+    tb = tiny_bundle("qwen3", 4)
+    gen = tb.generator
+    prompt = always_lookup(gen)
+    lookups = []
+
+    def sample_pair(seed):
+        res = gen.generate_ids(prompt, 3, SamplingParams(1.0, top_k=5, seed=seed), stop_token_ids=())
+        lookups.append(len(res.stats.lookup_lengths))
+        return res.token_ids[:2]
+
+    check_two_token_distribution(tb.target, prompt, sample_pair, n=800)
+    assert sum(lookups) >= 0.9 * len(lookups)                     # nearly every 2nd token went through lookup
+
+
+# ---- the adaptive policy ----------------------------------------------------------------------------------
+def simulate(policy, accept, steps, spec_s=lambda k: 0.05 + 0.003 * k, decode_s=0.05, draft_s=0.015):
+    """Drive `policy` with a drafter whose draft j is right with probability accept(step) (given j-1 right)."""
+    rng = np.random.default_rng(0)
+    history, ks = [0], []
+    for i in range(steps):
+        c = accept(i)
+        truth = [int(rng.integers(1, 1000)) for _ in range(policy.kmax + 1)]
+        drafts = [t if rng.random() < c else -1 for t in truth[:policy.kmax]]
+        choice = policy.choose(lookup_len=0, room=1000)
+        pos = len(history)
+        if choice.source == "drafter" or choice.probe:
+            policy.observe("drafter", pos, drafts)
+        if choice.source == "drafter":
+            ok = next((j for j, d in enumerate(drafts[:choice.k]) if d != truth[j]), choice.k)
+            history += truth[:ok + 1]
+            policy.step_done(choice, spec_s(choice.k), draft_s)
+        else:
+            history += truth[:1]
+            policy.step_done(choice, decode_s, draft_s if choice.probe else 0.0)
+        policy.commit(history)
+        ks.append(choice.k if choice.source == "drafter" else 0)
+    return ks
+
+
+def test_adaptive_policy_switches_k_with_acceptance():
+    from dflash_edge.runtime.policy import AdaptivePolicy
+
+    ks = simulate(AdaptivePolicy(block_size=16), lambda i: 0.95 if i < 150 else 0.5 if i < 300 else 0.0, 450)
+    good, middling, useless = ks[100:150], ks[250:300], ks[400:450]
+    assert np.median(good) >= 10                                    # long k while drafts are right
+    assert 2 <= np.median(middling) <= 6                            # short k when half are (best: 3-4)
+    assert sum(k > 0 for k in useless) == 0                         # plain decoding when none are
+
+
+def test_adaptive_policy_follows_step_costs():
+    from dflash_edge.runtime.policy import AdaptivePolicy
+
+    cheap = simulate(AdaptivePolicy(block_size=16), lambda i: 0.6, 200, spec_s=lambda k: 0.051)
+    dear = simulate(AdaptivePolicy(block_size=16), lambda i: 0.6, 200, spec_s=lambda k: 0.05 + 0.008 * k)
+    assert np.median(cheap[100:]) >= 6 and 2 <= np.median(dear[100:]) <= 5   # dearer verifies: shorter k (best 3)
+
+
+def test_adaptive_policy_is_seeded_by_tuned_and_capped_by_verify_len(tiny_bundle):
+    from dflash_edge.runtime.policy import AdaptivePolicy
+
+    gen = tiny_bundle("qwen3", 8).generator
+    good = synthetic_tuned(gen, verify_len=7, acceptance=1.0)
+    assert AdaptivePolicy(8, good).choose(0, 100).k == 7                     # from the first step
+    assert AdaptivePolicy(8, good, verify_len=3).choose(0, 100).k == 3
+    assert AdaptivePolicy(8, good).choose(0, room=3).k == 2                 # never past the token budget
+    assert AdaptivePolicy(8, synthetic_tuned(gen)).choose(0, 100).source == "plain"
+
+
+def test_auto_uses_long_k_with_an_oracle_drafter(tiny_bundle, oracle):
+    tb = tiny_bundle("qwen3", 8)
+    want = reference(tb, PROMPTS[0], 60, stop=())
+    oracle(tb.generator, PROMPTS[0] + want.token_ids, 1.0)
+    got = tb.generator.generate_ids(PROMPTS[0], 60, stop_token_ids=())
+    assert got.token_ids == want.token_ids
+    assert max(got.stats.verify_lens) == 7 and max(got.stats.acceptance_lengths) == 8
+
+
+def test_adaptive_policy_probes_a_useless_drafter_rarely():
+    from dflash_edge.runtime.policy import AdaptivePolicy
+
+    policy = AdaptivePolicy(block_size=16)
+    ks = simulate(policy, lambda i: 0.0, 400)
+    probes = sum(c.probe for c in policy.chosen)
+    assert sum(ks) == 0 and 3 <= probes <= 15                       # backs off to one probe in 64 steps
+
+
+# ---- tune and tuned.json -----------------------------------------------------------------------------------
+def test_tune_picks_plain_for_a_useless_drafter_and_long_k_for_an_oracle(bundle_copy, oracle):
+    from dflash_edge.runtime import Generator
+    from dflash_edge.runtime.tune_cli import tune
+    from dflash_edge.runtime.tuning import read_tuned, write_tuned
+
+    gen = Generator.load(bundle_copy)
+    useless = tune(gen, ["t5 t6 t7"], budget_s=2, max_new_tokens=40, context=64)
+    assert useless.verify_len == 0 and max(useless.acceptance) < 0.2
+    assert useless.expected_tokens_per_s[0] == max(useless.expected_tokens_per_s.values())
+    plain = gen.generate("t5 t6 t7", max_new_tokens=40, use_draft=False)
+    oracle(gen, gen.encode("t5 t6 t7") + plain.token_ids, 1.0)
+    good = tune(gen, ["t5 t6 t7"], budget_s=2, max_new_tokens=40, context=64)
+    assert good.verify_len >= 6 and good.acceptance[:6] == [1.0] * 6     # long k: 6 or 7 of the 7 drafts
+    write_tuned(gen.bundle, good)
+    assert read_tuned(gen.bundle) == good
+    assert Generator.load(bundle_copy).tuned == good                       # run, bench, Generator use it
+
+
+def test_tune_cli_writes_tuned_json_and_bad_prompts_are_named(bundle_copy, tmp_path, capsys):
+    from dflash_edge.cli import main
+
+    prompts = tmp_path / "calib.jsonl"
+    prompts.write_text(json.dumps({"prompt": "t5 t6 t7"}) + "\n")
+    assert main(["tune", str(bundle_copy), "--prompts", str(prompts), "--budget-s", "1",
+                 "--max-new-tokens", "16", "--context", "32"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    tuned = json.loads((bundle_copy / "tuned.json").read_text())
+    assert out["verify_len"] == tuned["verify_len"] and tuned["format"] == "dflash-edge-tuned"
+    assert not list(bundle_copy.glob(".tuned.*"))                          # no temp file left behind
+    prompts.write_text('{"prompt": "t5"}\n{"prompt": oops}\n')
+    assert main(["tune", str(bundle_copy), "--prompts", str(prompts), "--budget-s", "1"]) == 2
+    assert "calib.jsonl:2 is not valid JSON" in capsys.readouterr().err
+    prompts.write_text("")
+    assert main(["tune", str(bundle_copy), "--prompts", str(prompts), "--budget-s", "1"]) == 2
+    assert "no calibration prompts" in capsys.readouterr().err
+    assert main(["tune", str(bundle_copy), "--budget-s", "0"]) == 2
+    assert "--budget-s 0" in capsys.readouterr().err
+
+
+def write_tuned_json(bundle_dir, gen, **changes):
+    data = synthetic_tuned(gen, verify_len=3, acceptance=0.5).to_json()
+    data.update(changes)
+    (bundle_dir / "tuned.json").write_text(json.dumps(data) if isinstance(data, dict) else data)
+    return data
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"verify_len": 8}, r"verify_len 8 is outside 0\.\.7"),
+    ({"verify_len": "3"}, r"verify_len '3' is outside"),
+    ({"decode_ms": -1.0}, r"decode_ms -1.0 .* positive finite"),
+    ({"draft_ms": float("nan")}, r"positive finite"),
+    ({"acceptance": [1.5] * 7}, r"acceptance must list 7 shares in \[0, 1\]"),
+    ({"acceptance": [0.5] * 3}, r"acceptance must list 7 shares"),
+    ({"verify_ms": {"9": 1.0}}, r"verify_ms needs positive times keyed by k in 1\.\.7"),
+    ({"verify_ms": {"x": 1.0}}, r"malformed field"),
+    ({"format": "something-else"}, r"not a version-1 'dflash-edge-tuned' file"),
+    ({"manifest_sha256": "0" * 64}, r"measured on another bundle or on this bundle before it changed"),
+])
+def test_bad_tuned_file_is_named(bundle_copy, tiny_bundle, change, message):
+    from dflash_edge.runtime import Generator
+    from dflash_edge.runtime.tuning import TunedFileError
+
+    write_tuned_json(bundle_copy, tiny_bundle("qwen3", 8).generator, **change)
+    with pytest.raises(TunedFileError, match=message) as err:
+        Generator.load(bundle_copy)
+    assert "dflash-edge tune" in str(err.value)                             # the fix
+
+
+def test_tuned_file_from_another_or_a_changed_bundle(bundle_copy, tiny_bundle, tmp_path, capsys):
+    from dflash_edge.cli import main
+    from dflash_edge.runtime import Generator
+    from dflash_edge.runtime.tuning import TunedFileError
+
+    other = tiny_bundle("llama", 8).generator                               # same block size, other bundle
+    write_tuned_json(bundle_copy, other)
+    with pytest.raises(TunedFileError, match="another bundle"):
+        Generator.load(bundle_copy)
+    write_tuned_json(bundle_copy, tiny_bundle("qwen3", 8).generator)
+    assert Generator.load(bundle_copy).tuned.verify_len == 3               # the right bundle: accepted
+    manifest = json.loads((bundle_copy / "manifest.json").read_text())
+    manifest["max_context"] = 64                                            # the bundle changed since
+    (bundle_copy / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["run", str(bundle_copy), "--prompt", "t5"]) == 2
+    assert "before it changed" in capsys.readouterr().err
+    (bundle_copy / "tuned.json").write_text("{not json")
+    with pytest.raises(TunedFileError, match="unreadable"):
+        Generator.load(bundle_copy)
+
+
+# ---- bench arms and the shipped quoting prompts --------------------------------------------------------------
+def test_bench_reports_arms_per_category(tiny_bundle, tmp_path, capsys):
+    from dflash_edge.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"id": f"a{i}", "category": "rep" if i % 2 else "plain", "prompt": " ".join(f"t{5 + (i + j) % 4}"
+                                                                                          for j in range(12))}
+            for i in range(4)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(tiny_bundle("qwen3", 8).path), "--prompts", str(prompts), "--max-new-tokens", "24",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["lossless"] and report["arms"] == ["plain", "always", "default"]
+    assert set(report["by_category"]) == {"rep", "plain"}
+    for cat in report["by_category"].values():
+        assert cat["prompts"] == 2 and cat["lossless"]
+        for key in ("plain_tokens_per_s", "always_tokens_per_s", "default_tokens_per_s", "speedup",
+                    "always_speedup", "drafter_steps", "lookup_steps", "plain_steps", "verify_len_mean"):
+            assert key in cat, key
+        assert cat["steps"] == cat["drafter_steps"] + cat["lookup_steps"] + cat["plain_steps"] > 0
+    for row in report["rows"]:
+        assert row["speedup"] == row["default_speedup"] and row["always_tokens_per_s"] > 0
+    capsys.readouterr()
+
+
+def test_shipped_quoting_prompts():
+    from pathlib import Path
+
+    from dflash_edge.runtime.bench_cli import load_prompts
+
+    rows = load_prompts(Path(__file__).parents[1] / "benchmarks" / "quote_prompts.jsonl")
+    assert len(rows) >= 8 and len({r["category"] for r in rows}) >= 4 and len({r["id"] for r in rows}) == len(rows)
+    for r in rows:                                          # each quotes a block of input for the answer to reuse
+        quoted = r["prompt"].split("\n", 1)[1]
+        assert len(quoted.split()) >= 8, r["id"]
