@@ -95,7 +95,7 @@ def test_rollback_after_rejection(fused_bundles, monkeypatch, hit):
         want = reference(tb, prompt, 40)
         monkeypatch.setattr(gen, "drafter", Oracle(gen.drafter.real if isinstance(gen.drafter, Oracle)
                                                    else gen.drafter, prompt + want, hit, seed=i))
-        got = gen.generate_ids(prompt, 40, stop_token_ids=())
+        got = gen.generate_ids(prompt, 40, stop_token_ids=(), use_draft=True)   # always draft: rollback every step
         assert got.token_ids == want
         steps = got.stats.acceptance_lengths
         assert max(steps) == BLOCK                                   # whole blocks accepted ...
