@@ -21,6 +21,7 @@ COMMANDS = {
     "build-engines": ("dflash_edge.export.engines_cli", "build TensorRT engines for a bundle (needs TensorRT)"),
     "run": ("dflash_edge.runtime.run_cli", "generate from a bundle with the speculative runtime (streams text)"),
     "bench": ("dflash_edge.runtime.bench_cli", "speculative vs autoregressive tokens/s on a prompt set, lossless check"),
+    "devices": ("dflash_edge.runtime.devices_cli", "device profiles (detected one marked); `devices plan`: fit and speed"),
 }
 
 

@@ -15,9 +15,17 @@ def add_arguments(p) -> None:
     p.add_argument("--draft-vocab", type=int, default=0,
                    help="draft only the N most frequent tokens (needs the drafter's draft_vocab.json; 0: all)")
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime-vs-torch parity check")
+    p.add_argument("--device", default=None, help="plan for this device profile (`dflash-edge devices`): take the "
+                                                  "max context that fits, or refuse naming what would fit")
 
 
 def run(args) -> int:
+    if args.device:                                   # the device plan picks the context (and, later, precision)
+        from .device_plan import choose_for_device
+        from .fetch import resolve_target
+
+        target_dir = resolve_target(None if args.target == "default" else args.target)
+        _, args.max_context = choose_for_device(args.device, target_dir, args.draft, args.block_size, args.max_context)
     export_bundle(ExportOptions(out=args.out, target=args.target, draft=args.draft, block_size=args.block_size,
                                 max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
                                 verify=not args.no_verify, draft_vocab=args.draft_vocab))
