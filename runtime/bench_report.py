@@ -85,8 +85,8 @@ def analyse(report: dict, raw: list[dict]) -> dict:
         return {k: round(1e3 * v / tokens, 3) for k, v in (("draft", draft), ("target", target), ("overhead", over))}
 
     return {
-        "per_category": {k: {"spec_tokens_per_s": statistics.median(v["spec"]),
-                             "ar_tokens_per_s": statistics.median(v["ar"]),
+        "per_category": {k: {"spec_tokens_per_s": round(statistics.median(v["spec"]), 2),
+                             "ar_tokens_per_s": round(statistics.median(v["ar"]), 2),
                              "mean_acceptance_length": round(statistics.mean(v["tau"]), 3), "prompts": len(v["spec"])}
                          for k, v in sorted(cats.items())},
         "acceptance_histogram": {str(n): hist.get(n, 0) for n in range(1, block + 1)},
@@ -113,7 +113,9 @@ def plot_all(out: Path, figures: dict, energy: dict | None) -> list[str]:
     ax.bar([x + 0.2 for x in xs], [c["spec_tokens_per_s"] for c in cats.values()], 0.4, label="speculative")
     ax.set_xticks(list(xs), list(cats), rotation=20)
     ax.set_ylabel("decode tokens/s (median)")
-    ax.legend()
+    ax.set_ylim(0, 1.3 * max([c["ar_tokens_per_s"] for c in cats.values()] + [c["spec_tokens_per_s"] for c in cats.values()]))
+    ax.set_title("Decode speed per category")
+    ax.legend(ncols=2)
     save(fig, PLOTS[0])
 
     hist = figures["acceptance_histogram"]
@@ -121,6 +123,7 @@ def plot_all(out: Path, figures: dict, energy: dict | None) -> list[str]:
     ax.bar([int(k) for k in hist], list(hist.values()))
     ax.set_xlabel("tokens committed per verify step")
     ax.set_ylabel("steps")
+    ax.set_title("Acceptance length")
     save(fig, PLOTS[1])
 
     pos = {int(k): v for k, v in figures["acceptance_by_position"].items() if v is not None}
@@ -129,6 +132,7 @@ def plot_all(out: Path, figures: dict, energy: dict | None) -> list[str]:
     ax.set_xlabel("draft position in the block")
     ax.set_ylabel("share of steps accepted")
     ax.set_ylim(0, 1)
+    ax.set_title("Acceptance per block position")
     save(fig, PLOTS[2])
 
     parts = figures["ms_per_token"]
@@ -139,6 +143,7 @@ def plot_all(out: Path, figures: dict, energy: dict | None) -> list[str]:
         ax.bar(["plain", "speculative"], vals, bottom=bottom, label=comp)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("ms per generated token")
+    ax.set_title("Where the time goes")
     ax.legend()
     save(fig, PLOTS[3])
 
@@ -147,13 +152,14 @@ def plot_all(out: Path, figures: dict, energy: dict | None) -> list[str]:
         fig, ax = plt.subplots(figsize=(5, 3.2))
         ax.bar(arms, [energy[a]["energy_j_per_token"] for a in arms])
         ax.set_ylabel(f"J per token ({energy['meter']})")
+        ax.set_title("Energy per token")
         save(fig, "energy.png")
     return written
 
 
 def markdown(report: dict, figures: dict, plots: list[str]) -> str:
     b, e = report.get("bundle", {}), report.get("energy") or {}
-    lines = [f"# dflash-edge bench report", "",
+    lines = ["# dflash-edge bench report", "",
              f"Bundle `{b.get('path')}` (block {b.get('block_size')}), {report.get('prompts')} prompts, "
              f"{report.get('max_new_tokens')} new tokens max, provider {report.get('provider')}, {report.get('created')}.",
              f"Machine: {report.get('machine', {}).get('cpu')}, {report.get('machine', {}).get('cpus_usable')} CPUs.", "",

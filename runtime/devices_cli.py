@@ -154,7 +154,8 @@ def run_plan(args) -> int:
         print(json.dumps(out, indent=2))
         return 0
     mem, sp = out["memory"], out["speed"]
-    print(f"{out['device']}: {out['precision']} at context {out['context']}, block {out['block']}")
+    at = f" (step times at position {sp['position']})" if sp["position"] != out["context"] else ""
+    print(f"{out['device']}: {out['precision']} at context {out['context']}{at}, block {out['block']}")
     print("memory: " + ", ".join(f"{k} {v:.2f}" for k, v in mem["components_gb"].items())
           + f" = {mem['total_gb']:.2f} GB of {mem['usable_gb']:.2f} GB usable -> "
           + ("fits" if out["fits"] else "does NOT fit"))

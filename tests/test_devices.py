@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from dflash_edge.devices.models import ModelDims, dims_from_hf_config, preset
 from dflash_edge.devices.planner import (PlanRequest, alpha_for_tau, bytes_per_weight, memory_plan, plan, tau_at,
                                          target_step)
 from dflash_edge.devices.profiles import PROFILE_DIR, get_profile, load_profile_file, load_profiles
+from fixtures_bundle import MAX_CONTEXT, tiny_bundle  # noqa: F401  (fixture)
 
 DATA = Path(__file__).parent / "data" / "devices"
 MEASURED = {"bandwidth_gb_s": 20.0, "fp32_tflops": 0.06}       # stands in for the numpy measurement
@@ -258,8 +258,6 @@ def test_plan_from_checkpoint_config(tmp_path, capsys):
 
 
 # --- plans of a bundle (its manifest) and export --device -------------------------------------------------
-
-from fixtures_bundle import MAX_CONTEXT, tiny_bundle  # noqa: E402,F401  (fixture)
 
 
 def test_plan_of_a_bundle_uses_its_manifest(tiny_bundle, capsys, monkeypatch):
