@@ -60,7 +60,7 @@ def bytes_per_weight(req: PlanRequest) -> float:
     return bits / 8
 
 
-def _head_bytes(req: PlanRequest) -> tuple[float, float]:
+def head_bytes(req: PlanRequest) -> tuple[float, float]:
     """(embedding table, LM head) bytes: the LM head is quantised, the embedding (a Gather) stays float."""
     vh, bpw, fb = req.target.embed_params, bytes_per_weight(req), float_bytes(req)
     shared = req.target.tie_word_embeddings and req.precision in FLOAT_PRECISIONS
@@ -70,7 +70,7 @@ def _head_bytes(req: PlanRequest) -> tuple[float, float]:
 def weight_bytes(req: PlanRequest) -> tuple[float, float]:
     """(target, drafter) weight bytes at the request's precision (a bundle's exact bytes when given)."""
     bpw = bytes_per_weight(req)
-    embed, head = _head_bytes(req)
+    embed, head = head_bytes(req)
     target = req.target_weight_bytes or req.target.layer_params() * bpw + embed + head
     d = req.drafter
     draft = d.layer_params * bpw + d.fc_params(req.target.hidden_size) * bpw
@@ -137,7 +137,7 @@ def target_step(req: PlanRequest, tokens: int) -> dict:
            _experts_touched(t, tokens) * 3 * t.hidden_size * t.moe_intermediate_size + t.hidden_size * t.num_experts)
     layer_bytes = t.num_layers * (t.attn_params + mlp) * bpw
     if req.target_weight_bytes:                       # a bundle: scale the estimate to its real weight bytes
-        est = t.layer_params() * bpw + sum(_head_bytes(req))
+        est = t.layer_params() * bpw + sum(head_bytes(req))
         layer_bytes *= req.target_weight_bytes / est
     pos = req.position or req.context
     nbytes = layer_bytes + t.embed_params * bpw + pos * t.kv_bytes_per_token(fb)

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -98,6 +99,7 @@ def get_profile(name: str, directory: str | Path = PROFILE_DIR) -> DeviceProfile
     return profiles[name]
 
 
+@functools.lru_cache(maxsize=None)
 def class_factors(device_class: str, path: str | Path = CLASSES_FILE) -> dict:
     """The roofline / memory factors of one device class (devices/classes.json), every one sourced."""
     data = json.loads(Path(path).read_text())

@@ -35,7 +35,7 @@ def prepare(args, gen) -> MeteredGenerator:
     if getattr(args, "report", None):
         _pyplot()
         out = Path(args.report)
-        if out.exists() and any(out.iterdir()) and not (out / "report.json").exists():
+        if out.exists() and (not out.is_dir() or any(out.iterdir()) and not (out / "report.json").exists()):
             raise DflashEdgeError(f"--report {out} exists and is not a bench report; pick an empty or new directory")
     return MeteredGenerator(gen, *open_power_meter(getattr(args, "power", True)))
 

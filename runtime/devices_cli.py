@@ -15,7 +15,7 @@ from pathlib import Path
 from dflash_edge.devices.errors import DeviceError
 from dflash_edge.devices.models import (DraftDims, ModelDims, dims_from_hf_config, draft_dims_from_config, preset,
                                         recipe_drafter)
-from dflash_edge.devices.planner import FLOAT_PRECISIONS, PlanRequest, bytes_per_weight, plan
+from dflash_edge.devices.planner import PlanRequest, bytes_per_weight, head_bytes, plan
 
 DEFAULT_TAU = 2.0
 
@@ -132,20 +132,18 @@ def bundle_request(args, device) -> PlanRequest:
 
 
 def _with_intermediate(req: PlanRequest, draft_vocab: int) -> PlanRequest:
-    """Recover the MLP widths the manifest does not state from the graphs' byte counts (float precisions)."""
-    if req.precision not in FLOAT_PRECISIONS:
-        raise DeviceError(f"devices plan reads {req.precision} bundles' MLP widths only from float weights; "
-                          f"plan the float bundle it was quantised from, or use --target CHECKPOINT_DIR")
+    """Recover the MLP widths the manifest does not state from the graphs' byte counts (exact for float
+    weights; for quantised ones as exact as the planner's bytes per weight)."""
     t, d, bpw = req.target, req.drafter, bytes_per_weight(req)
-    heads = t.embed_params * (1 if t.tie_word_embeddings else 2)
-    inter = (req.target_weight_bytes / bpw - heads) / t.num_layers - t.attn_params
-    draft_heads = t.embed_params + (0 if t.tie_word_embeddings and draft_vocab == t.vocab_size
-                                    else draft_vocab * t.hidden_size)
-    d_inter = ((req.draft_weight_bytes / bpw - draft_heads - d.fc_params(t.hidden_size)) / d.num_layers
-               - 2 * d.hidden_size * (d.num_heads + d.num_kv_heads) * d.head_dim)
-    target = replace(t, intermediate_size=max(int(inter / (3 * t.hidden_size)), 1))
-    drafter = replace(d, intermediate_size=max(int(d_inter / (3 * d.hidden_size)), 1))
-    return replace(req, target=target, drafter=drafter)
+    embed, head = head_bytes(req)
+    inter = ((req.target_weight_bytes - embed - head) / bpw / t.num_layers - t.attn_params) / (3 * t.hidden_size)
+    draft_head = head * draft_vocab / t.vocab_size
+    d_layers = (req.draft_weight_bytes - embed - draft_head) / bpw - d.fc_params(t.hidden_size)
+    d_inter = (d_layers / d.num_layers - 2 * d.hidden_size * (d.num_heads + d.num_kv_heads) * d.head_dim) / (3 * d.hidden_size)
+    if inter < 1 or d_inter < 1:
+        raise DeviceError(f"bundle weights ({req.target_weight_bytes} / {req.draft_weight_bytes} bytes) do not match "
+                          f"its manifest's dims at {req.precision}; plan its checkpoint with --target DIR instead")
+    return replace(req, target=replace(t, intermediate_size=int(inter)), drafter=replace(d, intermediate_size=int(d_inter)))
 
 
 def run_plan(args) -> int:

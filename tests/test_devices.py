@@ -227,6 +227,16 @@ def test_devices_json_lists_profiles(capsys, monkeypatch):
         assert r["memory_gb"] and r["bandwidth_gb_s"] and r["sources"]["bandwidth_gb_s"]
 
 
+def test_devices_table_marks_the_detected_one(capsys, monkeypatch):
+    board, real = DATA / "jetson" / "agx-thor-jp7", det.detect_jetson
+    monkeypatch.setattr(det, "detect_jetson", lambda profiles: real(board / "model", board / "nv_tegra_release",
+                                                                     board / "meminfo", profiles))
+    assert main(["devices"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[1] for ln in lines if ln.startswith("*") and "detected" not in ln] == ["jetson-agx-thor"]
+    assert "l4t=38.2.0" in lines[-1]
+
+
 def test_plan_cli_done_when(capsys):
     args = ["devices", "plan", "--model", "qwen3-8b", "--context", "4096", "--json"]
     assert main(args + ["--precision", "int4", "--device", "jetson-orin-nx-16gb"]) == 0
