@@ -23,6 +23,7 @@ COMMANDS = {
     "quantize": ("dflash_edge.quantize.quantize_cli", "fp32 bundle -> int4/int8/fp16 bundle with a quality report"),
     "bench": ("dflash_edge.runtime.bench_cli", "speculative vs autoregressive tokens/s on a prompt set, lossless check"),
     "tune": ("dflash_edge.runtime.tune_cli", "measure this machine and store the best verify length in the bundle"),
+    "devices": ("dflash_edge.runtime.devices_cli", "device profiles (detected one marked); `devices plan`: fit and speed"),
 }
 
 

@@ -19,11 +19,23 @@ def add_arguments(p) -> None:
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime-vs-torch parity check")
     p.add_argument("--no-fused", action="store_true",
                    help="write only the portable target graph (no GroupQueryAttention `target_fused` flavour)")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                   help="quantise both graphs after export (`dflash-edge quantize` defaults, quality report included)")
+    p.add_argument("--precision", default=None, choices=PRECISIONS,
+                   help="quantise both graphs after export (`dflash-edge quantize` defaults, quality report included); "
+                        "default fp32, or the plan's choice with --device")
+    p.add_argument("--device", default=None, help="plan for this device profile (`dflash-edge devices`): take the "
+                                                  "max context that fits, or refuse naming what would fit")
 
 
 def run(args) -> int:
+    if args.device:                                   # the device plan picks the precision and context that fit
+        from .device_plan import choose_for_device
+        from .fetch import resolve_target
+
+        target_dir = resolve_target(None if args.target == "default" else args.target)
+        args.precision, args.max_context = choose_for_device(args.device, target_dir, args.draft, args.block_size,
+                                                             args.max_context, (args.precision,) if args.precision
+                                                             else PRECISIONS)
+    args.precision = args.precision or "fp32"
     opts = ExportOptions(out=args.out, target=args.target, draft=args.draft, block_size=args.block_size,
                          max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
                          verify=not args.no_verify, draft_vocab=args.draft_vocab, fused=not args.no_fused)

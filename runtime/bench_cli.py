@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import bench_report
+
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts.jsonl"
 
 
@@ -32,6 +34,7 @@ def add_arguments(p) -> None:
     p.add_argument("--auto-draft", action="store_true", help="no effect: the adaptive policy is the default arm")
     p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per usable CPU)")
+    bench_report.add_arguments(p)                               # --power / --no-power, --report DIR
 
 
 def load_prompts(path: str | Path | None, limit: int = 0) -> list[dict]:
@@ -168,18 +171,20 @@ def run(args) -> int:
     from .tuning import check_verify_len
 
     rows_in = load_prompts(args.prompts, args.limit)
-    gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads)
+    gen = bench_report.prepare(args, Generator.load(args.bundle, provider=args.provider, threads=args.threads))
     if args.verify_len is not None:
         check_verify_len(args.verify_len, gen.block_size)
     arms = ("plain", "default") if args.skip_always else ("plain", "always", "default")
     for arm in arms:                                            # warm-up: first runs pay lazy initialisation
         gen.generate("Hello", max_new_tokens=8, use_draft=ARMS[arm])
+    gen.reset()                                                 # energy: the warm-up is not metered
     rows, raw = [], []
     for i, row in enumerate(_progress(rows_in)):
         out, stats = bench_prompt(gen, row, i, args.max_new_tokens, arms, args.verify_len)
         rows.append(out)
         raw.append(stats)
     report = summarize(rows, raw, gen, args)
+    bench_report.finish(args, gen, report, rows, raw)           # energy fields; --report DIR
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({**report, "rows": rows}, indent=2) + "\n")
     print(json.dumps(report, indent=2))

@@ -2,10 +2,7 @@
 
 Lives on the lowest floor that raises them so every stage (and the CLI) can share one hierarchy.
 """
-
-
-class DflashEdgeError(Exception):
-    """Base for errors the CLI prints without a traceback."""
+from dflash_edge.devices.errors import DflashEdgeError  # noqa: F401  (the base lives on floor 1, devices/)
 
 
 class ModelFormatError(DflashEdgeError, ValueError):

@@ -1,0 +1,139 @@
+"""Model dims for the planner: presets (devices/presets.json), HF `config.json` dicts, parameter counts.
+
+>>> target, drafter, tau = preset("qwen3-8b")             # doctest: +SKIP
+>>> target.total_params / 1e9, target.active_params / 1e9  # doctest: +SKIP
+(8.19, 8.19)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import DeviceError
+
+PRESETS_FILE = Path(__file__).resolve().parent / "presets.json"
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    family: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    num_experts: int = 0                 # MoE: experts per layer (0: dense)
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+
+    @property
+    def attn_params(self) -> int:        # per layer: q, k, v, o projections
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        return 2 * self.hidden_size * q + 2 * self.hidden_size * kv
+
+    def mlp_params(self, active: bool) -> int:        # per layer
+        if not self.num_experts:
+            return 3 * self.hidden_size * self.intermediate_size
+        experts = self.experts_per_token if active else self.num_experts
+        return experts * 3 * self.hidden_size * self.moe_intermediate_size + self.hidden_size * self.num_experts
+
+    @property
+    def embed_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def layer_params(self, active: bool = False) -> int:
+        """All decoder layers' linear weights (every expert, or only the active ones)."""
+        return self.num_layers * (self.attn_params + self.mlp_params(active))
+
+    @property
+    def total_params(self) -> int:
+        return self.layer_params() + self.embed_params * (1 if self.tie_word_embeddings else 2)
+
+    @property
+    def active_params(self) -> int:
+        """Weights one token touches: active layers + LM head (+ one embedding row, ignored)."""
+        return self.layer_params(active=True) + self.embed_params
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class DraftDims:
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_target_layer_ids: int
+    block_size: int
+
+    @property
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return self.num_layers * (2 * h * q + 2 * h * kv + 3 * h * self.intermediate_size)
+
+    def fc_params(self, target_hidden: int) -> int:
+        return self.num_target_layer_ids * target_hidden * self.hidden_size
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+def load_presets(path: str | Path = PRESETS_FILE) -> dict:
+    return {k: v for k, v in json.loads(Path(path).read_text()).items() if not k.startswith("_")}
+
+
+def preset(name: str, path: str | Path = PRESETS_FILE) -> tuple[ModelDims, DraftDims, float]:
+    """(target dims, drafter dims, assumed acceptance length) of a named preset."""
+    presets = load_presets(path)
+    if name not in presets:
+        raise DeviceError(f"unknown model preset {name!r}; known presets: {', '.join(presets)}")
+    entry = presets[name]
+    return ModelDims(**entry["target"]), DraftDims(**entry["drafter"]), float(entry["tau"])
+
+
+def _need(cfg: dict, key: str, where: str):
+    if key not in cfg:
+        raise DeviceError(f"{where}: missing {key!r}; is this a Hugging Face model config.json?")
+    return cfg[key]
+
+
+def dims_from_hf_config(cfg: dict, where: str = "config.json") -> ModelDims:
+    """ModelDims from a Hugging Face `config.json` dict (llama, qwen2, qwen3, qwen3_moe, ...)."""
+    hidden, heads = _need(cfg, "hidden_size", where), _need(cfg, "num_attention_heads", where)
+    return ModelDims(family=cfg.get("model_type", "?"), hidden_size=hidden,
+                     intermediate_size=_need(cfg, "intermediate_size", where),
+                     num_layers=_need(cfg, "num_hidden_layers", where), num_heads=heads,
+                     num_kv_heads=cfg.get("num_key_value_heads") or heads,
+                     head_dim=cfg.get("head_dim") or hidden // heads, vocab_size=_need(cfg, "vocab_size", where),
+                     tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                     max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+                     num_experts=cfg.get("num_experts") or cfg.get("num_local_experts") or 0,
+                     experts_per_token=cfg.get("num_experts_per_tok") or 0,
+                     moe_intermediate_size=cfg.get("moe_intermediate_size") or 0)
+
+
+def draft_dims_from_config(cfg: dict, where: str = "drafter config.json") -> DraftDims:
+    """DraftDims from a z-lab format DFlash drafter `config.json` dict."""
+    hidden, heads = _need(cfg, "hidden_size", where), _need(cfg, "num_attention_heads", where)
+    ids = cfg.get("dflash_config", {}).get("target_layer_ids") or cfg.get("target_layer_ids") or [0] * 5
+    return DraftDims(num_layers=_need(cfg, "num_hidden_layers", where), hidden_size=hidden,
+                     intermediate_size=_need(cfg, "intermediate_size", where), num_heads=heads,
+                     num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or hidden // heads,
+                     num_target_layer_ids=len(ids), block_size=cfg.get("block_size", 16))
+
+
+def recipe_drafter(target: ModelDims, num_layers: int = 5, block_size: int = 16) -> DraftDims:
+    """The z-lab recipe's drafter for a target without one: `num_layers` dense layers at the target's widths."""
+    inter = target.intermediate_size if not target.num_experts else 3 * target.hidden_size
+    return DraftDims(num_layers=num_layers, hidden_size=target.hidden_size, intermediate_size=inter,
+                     num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
+                     num_target_layer_ids=5, block_size=block_size)

@@ -1,0 +1,252 @@
+"""Memory and speed plan of a target + DFlash drafter on a device (profiles + model dims, no graphs).
+
+Memory: weights at the chosen precision (int4/int8 = MatMulNBits blocks of 32 with a float scale and a
+zero point each), the drafter (our ONNX bundles duplicate the embedding and LM head into it), KV caches
+preallocated at context + block, activations, the runtime, and the OS reserve where the OS shares memory.
+Speed: a roofline per step (bytes ÷ bandwidth vs FLOPs ÷ compute, with the device class's efficiency
+factors, devices/classes.json) plus a per-layer dispatch cost; DFlash's speedup at acceptance length τ is
+τ · t_decode / (t_draft + t_verify).
+
+>>> t, d, tau = preset("qwen3-8b")                                               # doctest: +SKIP
+>>> plan(PlanRequest(t, d, get_profile("jetson-orin-nx-16gb"), "int4", 4096)).fits  # doctest: +SKIP
+True
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .errors import DeviceError
+from .models import DraftDims, ModelDims
+from .profiles import DeviceProfile, class_factors
+
+GB = 1e9
+WEIGHT_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp4": 4}
+QUANT_BLOCK = 32                     # MatMulNBits block: one float scale + one zero point per 32 weights
+FLOAT_PRECISIONS = ("fp32", "fp16", "bf16")
+# precision -> the compute rates that can run it, best first (weight-only int4 computes in the float dtype)
+COMPUTE_CHAIN = {"fp32": ("fp32",), "fp16": ("fp16", "fp32"), "bf16": ("bf16", "fp16", "fp32"),
+                 "fp8": ("fp8", "fp16", "fp32"), "int8": ("int8", "fp16", "fp32"), "int4": ("fp16", "fp32"),
+                 "fp4": ("fp4", "fp8", "fp16", "fp32")}
+MIN_CONTEXT = 256
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    target: ModelDims
+    drafter: DraftDims
+    device: DeviceProfile
+    precision: str = "fp16"
+    context: int = 4096                   # tokens the KV cache holds
+    position: int = 0                     # position the step times assume (0: at the full context)
+    block: int = 0                        # verify length (0: the drafter's block size)
+    prefill_chunk: int = 64
+    tau: float = 2.0                      # acceptance length assumed for the recommended verify length
+    target_weight_bytes: int | None = None   # exact bytes (from a bundle manifest) instead of the dims' estimate
+    draft_weight_bytes: int | None = None
+    draft_duplicates_embeddings: bool = True  # our onnxruntime bundles copy embed/LM head into the drafter
+
+
+def float_bytes(req: PlanRequest) -> int:
+    """Activation / KV / scale dtype: fp32 for fp32 and on CPUs (onnxruntime CPU kernels), else fp16."""
+    return 4 if req.precision == "fp32" or req.device.device_class == "cpu" else 2
+
+
+def bytes_per_weight(req: PlanRequest) -> float:
+    bits, fb = WEIGHT_BITS[req.precision], float_bytes(req)
+    if req.precision in ("int8", "int4"):
+        return bits / 8 + (fb + bits / 8) / QUANT_BLOCK        # + scale and zero point per block
+    if req.precision == "fp4":
+        return 0.5 + 1 / 16                                    # NVFP4: an fp8 scale per 16 weights
+    return bits / 8
+
+
+def head_bytes(req: PlanRequest) -> tuple[float, float]:
+    """(embedding table, LM head) bytes: the LM head is quantised, the embedding (a Gather) stays float."""
+    vh, bpw, fb = req.target.embed_params, bytes_per_weight(req), float_bytes(req)
+    shared = req.target.tie_word_embeddings and req.precision in FLOAT_PRECISIONS
+    return (0.0 if shared else vh * fb), vh * bpw
+
+
+def weight_bytes(req: PlanRequest) -> tuple[float, float]:
+    """(target, drafter) weight bytes at the request's precision (a bundle's exact bytes when given)."""
+    bpw = bytes_per_weight(req)
+    embed, head = head_bytes(req)
+    target = req.target_weight_bytes or req.target.layer_params() * bpw + embed + head
+    d = req.drafter
+    draft = d.layer_params * bpw + d.fc_params(req.target.hidden_size) * bpw
+    if req.draft_duplicates_embeddings:
+        draft += embed + head
+    return float(target), float(req.draft_weight_bytes or draft)
+
+
+def memory_plan(req: PlanRequest) -> dict:
+    """GB per component, the total, what the device leaves usable, and whether it fits."""
+    f = class_factors(req.device.device_class)
+    fb, block = float_bytes(req), req.block or req.drafter.block_size
+    target_w, draft_w = weight_bytes(req)
+    slots = req.context + block
+    kv = slots * (req.target.kv_bytes_per_token(fb) + req.drafter.kv_bytes_per_token(fb))
+    t, inter = req.target, (req.target.experts_per_token * req.target.moe_intermediate_size
+                            or req.target.intermediate_size)
+    tokens = max(req.prefill_chunk, block)
+    # live tensors of the widest call (fp32 logits, hidden states incl. context features, MLP, attention
+    # scores), x2: onnxruntime's arena keeps inputs and outputs of neighbouring nodes alive
+    act = 2 * tokens * (t.vocab_size * 4 + t.hidden_size * (req.drafter.num_target_layer_ids + 6) * fb
+                        + 2 * inter * fb + t.num_heads * slots * 4)
+    parts = {"target_weights": target_w * f["weights_residency"] / GB,
+             "drafter_weights": draft_w * f["weights_residency"] / GB, "kv_cache": kv / GB,
+             "activations": act / GB, "runtime": f["runtime_overhead_gb"]}
+    total = sum(parts.values())
+    usable = req.device.usable_memory_gb
+    return {"components_gb": {k: round(v, 3) for k, v in parts.items()}, "total_gb": round(total, 3),
+            "device_memory_gb": req.device.memory_gb,
+            "os_reserve_gb": req.device.os_reserve_gb if req.device.memory_shared_with_os else 0.0,
+            "usable_gb": round(usable, 3), "fits": total <= usable,
+            "weights_on_disk_gb": round((target_w + draft_w) / GB, 3), "kv_dtype_bytes": fb}
+
+
+def _compute_tflops(req: PlanRequest) -> float:
+    rates = req.device.compute_tflops
+    for key in COMPUTE_CHAIN[req.precision]:
+        if rates.get(key):
+            return float(rates[key])
+    raise DeviceError(f"device {req.device.name!r} has no compute figure for {req.precision} (or a fallback); "
+                      f"its profile lists {sorted(k for k, v in rates.items() if v)}")
+
+
+def _roofline_ms(req: PlanRequest, nbytes: float, flops: float, layers: int) -> dict:
+    f = class_factors(req.device.device_class)
+    if not req.device.bandwidth_gb_s:
+        raise DeviceError(f"device {req.device.name!r} has no bandwidth figure; detect it first (cpu) or fix its profile")
+    mem = 1e3 * nbytes / (req.device.bandwidth_gb_s * GB * f["bandwidth_efficiency"])
+    comp = 1e3 * flops / (_compute_tflops(req) * 1e12 * f["compute_efficiency"])
+    over = layers * f["layer_overhead_ms"]
+    return {"ms": round(max(mem, comp) + over, 4), "memory_ms": round(mem, 4), "compute_ms": round(comp, 4),
+            "overhead_ms": round(over, 4), "bound": "memory" if mem >= comp else "compute"}
+
+
+def _experts_touched(t: ModelDims, tokens: int) -> float:
+    """Expected distinct experts per layer that `tokens` tokens route to (uniform routing)."""
+    return t.num_experts * (1 - (1 - t.experts_per_token / t.num_experts) ** tokens)
+
+
+def target_step(req: PlanRequest, tokens: int) -> dict:
+    """Roofline of one target call on `tokens` tokens at position `context` (1: plain decode)."""
+    t, bpw, fb = req.target, bytes_per_weight(req), float_bytes(req)
+    mlp = (t.mlp_params(active=True) if not t.num_experts else
+           _experts_touched(t, tokens) * 3 * t.hidden_size * t.moe_intermediate_size + t.hidden_size * t.num_experts)
+    layer_bytes = t.num_layers * (t.attn_params + mlp) * bpw
+    if req.target_weight_bytes:                       # a bundle: scale the estimate to its real weight bytes
+        est = t.layer_params() * bpw + sum(head_bytes(req))
+        layer_bytes *= req.target_weight_bytes / est
+    pos = req.position or req.context
+    nbytes = layer_bytes + t.embed_params * bpw + pos * t.kv_bytes_per_token(fb)
+    attn_flops = 4 * pos * t.num_heads * t.head_dim * t.num_layers
+    flops = tokens * (2 * t.active_params + attn_flops)
+    return _roofline_ms(req, nbytes, flops, t.num_layers)
+
+
+def draft_step(req: PlanRequest, block: int) -> dict:
+    """Roofline of one drafter call: `block` positions over the cached context features."""
+    d, t, bpw, fb = req.drafter, req.target, bytes_per_weight(req), float_bytes(req)
+    params = d.layer_params + d.fc_params(t.hidden_size) + t.embed_params
+    pos = req.position or req.context
+    nbytes = params * bpw + pos * d.kv_bytes_per_token(fb)
+    flops = block * (2 * params + 4 * pos * d.num_heads * d.head_dim * d.num_layers)
+    return _roofline_ms(req, nbytes, flops, d.num_layers)
+
+
+def alpha_for_tau(tau: float, block: int) -> float:
+    """Per-position acceptance rate α with (1 - α^B) / (1 - α) = τ (geometric acceptance, bonus included)."""
+    tau = min(max(tau, 1.0), block - 1e-9)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if (1 - mid ** block) / (1 - mid) < tau else (lo, mid)
+    return lo
+
+
+def tau_at(alpha: float, block: int) -> float:
+    return (1 - alpha ** block) / (1 - alpha) if alpha < 1 else float(block)
+
+
+def speed_plan(req: PlanRequest) -> dict:
+    """Step times, speedup as a function of τ at the request's block, and the best verify length at `tau`."""
+    block = req.block or req.drafter.block_size
+    decode = target_step(req, 1)
+
+    def spec(b: int) -> tuple[float, dict, dict]:
+        verify, draft = target_step(req, b), draft_step(req, b)
+        return verify["ms"] + draft["ms"], verify, draft
+
+    step_ms, verify, draft = spec(block)
+    curve = [{"tau": x / 2, "speedup": round((x / 2) * decode["ms"] / step_ms, 3)} for x in range(2, 2 * block + 1)]
+    alpha = alpha_for_tau(req.tau, req.drafter.block_size)
+    best = max(range(2, req.drafter.block_size + 1), key=lambda b: tau_at(alpha, b) * decode["ms"] / spec(b)[0])
+    best_speedup = tau_at(alpha, best) * decode["ms"] / spec(best)[0]
+    return {"position": req.position or req.context, "block": block, "decode": decode, "verify": verify, "draft": draft,
+            "plain_tokens_per_s": round(1e3 / decode["ms"], 2),
+            "verify_over_decode": round(verify["ms"] / decode["ms"], 3),
+            "speedup_vs_tau": curve, "break_even_tau": round(step_ms / decode["ms"], 3),
+            "assumed_tau": req.tau, "alpha": round(alpha, 4),
+            "recommended_verify_length": best if best_speedup > 1 else 1,
+            "expected_speedup": round(max(best_speedup, 1.0), 3),
+            "draft_pays": best_speedup > 1}
+
+
+def max_context(req: PlanRequest) -> int:
+    """The largest context (>= MIN_CONTEXT, <= the model's positions) that fits; 0 when none does."""
+    block = req.block or req.drafter.block_size
+    lo, hi = MIN_CONTEXT, req.target.max_position_embeddings - block
+    if not memory_plan(replace(req, context=lo))["fits"]:
+        return 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if memory_plan(replace(req, context=mid))["fits"] else (lo, mid - 1)
+    return lo
+
+
+def alternatives(req: PlanRequest) -> list[dict]:
+    """What would fit: each supported precision at the requested context, else its largest context."""
+    out = []
+    for prec in sorted((p for p in req.device.precisions if p in WEIGHT_BITS), key=lambda p: -WEIGHT_BITS[p]):
+        alt = replace(req, precision=prec, target_weight_bytes=None, draft_weight_bytes=None)
+        if memory_plan(alt)["fits"]:
+            out.append({"precision": prec, "context": req.context})
+        elif ctx := max_context(alt):
+            out.append({"precision": prec, "context": ctx})
+    return out
+
+
+def check_request(req: PlanRequest) -> None:
+    d = req.device
+    if req.precision not in WEIGHT_BITS:
+        raise DeviceError(f"unknown precision {req.precision!r}; known: {', '.join(WEIGHT_BITS)}")
+    if req.precision not in d.precisions:
+        raise DeviceError(f"device {d.name!r} does not run {req.precision}; it supports {', '.join(d.precisions)}")
+    block = req.block or req.drafter.block_size
+    if not 2 <= block <= req.drafter.block_size:
+        raise DeviceError(f"block {block} is outside 2..{req.drafter.block_size} (the drafter's trained block size)")
+    limit = req.target.max_position_embeddings - block
+    if not 1 <= req.context <= limit:
+        raise DeviceError(f"context {req.context} is outside 1..{limit} (the model's "
+                          f"{req.target.max_position_embeddings} positions minus the block)")
+    if d.memory_gb is None:
+        raise DeviceError(f"device {d.name!r} has no memory figure; the generic cpu profile is filled by detection")
+
+
+def plan(req: PlanRequest) -> dict:
+    """The full plan: memory (fits, why not, what would fit) and speed; JSON-ready."""
+    check_request(req)
+    mem = memory_plan(req)
+    out = {"device": req.device.name, "device_class": req.device.device_class, "precision": req.precision,
+           "context": req.context, "block": req.block or req.drafter.block_size,
+           "target_params": {"total": req.target.total_params, "active_per_token": req.target.active_params},
+           "memory": mem, "fits": mem["fits"], "speed": speed_plan(req)}
+    if not mem["fits"]:
+        comps = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in mem["components_gb"].items())
+        reserve = f" after the {mem['os_reserve_gb']:g} GB OS reserve" if mem["os_reserve_gb"] else ""
+        out["why_not"] = (f"needs {mem['total_gb']:.2f} GB ({comps}) but {req.device.name} has "
+                          f"{mem['usable_gb']:.2f} GB usable{reserve}")
+        out["would_fit"] = alternatives(req)
+    return out

@@ -1,0 +1,91 @@
+"""Energy per token for `bench --power`: meter each generate call of each arm, or say why not.
+
+`MeteredGenerator` wraps a Generator: every `generate(..., use_draft=X)` call is bracketed by meter
+reads and charged to arm X. Joules cover the whole call (prefill included) and whatever else the
+meter's scope sees; they are measurements, never estimates. A meter that fails mid-run nulls its
+fields with the reason; the bench itself carries on.
+
+>>> gen = MeteredGenerator(Generator.load("bundle/"), meter=None, reason="disabled")   # doctest: +SKIP
+>>> gen.energy_report()["plain"]                                                       # doctest: +SKIP
+{'energy_j_per_token': None, 'avg_power_w': None, 'reason': 'disabled'}
+"""
+from __future__ import annotations
+
+import time
+
+from dflash_edge.devices.errors import MeterError
+
+ARM_NAMES = {False: "plain", "auto": "speculative", True: "always"}   # bench arms: plain, default, always-draft
+
+
+def open_power_meter(enabled: bool):
+    """(meter, None) when one reads, else (None, why not)."""
+    if not enabled:
+        return None, "disabled by --no-power"
+    from dflash_edge.devices.meters import open_meter
+
+    try:
+        return open_meter(), None
+    except MeterError as err:
+        return None, str(err)
+
+
+class MeteredGenerator:
+    """A Generator whose generate calls are metered per arm (use_draft value); everything else passes through."""
+
+    def __init__(self, gen, meter, reason: str | None = None):
+        self.gen, self.meter, self.reason = gen, meter, reason
+        self.arms: dict[str, dict] = {}
+
+    def __getattr__(self, name):
+        return getattr(self.gen, name)
+
+    def generate(self, prompt, *args, use_draft=True, **options):   # the Generator's own signature, passed on
+        arm = self.arms.setdefault(ARM_NAMES.get(use_draft, str(use_draft)),
+                                   {"energy_j": 0.0, "seconds": 0.0, "tokens": 0, "calls": 0})
+        e0 = self._read()
+        t0 = time.perf_counter()
+        res = self.gen.generate(prompt, *args, use_draft=use_draft, **options)
+        seconds = time.perf_counter() - t0
+        e1 = self._read() if e0 is not None else None
+        if e1 is not None:
+            arm["energy_j"] += e1 - e0
+            arm["seconds"] += seconds
+            arm["tokens"] += res.stats.new_tokens
+            arm["calls"] += 1
+        return res
+
+    def reset(self) -> None:
+        """Forget what was metered so far (the bench's warm-up calls)."""
+        self.arms.clear()
+
+    def _read(self) -> float | None:
+        if self.meter is None:
+            return None
+        try:
+            return self.meter.read_j()
+        except MeterError as err:
+            self.reason = f"meter {self.meter.name} stopped reading mid-run: {err}"
+            self.meter.close()
+            self.meter = None
+            return None
+
+    def energy_report(self) -> dict:
+        """Per arm: energy_j_per_token and avg_power_w (null with `reason` when no meter read to the end)."""
+        out = {"meter": getattr(self.meter, "name", None), "scope": getattr(self.meter, "scope", None),
+               "reason": self.reason, "covers": "whole generate calls (prefill + decode)"}
+        for name in ("plain", "speculative", *(["always"] if "always" in self.arms else [])):
+            arm = self.arms.get(name)
+            if self.meter is None or not arm or not arm["tokens"] or not arm["seconds"]:
+                out[name] = {"energy_j_per_token": None, "avg_power_w": None,
+                             "reason": self.reason or "no metered calls in this arm"}
+                continue
+            out[name] = {"energy_j_per_token": round(arm["energy_j"] / arm["tokens"], 5),
+                         "avg_power_w": round(arm["energy_j"] / arm["seconds"], 3),
+                         "energy_j": round(arm["energy_j"], 3), "seconds": round(arm["seconds"], 3),
+                         "tokens": arm["tokens"], "calls": arm["calls"]}
+        return out
+
+    def close(self) -> None:
+        if self.meter is not None:
+            self.meter.close()

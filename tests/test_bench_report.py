@@ -1,0 +1,88 @@
+"""Tier 1: `bench --report DIR` and the energy fields, on a tiny bundle (a scripted meter stands in for RAPL)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from dflash_edge.cli import main
+from dflash_edge.devices import meters
+from fixtures_bundle import tiny_bundle  # noqa: F401  (fixture)
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+class CountingMeter(meters.Meter):
+    """A counter meter: 0.5 J per read, like RAPL's energy_uj advancing between reads."""
+
+    name, scope = "counting", "test"
+
+    def __init__(self):
+        self.j = 0.0
+
+    def read_j(self):
+        self.j += 0.5
+        return self.j
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    rows = [{"id": "a", "category": "chat", "prompt": "t5 t9 t12"}, {"id": "b", "category": "code", "prompt": "t7 t3"},
+            {"id": "c", "category": "chat", "prompt": "t40 t41 t42 t43"}]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def run_bench(tb, prompts, *extra):
+    return main(["bench", str(tb.path), "--prompts", str(prompts), "--max-new-tokens", "10", "--threads", "1", *extra])
+
+
+def test_report_files_with_energy(tiny_bundle, prompts, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(meters, "open_meter", CountingMeter)
+    out = tmp_path / "report"
+    assert run_bench(tiny_bundle("qwen3", 8), prompts, "--report", str(out)) == 0
+    printed = json.loads(capsys.readouterr().out)
+    for arm in ("plain", "speculative"):
+        assert printed["energy"][arm]["energy_j_per_token"] > 0 and printed["energy"][arm]["avg_power_w"] > 0
+    report = json.loads((out / "report.json").read_text())
+    figs = report["figures"]
+    assert set(figs["per_category"]) == {"chat", "code"} and figs["per_category"]["chat"]["prompts"] == 2
+    assert sum(figs["acceptance_histogram"].values()) > 0 and list(figs["acceptance_histogram"]) == [str(i) for i in range(1, 9)]
+    rates = [v for v in figs["acceptance_by_position"].values()]
+    assert rates == sorted(rates, reverse=True)                   # position k+1 accepted only if k was
+    assert figs["ms_per_token"]["plain"]["draft"] == 0 and figs["ms_per_token"]["speculative"]["draft"] > 0
+    assert set(report["plots"]) == {"tokens_per_s.png", "acceptance_hist.png", "acceptance_by_position.png",
+                                    "step_breakdown.png", "energy.png"}
+    for name in report["plots"]:
+        assert (out / name).read_bytes()[:8] == PNG
+    md = (out / "report.md").read_text()
+    assert "| chat | 2 |" in md and "J/token" in md and "![energy.png](energy.png)" in md
+    assert run_bench(tiny_bundle("qwen3", 8), prompts, "--report", str(out), "--limit", "1") == 0   # replaced
+    assert json.loads((out / "report.json").read_text())["prompts"] == 1
+
+
+def test_no_meter_gives_null_fields_with_the_reason(tiny_bundle, prompts, tmp_path, monkeypatch, capsys):
+    def absent():
+        raise meters.MeterError("no energy meter on this machine (rapl: no RAPL zones under /x)")
+
+    monkeypatch.setattr(meters, "open_meter", absent)
+    assert run_bench(tiny_bundle("qwen3", 8), prompts, "--limit", "1", "--report", str(tmp_path / "r")) == 0
+    energy = json.loads(capsys.readouterr().out)["energy"]
+    assert energy["plain"] == {"energy_j_per_token": None, "avg_power_w": None,
+                               "reason": "no energy meter on this machine (rapl: no RAPL zones under /x)"}
+    assert not (tmp_path / "r" / "energy.png").exists()
+    assert "not measured (no energy meter" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_report_refuses_a_foreign_directory(tiny_bundle, prompts, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert run_bench(tiny_bundle("qwen3", 8), prompts, "--report", str(tmp_path)) == 2
+    assert "is not a bench report" in capsys.readouterr().err and (tmp_path / "notes.txt").exists()
+
+
+def test_report_without_matplotlib_says_how_to_get_it(tiny_bundle, prompts, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)           # import matplotlib -> ImportError
+    assert run_bench(tiny_bundle("qwen3", 8), prompts, "--report", str(tmp_path / "r")) == 2
+    assert "pip install 'dflash-edge[report]'" in capsys.readouterr().err
