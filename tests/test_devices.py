@@ -298,10 +298,13 @@ def test_export_device_refuses_naming_what_would_fit(tmp_path):
            "tie_word_embeddings": True, "max_position_embeddings": 40960}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(DeviceError, match=r"writes fp32 and none of it fits rtx-4060-8gb.*int4 at context 2048"):
-        choose_for_device("rtx-4060-8gb", tmp_path, "random", 16, 2048)
+        choose_for_device("rtx-4060-8gb", tmp_path, "random", 16, 2048, ("fp32",))
     assert main(["export", "--out", str(tmp_path / "b"), "--target", str(tmp_path), "--draft", "random",
-                 "--device", "rtx-4060-8gb"]) == 2                  # the CLI hook refuses before exporting
+                 "--device", "rtx-4060-8gb", "--precision", "fp32"]) == 2   # the CLI hook refuses before exporting
+    precision, ctx = choose_for_device("rtx-4060-8gb", tmp_path, "random", 16, 2048)   # any precision: a quantised one
+    assert precision in ("int8", "int4") and ctx == 2048
     assert not (tmp_path / "b").exists()
     assert choose_for_device("rtx-4090-24gb", tmp_path, "random", 16, 2048) == ("fp32", 2048)
-    precision, ctx = choose_for_device("rtx-4090-24gb", tmp_path, "random", 16, 40000)
+    assert choose_for_device("rtx-4090-24gb", tmp_path, "random", 16, 40000) == ("fp16", 40000)   # a lower precision
+    precision, ctx = choose_for_device("rtx-4090-24gb", tmp_path, "random", 16, 40000, ("fp32",))  # before a shorter context
     assert precision == "fp32" and 256 <= ctx < 40000
