@@ -21,6 +21,7 @@ COMMANDS = {
     "build-engines": ("dflash_edge.export.engines_cli", "build TensorRT engines for a bundle (needs TensorRT)"),
     "run": ("dflash_edge.runtime.run_cli", "generate from a bundle with the speculative runtime (streams text)"),
     "bench": ("dflash_edge.runtime.bench_cli", "speculative vs autoregressive tokens/s on a prompt set, lossless check"),
+    "serve": ("dflash_edge.serve.serve_cli", "OpenAI-compatible HTTP server over a bundle (loopback by default)"),
 }
 
 
@@ -42,6 +43,30 @@ def main(argv: list[str] | None = None) -> int:
     except DflashEdgeError as err:
         print(f"dflash-edge {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as err:             # a lighter install than the command needs: name the extra
+        extra = _extra_providing(err.name or "")
+        if extra is None:
+            raise
+        print(f"dflash-edge {args.command}: error: this command needs the package {err.name!r}, which is not "
+              f"installed here; install the {extra!r} extra: pip install \"dflash-edge[{extra}]\"", file=sys.stderr)
+        return 2
+
+
+def _extra_providing(module: str) -> str | None:
+    """The first optional extra of our package metadata (pyproject) that installs `module`, else None."""
+    import importlib.metadata
+    import re
+
+    top = module.split(".")[0].lower()
+    try:
+        requires = importlib.metadata.requires("dflash-edge") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for req in requires:
+        m = re.match(r"\s*([A-Za-z0-9_.-]+).*extra\s*==\s*[\"']([\w-]+)[\"']", req)
+        if m and m.group(1).lower().replace("-", "_") == top:
+            return m.group(2)
+    return None
 
 
 if __name__ == "__main__":

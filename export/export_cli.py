@@ -1,7 +1,12 @@
 """`dflash-edge export`: target + drafter -> bundle."""
 from __future__ import annotations
 
+from dflash_edge.runtime.errors import DflashEdgeError
+from dflash_edge.runtime.validate import CLI_LABELS, check
+
 from .exporter import ExportOptions, export_bundle
+
+SHORTEST_CHAT = [{"role": "user", "content": "Hi"}]
 
 
 def add_arguments(p) -> None:
@@ -18,7 +23,24 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    check_up_front(args)
     export_bundle(ExportOptions(out=args.out, target=args.target, draft=args.draft, block_size=args.block_size,
                                 max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
                                 verify=not args.no_verify, draft_vocab=args.draft_vocab))
     return 0
+
+
+def check_up_front(args) -> None:
+    """Ranges, and that a one-word chat prompt fits the context, before ~30 s of loading the models."""
+    for name in ("block_size", "max_context", "prefill_chunk", "draft_vocab"):
+        check(name, getattr(args, name), CLI_LABELS[name])
+    from dflash_edge.runtime.tokenizer import ChatTokenizer
+
+    from .fetch import resolve_target
+
+    tok = ChatTokenizer.from_dir(resolve_target(args.target))        # fetches the default model on first use
+    n = len(tok.encode_chat(SHORTEST_CHAT) if tok.chat_template else tok.encode("Hi"))
+    if n + args.block_size > args.max_context:
+        raise DflashEdgeError(f"--max-context {args.max_context}: even the shortest chat prompt ({n} tokens with the "
+                              f"chat template) plus one block of {args.block_size} does not fit; use --max-context "
+                              f">= {n + args.block_size} (2048 is the default)")
