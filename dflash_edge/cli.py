@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        _check_numbers(args)
         return importlib.import_module(args._module).run(args) or 0
     except DflashEdgeError as err:
         print(f"dflash-edge {args.command}: error: {err}", file=sys.stderr)
@@ -50,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dflash-edge {args.command}: error: this command needs the package {err.name!r}, which is not "
               f"installed here; install the {extra!r} extra: pip install \"dflash-edge[{extra}]\"", file=sys.stderr)
         return 2
+
+
+def _check_numbers(args) -> None:
+    """Every subcommand's numeric options with a rule in runtime/validate.py, checked before anything loads."""
+    from dflash_edge.runtime.validate import CLI_LABELS, RULES, check
+
+    for name in RULES:
+        if getattr(args, name, None) is not None:
+            check(name, getattr(args, name), CLI_LABELS[name])
 
 
 def _extra_providing(module: str) -> str | None:

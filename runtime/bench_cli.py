@@ -104,10 +104,6 @@ def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
 
 def run(args) -> int:
     from .generator import Generator
-    from .validate import check
-
-    for name in ("max_new_tokens", "limit", "threads"):        # before the bundle loads
-        check(name, getattr(args, name), "--" + name.replace("_", "-"))
     rows_in = load_prompts(args.prompts, args.limit)
     gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads)
     for use in (True, False):                                   # warm-up: first runs pay lazy initialisation

@@ -23,12 +23,12 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from .generator import Generator
-    from .validate import CLI_LABELS, GenerationArgs, check
+    from .validate import CLI_LABELS, GenerationArgs
 
     a = GenerationArgs(args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
                        args.stop, not args.raw, False if args.no_draft else "auto" if args.auto_draft else True)
     a = a.checked(CLI_LABELS)                                  # before the bundle loads (seconds)
-    gen = Generator.load(args.bundle, provider=args.provider, threads=check("threads", args.threads, "--threads"))
+    gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads)
     stream = gen.stream(a.prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                         top_p=a.top_p, seed=a.seed, stop=a.stop, chat=a.chat, use_draft=a.use_draft)
     for piece in stream:

@@ -25,10 +25,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from dflash_edge.runtime.errors import DflashEdgeError
-    from dflash_edge.runtime.validate import CLI_LABELS, check
 
-    for name in ("port", "max_queue", "threads"):            # before the bundle loads
-        check(name, getattr(args, name), CLI_LABELS[name])
+    # --port, --max-queue, --threads: checked by the dispatcher (cli.py) against runtime/validate.py's rules
     if args.api_key is not None and not args.api_key.strip():
         raise DflashEdgeError("--api-key is empty: pass a non-empty key, or leave the option out")
     import uvicorn                                          # the `serve` extra (cli.py names it when missing)

@@ -130,3 +130,16 @@ def test_export_without_torch_names_the_extra(tiny_checkpoints, tmp_path):
     assert out.returncode == 2, out.stderr
     assert "needs the package 'torch'" in out.stderr and 'pip install "dflash-edge[export]"' in out.stderr
     assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["generate", "--prompt", "hi", "--temperature", "nan"], "--temperature=nan"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens=0"),
+    (["eval-drafter", "--draft", "x", "--threads", "-1"], "--threads=-1"),
+    (["train", "--out", "x", "--block-size", "1"], "--block-size=1"),
+])
+def test_every_subcommand_checks_its_numbers_first(capsys, argv, named):
+    """The dispatcher applies validate.py's rules to every subcommand's options before the command runs."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err and err.count("\n") == 1
