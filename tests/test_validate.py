@@ -143,3 +143,18 @@ def test_every_subcommand_checks_its_numbers_first(capsys, argv, named):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert named in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_serve_without_its_extra_names_it(tmp_path):
+    code = ("import sys; sys.modules['uvicorn'] = None\nfrom dflash_edge.cli import main\n"
+            f"sys.exit(main(['serve', {str(tmp_path / 'b')!r}]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 2 and 'pip install "dflash-edge[serve]"' in out.stderr and "Traceback" not in out.stderr
+
+
+def test_runtime_and_cli_never_import_the_web_stack(tiny_bundle):
+    code = ("import sys\nfrom dflash_edge.runtime import Generator\nimport dflash_edge.cli\n"
+            f"Generator.load({str(tiny_bundle('qwen3', 8).path)!r}).generate('t5', max_new_tokens=3)\n"
+            "print(sorted(m for m in ('starlette', 'uvicorn', 'httpx', 'dflash_edge.serve') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
