@@ -11,6 +11,7 @@ Errors use OpenAI's shape: 400 for bad input (the runtime's validation text, `pa
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from dflash_edge.runtime.errors import DflashEdgeError
@@ -61,26 +62,21 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
                            {"Retry-After": str(err.retry_after)}) from err
         events = aiter(ticket)
         try:
-            kind, value = await anext(events)               # waits its turn; then started, or an input error
+            kind, value = await _next_event(events, request)    # waits its turn: started, or an input error
+            if kind == "started" and job.stream:
+                return StreamingResponse(_sse(Reply(job, model), events, ticket), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"})
+            while kind == "started" or kind == "piece":
+                kind, value = await _next_event(events, request)
         except BaseException:
             ticket.cancel()
             raise
-        if kind != "started":
-            ticket.cancel()
+        ticket.cancel()
+        if kind == "done":
+            return JSONResponse(Reply(job, model).whole(value))
+        if kind == "error":
             raise _as_api_error(value)
-        reply = Reply(job, model)
-        if job.stream:
-            return StreamingResponse(_sse(reply, events, ticket), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        try:
-            async for kind, value in events:
-                if kind == "done":
-                    return JSONResponse(reply.whole(value))
-                if kind == "error":
-                    raise _as_api_error(value)
-        finally:
-            ticket.cancel()
-        raise ApiError(500, error_body("the generation ended without a result", "server_error"))
+        return Response(status_code=499)                        # the client left: nobody reads this
 
     async def models(request: Request):
         return JSONResponse({"object": "list", "data": [{"id": model, "object": "model", "created": created,
@@ -101,6 +97,18 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
         app.add_middleware(_ApiKey, key=options.api_key)
     app.state.scheduler = sched
     return app
+
+
+async def _next_event(events, request: Request, poll_s: float = 0.25) -> tuple[str, object]:
+    """The job's next event; ("gone", None) once the client has disconnected (its queue slot is then freed)."""
+    pending = asyncio.ensure_future(anext(events, ("end", None)))
+    while True:
+        done, _ = await asyncio.wait({pending}, timeout=poll_s)
+        if done:
+            return pending.result()
+        if await request.is_disconnected():
+            pending.cancel()
+            return "gone", None
 
 
 def _lifespan(sched: Scheduler):

@@ -3,7 +3,8 @@
 A single worker thread runs the jobs in arrival order (the Generator's caches are single-sequence), and
 hands each job's events to the event loop: ("started", None), ("piece", text) ..., then ("done", result)
 or ("error", exception). A ticket cancelled by its client (a closed stream) stops its generation at the
-next text piece, which frees the Generator for the next job; a cancelled job still waiting never starts.
+next text piece, which frees the Generator for the next job; a job whose client left while it waited gives
+its queue slot back at once and never starts.
 
 >>> sched = Scheduler(gen, max_queue=8)                    # doctest: +SKIP
 >>> ticket = sched.submit(job.args)                        # on the event loop; ServerBusy when full  # doctest: +SKIP
@@ -31,9 +32,10 @@ class ServerBusy(DflashEdgeError):
 class Ticket:
     """One admitted job's event channel (worker thread -> event loop) and its cancel flag."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop, self.events = loop, asyncio.Queue()
+    def __init__(self, loop: asyncio.AbstractEventLoop, scheduler: "Scheduler"):
+        self.loop, self.events, self.scheduler = loop, asyncio.Queue(), scheduler
         self.cancelled = threading.Event()
+        self.state = "waiting"                              # -> "running" -> "finished", or "dropped" (left waiting)
 
     def put(self, kind: str, value=None) -> None:           # worker thread
         try:
@@ -42,7 +44,9 @@ class Ticket:
             self.cancelled.set()
 
     def cancel(self) -> None:
+        """The client is gone or done: stop at the next piece; a job still waiting gives its queue slot back now."""
         self.cancelled.set()
+        self.scheduler.drop_if_waiting(self)
 
     def __aiter__(self):
         return self
@@ -75,15 +79,23 @@ class Scheduler:
                                  f"(--max-queue {self.max_queue}); retry in about {wait} s", wait)
             self.admitted += 1
         loop = asyncio.get_running_loop()
-        ticket = Ticket(loop)
+        ticket = Ticket(loop, self)
         loop.run_in_executor(self._worker, self._run, args, ticket)
         return ticket
 
+    def drop_if_waiting(self, ticket: Ticket) -> None:
+        with self._lock:
+            if ticket.state == "waiting":
+                ticket.state, self.admitted = "dropped", self.admitted - 1
+
     def _run(self, args, ticket: Ticket) -> None:          # worker thread, one job at a time
-        t0, stream, self.running = time.perf_counter(), None, True
-        try:
-            if ticket.cancelled.is_set():                   # its client left while it waited
+        with self._lock:
+            if ticket.state == "dropped":                   # its client left while it waited
+                ticket.put("end")
                 return
+            ticket.state, self.running = "running", True
+        t0, stream = time.perf_counter(), None
+        try:
             stream = self.generator.stream(args.prompt, args.max_new_tokens, args.temperature, args.top_k,
                                            args.top_p, args.seed, args.stop, args.chat, args.use_draft)
             ticket.put("started")
@@ -100,7 +112,7 @@ class Scheduler:
                 stream.close()
             self.mean_s = 0.8 * self.mean_s + 0.2 * (time.perf_counter() - t0)
             with self._lock:
-                self.admitted, self.running = self.admitted - 1, False
+                self.admitted, self.running, ticket.state = self.admitted - 1, False, "finished"
             ticket.put("end")
 
     def shutdown(self) -> None:

@@ -259,3 +259,29 @@ def test_serve_cli_checks_before_loading(tmp_path, capsys, argv, named):
     assert main(["serve", str(tmp_path / "no-bundle"), *argv]) == 2
     err = capsys.readouterr().err
     assert named in err and "Traceback" not in err
+
+
+def test_a_waiting_client_that_leaves_frees_its_queue_slot(tiny_bundle, serve, gated):
+    gate, _ = gated
+    tb, s = tiny_bundle("qwen3", 8), serve(max_queue=1)
+    body = {"messages": MESSAGES[0], "max_tokens": 4, "temperature": 0}
+    url = f"{s.url}/v1/chat/completions"
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(httpx.post, url, json=body, timeout=60)
+        for _ in range(500):
+            if httpx.get(f"{s.url}/health").json()["running"]:
+                break
+            time.sleep(0.01)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url, json=body, timeout=0.5)            # waits behind the running one, then gives up
+        for _ in range(500):
+            if httpx.get(f"{s.url}/health").json()["waiting"] == 0:
+                break
+            time.sleep(0.01)
+        assert httpx.get(f"{s.url}/health").json()["waiting"] == 0     # slot back while the first still runs
+        waiting = pool.submit(httpx.post, url, json=body, timeout=60)    # so a new client is admitted, not 429
+        time.sleep(0.3)
+        gate.set()
+        want = expected(tb, MESSAGES[0], n=4).token_ids
+        assert running.result().json()["dflash"]["token_ids"] == want
+    assert waiting.result().json()["dflash"]["token_ids"] == want
