@@ -24,6 +24,7 @@ COMMANDS = {
     "bench": ("dflash_edge.runtime.bench_cli", "speculative vs autoregressive tokens/s on a prompt set, lossless check"),
     "tune": ("dflash_edge.runtime.tune_cli", "measure this machine and store the best verify length in the bundle"),
     "devices": ("dflash_edge.runtime.devices_cli", "device profiles (detected one marked); `devices plan`: fit and speed"),
+    "serve": ("dflash_edge.serve.serve_cli", "OpenAI-compatible HTTP server over a bundle (loopback by default)"),
 }
 
 
@@ -41,10 +42,44 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        _check_numbers(args)
         return importlib.import_module(args._module).run(args) or 0
     except DflashEdgeError as err:
         print(f"dflash-edge {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as err:             # a lighter install than the command needs: name the extra
+        extra = _extra_providing(err.name or "")
+        if extra is None:
+            raise
+        print(f"dflash-edge {args.command}: error: this command needs the package {err.name!r}, which is not "
+              f"installed here; install the {extra!r} extra: pip install \"dflash-edge[{extra}]\"", file=sys.stderr)
+        return 2
+
+
+def _check_numbers(args) -> None:
+    """Every subcommand's numeric options with a rule in runtime/validate.py, checked before anything loads."""
+    from dflash_edge.runtime.validate import CLI_LABELS, RULES, check
+
+    for name in RULES:
+        if getattr(args, name, None) is not None:
+            check(name, getattr(args, name), CLI_LABELS[name])
+
+
+def _extra_providing(module: str) -> str | None:
+    """The first optional extra of our package metadata (pyproject) that installs `module`, else None."""
+    import importlib.metadata
+    import re
+
+    top = module.split(".")[0].lower()
+    try:
+        requires = importlib.metadata.requires("dflash-edge") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for req in requires:
+        m = re.match(r"\s*([A-Za-z0-9_.-]+).*extra\s*==\s*[\"']([\w-]+)[\"']", req)
+        if m and m.group(1).lower().replace("-", "_") == top:
+            return m.group(2)
+    return None
 
 
 if __name__ == "__main__":

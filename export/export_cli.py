@@ -1,9 +1,12 @@
 """`dflash-edge export`: target + drafter -> bundle (`--precision` other than fp32: export, then quantise)."""
 from __future__ import annotations
 
+from dflash_edge.runtime.errors import DflashEdgeError
+
 from .exporter import ExportOptions, export_bundle
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")     # dflash_edge.quantize.precisions.PRECISIONS
+SHORTEST_CHAT = [{"role": "user", "content": "Hi"}]
 
 
 def add_arguments(p) -> None:
@@ -36,6 +39,7 @@ def run(args) -> int:
                                                              args.max_context, (args.precision,) if args.precision
                                                              else PRECISIONS)
     args.precision = args.precision or "fp32"
+    check_up_front(args)
     opts = ExportOptions(out=args.out, target=args.target, draft=args.draft, block_size=args.block_size,
                          max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
                          verify=not args.no_verify, draft_vocab=args.draft_vocab, fused=not args.no_fused)
@@ -46,3 +50,17 @@ def run(args) -> int:
 
         export_quantized(export_bundle, opts, args.precision)
     return 0
+
+
+def check_up_front(args) -> None:
+    """A one-word chat prompt must fit the context (ranges: cli.py), before ~30 s of loading the models."""
+    from dflash_edge.runtime.tokenizer import ChatTokenizer
+
+    from .fetch import resolve_target
+
+    tok = ChatTokenizer.from_dir(resolve_target(args.target))        # fetches the default model on first use
+    n = len(tok.encode_chat(SHORTEST_CHAT) if tok.chat_template else tok.encode("Hi"))
+    if n + args.block_size > args.max_context:
+        raise DflashEdgeError(f"--max-context {args.max_context}: even the shortest chat prompt ({n} tokens with the "
+                              f"chat template) plus one block of {args.block_size} does not fit; use --max-context "
+                              f">= {n + args.block_size} (2048 is the default)")

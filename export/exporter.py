@@ -200,4 +200,5 @@ def _copy_tokenizer(src: Path, dst: Path) -> dict:
     if (src / "tokenizer_config.json").exists():
         shutil.copy2(src / "tokenizer_config.json", dst / "tokenizer_config.json")
         config = "tokenizer_config.json"
-    return {"file": "tokenizer.json", "config": config}
+    checksums = [bundle_mod.file_entry(dst, f) for f in ("tokenizer.json", config) if f]    # verified at load
+    return {"file": "tokenizer.json", "config": config, "checksums": checksums}

@@ -25,13 +25,13 @@ MANIFEST = "manifest.json"
 SCHEMA: dict[str, tuple[str, ...] | None] = {
     "": ("format", "manifest_version", "exporter_version", "created", "model", "block_size",
          "trained_block_size", "max_context", "prefill_chunk", "kv_cache", "shared_weights", "graphs",
-         "tokenizer", "source", "engines",
+         "tokenizer", "source", "engines", "checksum",
          "quality"),                                  # quality: quantize's report file (path, bytes, sha256)
     "model": ("family", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
               "draft_num_layers", "target_layer_ids", "mask_token_id", "eos_token_ids", "bos_token_id",
               "max_position_embeddings", "draft_vocab_size"),
     "kv_cache": ("layout", "dtype", "slack"),
-    "tokenizer": ("file", "config"),
+    "tokenizer": ("file", "config", "checksums"),
     "graph": ("files", "precision", "io", "static_shapes", "opset", "flavour",   # flavour: io_tables.FLAVOURS
               "quantization"),                        # quantization: tool, settings, what was lowered
     "source": None,
@@ -39,7 +39,8 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
     "engines": None,
 }
 OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset", "draft_vocab_size", "flavour",
-            "quality", "quantization"}
+            "quality", "quantization",
+            "checksum", "checksums"}     # older bundles lack the manifest's and the tokenizer files' sha256
 KV_LAYOUT = "S,L,Hkv,D"
 
 
@@ -86,7 +87,45 @@ def file_entry(root: Path, rel: str) -> dict:
     return {"path": rel, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
+def manifest_checksum(manifest: dict) -> str:
+    """sha256 of the manifest's canonical JSON without its own `checksum` key (catches any edit or bit flip)."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _expect(value, kind: type, where: str):
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise BundleError(f"{where} is {type(value).__name__} {value!r:.60}, expected {kind.__name__}; "
+                          f"the manifest is damaged: re-export the bundle")
+    return value
+
+
+def _file_entries(manifest: dict, where: str) -> list[dict]:
+    """Every file the manifest names (graphs' files, the tokenizer's, the quality report), type-checked."""
+    entries = []
+    for name, graph in manifest["graphs"].items():
+        for i, e in enumerate(_expect(graph["files"], list, f"{where} [graphs.{name}.files]")):
+            entries.append(_entry(e, f"{where} [graphs.{name}.files[{i}]]"))
+    tok = manifest["tokenizer"]
+    entries.append({"path": _expect(tok["file"], str, f"{where} [tokenizer.file]")})
+    if tok["config"] is not None:
+        entries.append({"path": _expect(tok["config"], str, f"{where} [tokenizer.config]")})
+    for i, e in enumerate(_expect(tok.get("checksums", []), list, f"{where} [tokenizer.checksums]")):
+        entries.append(_entry(e, f"{where} [tokenizer.checksums[{i}]]"))
+    if "quality" in manifest:
+        entries.append(_entry(manifest["quality"], f"{where} [quality]"))
+    return entries
+
+
+def _entry(e, where: str) -> dict:
+    _expect(e, dict, where)
+    for key, kind in (("path", str), ("bytes", int), ("sha256", str)):
+        _expect(e.get(key), kind, f"{where}.{key}")
+    return e
+
+
 def _check_keys(section: str, data: dict, where: str) -> None:
+    _expect(data, dict, where)
     allowed = SCHEMA[section]
     if allowed is None:
         return
@@ -100,6 +139,8 @@ def _check_keys(section: str, data: dict, where: str) -> None:
 
 
 def validate_manifest(manifest: dict, where: str = MANIFEST) -> None:
+    """Format, version, keys and types of the sections (BundleError naming the key otherwise)."""
+    _expect(manifest, dict, where)
     if manifest.get("format") != FORMAT:
         raise BundleError(f"{where}: format is {manifest.get('format')!r}, expected {FORMAT!r}: not a dflash-edge bundle")
     if manifest.get("manifest_version") != MANIFEST_VERSION:
@@ -109,8 +150,9 @@ def validate_manifest(manifest: dict, where: str = MANIFEST) -> None:
     for section in ("model", "kv_cache", "tokenizer", "source", "shared_weights", "engines"):
         if section in manifest:
             _check_keys(section, manifest[section], f"{where} [{section}]")
-    for name, graph in manifest["graphs"].items():
+    for name, graph in _expect(manifest["graphs"], dict, f"{where} [graphs]").items():
         _check_keys("graph", graph, f"{where} [graphs.{name}]")
+    _file_entries(manifest, where)
     if manifest["kv_cache"]["layout"] != KV_LAYOUT:
         raise BundleError(f"{where}: kv_cache.layout {manifest['kv_cache']['layout']!r} is not {KV_LAYOUT!r}")
     for required in ("target", "drafter"):
@@ -125,14 +167,14 @@ def read_bundle(path: str | Path, verify: bool = True) -> Bundle:
     if not mpath.is_file():
         raise BundleError(f"{mpath} not found: not a bundle directory (create one with `dflash-edge export --out DIR`)")
     try:
-        manifest = json.loads(mpath.read_text())
-    except json.JSONDecodeError as err:
+        manifest = json.loads(mpath.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise BundleError(f"{mpath} is not valid JSON ({err}); re-export the bundle") from err
     validate_manifest(manifest, str(mpath))
-    entries = [e for g in manifest["graphs"].values() for e in g["files"]]
-    entries += [{"path": manifest["tokenizer"]["file"]}]
-    entries += [manifest["quality"]] if "quality" in manifest else []
-    for entry in entries:
+    if verify and "checksum" in manifest and manifest["checksum"] != manifest_checksum(manifest):
+        raise BundleError(f"{mpath} is corrupt: its content does not match its checksum (edited or damaged after "
+                          f"export); re-export the bundle")
+    for entry in _file_entries(manifest, str(mpath)):
         fpath = root / entry["path"]
         if not fpath.is_file():
             raise BundleError(f"bundle file {fpath} is missing (named in {mpath}); re-export the bundle")
@@ -143,7 +185,8 @@ def read_bundle(path: str | Path, verify: bool = True) -> Bundle:
 
 
 def write_manifest(root: Path, manifest: dict) -> None:
-    """Validate and write `root/manifest.json` atomically."""
+    """Validate and write `root/manifest.json` atomically, with its checksum (`manifest_checksum`)."""
+    manifest = {**manifest, "checksum": manifest_checksum(manifest)}
     validate_manifest(manifest, str(root / MANIFEST))
     fd, tmp = tempfile.mkstemp(prefix=".manifest.", dir=root)
     with os.fdopen(fd, "w") as f:

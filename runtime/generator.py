@@ -22,6 +22,7 @@ import numpy as np
 from .bundle import Bundle, BundleError, read_bundle
 from .emitter import Emitter
 from .errors import ContextOverflowError, DflashEdgeError
+from .guard import GenerationGuard
 from .io_tables import GRAPHS, io_manifest, model_dims, pick_graph
 from .kv import TARGET_MODELS, DraftModel, TargetModel
 from .lookup import PromptLookup
@@ -31,6 +32,7 @@ from .session import SessionConfig, open_graph
 from .stats import GenerationStats
 from .trt_profiles import symbol_ranges, trt_profiles
 from .tuning import Tuned, check_verify_len, read_tuned
+from .validate import GenerationArgs, InvalidArgumentError, check, check_token_ids, check_use_draft
 
 
 class NonFiniteLogitsError(DflashEdgeError):
@@ -62,14 +64,36 @@ class Request:
 
 
 class Stream:
-    """Text pieces as they are decoded; `.result` (a GenerationResult) once exhausted."""
+    """Text pieces as they are decoded; `.result` (a GenerationResult) once exhausted.
 
-    def __init__(self, pieces: Iterator[str]):
-        self._pieces = pieces
+    Holds its Generator (`guard.py`) until exhausted or closed: `close()`, a `with` block, or dropping it.
+    """
+
+    def __init__(self, pieces: Iterator[str], hold=None):
+        self._pieces, self._hold = pieces, hold
         self.result: GenerationResult | None = None
 
     def __iter__(self):
-        self.result = yield from self._pieces
+        try:
+            self.result = yield from self._pieces
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop generating (at the current step) and free the Generator for the next generation."""
+        self._pieces.close()
+        if self._hold is not None:
+            self._hold.release()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_pieces", None) is not None:
+            self.close()
 
 
 class TextAssembler:
@@ -127,6 +151,7 @@ class Generator:
         self.max_context = bundle.max_context
         self.eos = frozenset(bundle.model["eos_token_ids"])
         self.tuned = tuned                                          # tuning.py: None until `dflash-edge tune`
+        self._guard = GenerationGuard()             # one sequence at a time (the caches are single-sequence)
 
     @classmethod
     def load(cls, bundle: str | Path | Bundle, provider: str = "cpu", *, threads: int = 0, spin: bool = False,
@@ -168,6 +193,10 @@ class Generator:
         verify length, by what is measured to be fastest here (`policy.py`, seeded by `tuned.json`); True
         drafts every step, False decodes plainly (the baseline). `verify_len` (1..B-1) fixes the drafts
         verified per step. The tokens are the same either way.
+        Arguments are checked up front (`validate.py`: InvalidArgumentError names the argument and range).
+        Threads: one generation runs at a time per Generator; other threads wait their turn and get the
+        tokens a sequential run gives; a second call in the thread holding an open `stream()` raises
+        GeneratorBusyError (`guard.py`).
         """
         stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, use_draft,
                              verify_len)
@@ -178,19 +207,33 @@ class Generator:
     def stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, stop=None, chat: bool = True,
                use_draft: bool | str = "auto", verify_len: int | None = None) -> Stream:
-        """Like `generate`, yielding text pieces as tokens are committed (never half a character)."""
+        """Like `generate`, yielding text pieces as tokens are committed (never half a character).
+
+        The stream holds this Generator until exhausted or `close()`d (or used as `with gen.stream(...) as s`).
+        """
         t_call = time.perf_counter()
-        req = Request(self.encode(prompt, chat), max_new_tokens, SamplingParams(temperature, top_k, top_p, seed),
-                      tuple([stop] if isinstance(stop, str) else stop or ()), use_draft, t_call, verify_len)
+        a = GenerationArgs(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, use_draft).checked()
+        req = Request(self.encode(a.prompt, a.chat), a.max_new_tokens,
+                      SamplingParams(a.temperature, a.top_k, a.top_p, a.seed), a.stop, a.use_draft, t_call, verify_len)
         self._room(req)                                             # bad input fails here, not mid-iteration
-        return Stream(self._text_pieces(req))
+        return Stream(self._text_pieces(req), self._guard.acquire())
 
     def generate_ids(self, prompt_ids: list[int], max_new_tokens: int = 128,
                      sampling: SamplingParams = SamplingParams(), use_draft: bool | str = "auto",
                      stop_token_ids=None, verify_len: int | None = None) -> GenerationResult:
         """Token ids in, tokens out (no chat template); `stop_token_ids` overrides the eos ids."""
-        req = Request(list(prompt_ids), max_new_tokens, sampling, (), use_draft, time.perf_counter(), verify_len)
-        return self._collect(req, None if stop_token_ids is None else frozenset(stop_token_ids))
+        vocab = self.bundle.model["vocab_size"]
+        req = Request(check_token_ids(prompt_ids, vocab), check("max_new_tokens", max_new_tokens), sampling, (),
+                      check_use_draft(use_draft), time.perf_counter(), verify_len)
+        if not isinstance(sampling, SamplingParams):
+            raise InvalidArgumentError("sampling", f"sampling={sampling!r}: expected a SamplingParams")
+        eos = None if stop_token_ids is None else frozenset(check_token_ids(stop_token_ids, vocab, "stop_token_ids"))
+        self._room(req)
+        hold = self._guard.acquire()
+        try:
+            return self._collect(req, eos)
+        finally:
+            hold.release()
 
     def encode(self, prompt, chat: bool = True) -> list[int]:
         if isinstance(prompt, str):

@@ -26,11 +26,14 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from .generator import Generator
+    from .validate import CLI_LABELS, GenerationArgs
 
+    a = GenerationArgs(args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+                       args.stop, not args.raw, False if args.no_draft else True if args.always_draft else "auto")
+    a = a.checked(CLI_LABELS)                                  # before the bundle loads (seconds)
     gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads)
-    stream = gen.stream(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, chat=not args.raw,
-                        use_draft=False if args.no_draft else True if args.always_draft else "auto",
+    stream = gen.stream(a.prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
+                        top_p=a.top_p, seed=a.seed, stop=a.stop, chat=a.chat, use_draft=a.use_draft,
                         verify_len=args.verify_len)
     for piece in stream:
         sys.stdout.write(piece)

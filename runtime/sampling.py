@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .validate import check
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -26,8 +28,8 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError(f"invalid sampling parameters {self}: need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+        for name in ("temperature", "top_k", "top_p", "seed"):      # one rule for every entry point
+            check(name, getattr(self, name))
 
     @property
     def greedy(self) -> bool:

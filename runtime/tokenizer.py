@@ -30,9 +30,16 @@ class ChatTokenizer:
             raise ModelFormatError(f"{tok_file} not found: the directory needs the tokenizer.json it was built with")
         extra = {}
         cfg_file = path / "tokenizer_config.json"
-        if cfg_file.exists():
-            extra = json.loads(cfg_file.read_text())
-        return cls(Tokenizer.from_file(str(tok_file)), extra.get("chat_template"),
+        try:
+            if cfg_file.exists():
+                extra = json.loads(cfg_file.read_bytes().decode("utf-8"))
+            tokenizer = Tokenizer.from_file(str(tok_file))
+        except Exception as err:       # noqa: BLE001 (tokenizers raises plain Exception on a damaged file)
+            raise ModelFormatError(f"{path}: tokenizer.json / tokenizer_config.json cannot be read ({err}); the "
+                                   f"files are damaged: copy or export them again") from err
+        if not isinstance(extra, dict):
+            raise ModelFormatError(f"{cfg_file} is not a JSON object; copy or export it again")
+        return cls(tokenizer, extra.get("chat_template"),
                    _token_text(extra.get("bos_token")), _token_text(extra.get("eos_token")))
 
     def encode(self, text: str) -> list[int]:

@@ -1,0 +1,201 @@
+"""One rule for input: every public entry point (Python API, CLIs, HTTP server) checks its arguments here.
+
+Types and ranges are checked up front (NaN and infinities included), before any bundle is loaded or any
+token is computed. Errors name the argument as the caller knows it (`temperature`, `--temperature`,
+the JSON field `max_tokens`), the value and the accepted range.
+
+>>> check("top_p", 0.9)
+0.9
+>>> check("temperature", float("nan"), label="--temperature")
+Traceback (most recent call last):
+...
+dflash_edge.runtime.validate.InvalidArgumentError: --temperature=nan: expected a finite number >= 0 (0 = greedy)
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, replace
+
+from .errors import DflashEdgeError
+
+ROLES = ("system", "user", "assistant")
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+
+
+class InvalidArgumentError(DflashEdgeError, ValueError):
+    """An argument of the wrong type or outside its range; `.argument` is its name as the caller wrote it."""
+
+    def __init__(self, argument: str, message: str):
+        super().__init__(message)
+        self.argument = argument
+
+
+@dataclass(frozen=True)
+class Number:
+    """An int or float argument's accepted range (None: unbounded); `lo_open` excludes `lo` itself."""
+
+    kind: type                       # int or float
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    note: str = ""
+
+    def describe(self) -> str:
+        what = "an integer" if self.kind is int else "a finite number"
+        if self.lo is not None and self.hi is not None:
+            rng = f" in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}]"
+        elif self.lo is not None:
+            rng = f" {'>' if self.lo_open else '>='} {_num(self.lo)}"
+        else:
+            rng = f" <= {_num(self.hi)}" if self.hi is not None else ""
+        return what + rng + (f" ({self.note})" if self.note else "")
+
+    def accepts(self, v) -> bool:
+        low = self.lo is None or (v > self.lo if self.lo_open else v >= self.lo)
+        return low and (self.hi is None or v <= self.hi)
+
+
+# every numeric argument of every entry point, by its canonical (Python API) name
+RULES: dict[str, Number] = {
+    "max_new_tokens": Number(int, 1, None),
+    "temperature": Number(float, 0, None, note="0 = greedy"),
+    "top_k": Number(int, 0, None, note="0 = off"),
+    "top_p": Number(float, 0, 1, lo_open=True, note="1 = off"),
+    "seed": Number(int, 0, 2**64 - 1),
+    "threads": Number(int, 0, 4096, note="0 = one per usable CPU"),
+    "block_size": Number(int, 2, 256, note="the last token plus at least one mask"),
+    "max_context": Number(int, 1, 1 << 24),
+    "prefill_chunk": Number(int, 1, 1 << 16),
+    "draft_vocab": Number(int, 0, None, note="0 = the whole vocabulary"),
+    "limit": Number(int, 0, None, note="0 = all"),
+    "max_queue": Number(int, 0, 100_000),
+    "port": Number(int, 0, 65535, note="0 = any free port"),
+}
+
+
+# the command lines' spelling of each argument: max_new_tokens -> --max-new-tokens
+CLI_LABELS = {name: "--" + name.replace("_", "-") for name in (*RULES, "prompt", "stop")}
+
+
+def check(name: str, value, label: str | None = None):
+    """`value` if it is a number of RULES[name]'s kind within its range (floats come back as float)."""
+    rule, label = RULES[name], label or name
+    ok_type = isinstance(value, numbers.Integral if rule.kind is int else numbers.Real) and not isinstance(value, bool)
+    if not ok_type or (rule.kind is float and not math.isfinite(value)) or not rule.accepts(value):
+        got = "" if ok_type else f", got {type(value).__name__}"
+        raise InvalidArgumentError(label, f"{label}={value!r}: expected {rule.describe()}{got}")
+    return int(value) if rule.kind is int else float(value)
+
+
+def check_flag(name: str, value, label: str | None = None) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(label or name, f"{label or name}={value!r}: expected true or false")
+    return value
+
+
+def check_use_draft(value, label: str = "use_draft"):
+    """True (always draft), False (plain decoding) or "auto" (draft while it pays)."""
+    if isinstance(value, bool) or value == "auto":
+        return value
+    raise InvalidArgumentError(label, f"{label}={value!r}: expected True (always draft), False (plain decoding) "
+                                      f"or 'auto' (draft while it is measured to pay)")
+
+
+def check_stop(stop, label: str = "stop") -> tuple[str, ...]:
+    """None, a string or a list of strings -> a tuple of non-empty stop strings."""
+    items = [stop] if isinstance(stop, str) else [] if stop is None else stop
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
+        raise InvalidArgumentError(label, f"{label}={_short(stop)}: expected a string or a list of strings")
+    if len(items) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in items):
+        raise InvalidArgumentError(label, f"{label}={_short(stop)}: expected at most {MAX_STOP_STRINGS} strings of "
+                                          f"at most {MAX_STOP_CHARS} characters")
+    return tuple(s for s in items if s)
+
+
+def check_messages(messages, label: str = "messages") -> list[dict]:
+    """Chat messages -> [{"role", "content"}]; content may be a string or a list of {"type": "text"} parts."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise InvalidArgumentError(label, f"{label}={_short(messages)}: expected a non-empty list of "
+                                          f"{{'role': ..., 'content': ...}} messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"{label}[{i}]"
+        if not isinstance(m, dict):
+            raise InvalidArgumentError(where, f"{where}={_short(m)}: expected a {{'role': ..., 'content': ...}} dict")
+        if m.get("role") not in ROLES:
+            raise InvalidArgumentError(f"{where}.role", f"{where}.role={_short(m.get('role'))}: expected one of "
+                                                        f"{', '.join(ROLES)}")
+        out.append({"role": m["role"], "content": _content(m.get("content"), f"{where}.content")})
+    return out
+
+
+def check_prompt(prompt, label: str = "prompt"):
+    """A string, or a list of chat messages (`check_messages`)."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (list, tuple)):
+        return check_messages(prompt, label)
+    raise InvalidArgumentError(label, f"{label}={_short(prompt)}: expected a string or a list of chat messages "
+                                      f"[{{'role': 'user', 'content': '...'}}]")
+
+
+def check_token_ids(ids, vocab_size: int, label: str = "prompt_ids") -> list[int]:
+    """A list of token ids, each in [0, vocab_size)."""
+    if not isinstance(ids, (list, tuple)) and not hasattr(ids, "tolist"):
+        raise InvalidArgumentError(label, f"{label}={_short(ids)}: expected a list of token ids")
+    ids = list(ids.tolist() if hasattr(ids, "tolist") else ids)
+    for i, t in enumerate(ids):
+        if not isinstance(t, numbers.Integral) or isinstance(t, bool) or not 0 <= t < vocab_size:
+            raise InvalidArgumentError(label, f"{label}[{i}]={t!r}: expected an integer token id in [0, {vocab_size})")
+    return [int(t) for t in ids]
+
+
+@dataclass(frozen=True)
+class GenerationArgs:
+    """The arguments of one text generation, as a user passed them; `checked()` validates and normalises.
+
+    `labels` maps canonical names to the caller's (e.g. {"max_new_tokens": "max_tokens"} for the server).
+
+    >>> GenerationArgs("Hi", max_new_tokens=8, stop="\\n").checked().stop
+    ('\\n',)
+    """
+
+    prompt: object
+    max_new_tokens: object = 128
+    temperature: object = 0.0
+    top_k: object = 0
+    top_p: object = 1.0
+    seed: object = 0
+    stop: object = None
+    chat: object = True
+    use_draft: object = True
+
+    def checked(self, labels: dict[str, str] | None = None) -> "GenerationArgs":
+        name = (labels or {}).get
+        numbers_ = {k: check(k, getattr(self, k), name(k)) for k in
+                    ("max_new_tokens", "temperature", "top_k", "top_p", "seed")}
+        return replace(self, prompt=check_prompt(self.prompt, name("prompt", "prompt")), **numbers_,
+                       stop=check_stop(self.stop, name("stop", "stop")),
+                       chat=check_flag("chat", self.chat, name("chat")),
+                       use_draft=check_use_draft(self.use_draft, name("use_draft", "use_draft")))
+
+
+def _content(content, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise InvalidArgumentError(where, f"{where}={_short(content)}: expected a string (or a list of "
+                                      f"{{'type': 'text', 'text': ...}} parts; this model reads text only)")
+
+
+def _num(x) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _short(value, n: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[:n - 3] + "..."

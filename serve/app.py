@@ -1,0 +1,176 @@
+"""The ASGI app (Starlette): OpenAI-compatible routes over one loaded Generator.
+
+    POST /v1/chat/completions   POST /v1/completions   (stream: server-sent events)
+    GET  /v1/models             GET  /health
+
+Errors use OpenAI's shape: 400 for bad input (the runtime's validation text, `param` = the field),
+401 for a missing or wrong API key, 429 + Retry-After when the queue is full, 404/405 for other paths.
+
+>>> app = build_app(Generator.load("bundle/"), ServerOptions(max_queue=8))     # doctest: +SKIP
+>>> uvicorn.run(app, host="127.0.0.1", port=8000)                             # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from dflash_edge.runtime.errors import DflashEdgeError
+from .protocol import Reply, error_body, parse_body, parse_request
+from .scheduler import Scheduler, ServerBusy
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    max_queue: int = 16                 # requests waiting behind the running one; beyond: 429
+    api_key: str | None = None          # required as `Authorization: Bearer KEY` on every request when set
+    model_name: str | None = None       # the id /v1/models lists (default: the bundle directory's name)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: dict, headers: dict | None = None):
+        self.status, self.body, self.headers = status, body, headers
+
+
+def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
+    """The server's app over `generator` (a loaded dflash_edge.runtime.Generator)."""
+    sched = Scheduler(generator, options.max_queue)
+    model = options.model_name or generator.bundle.root.resolve().name
+    created = int(time.time())
+
+    async def chat(request: Request):
+        return await _complete(request, chat=True)
+
+    async def completions(request: Request):
+        return await _complete(request, chat=False)
+
+    async def _complete(request: Request, chat: bool):
+        job = parse_request(parse_body(await request.body()), chat)
+        try:
+            ticket = sched.submit(job.args)
+        except ServerBusy as err:
+            raise ApiError(429, error_body(str(err), "server_busy", code="queue_full"),
+                           {"Retry-After": str(err.retry_after)}) from err
+        events = aiter(ticket)
+        try:
+            kind, value = await _next_event(events, request)    # waits its turn: started, or an input error
+            if kind == "started" and job.stream:
+                return StreamingResponse(_sse(Reply(job, model), events, ticket), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"})
+            while kind == "started" or kind == "piece":
+                kind, value = await _next_event(events, request)
+        except BaseException:
+            ticket.cancel()
+            raise
+        ticket.cancel()
+        if kind == "done":
+            return JSONResponse(Reply(job, model).whole(value))
+        if kind == "error":
+            raise _as_api_error(value)
+        return Response(status_code=499)                        # the client left: nobody reads this
+
+    async def models(request: Request):
+        return JSONResponse({"object": "list", "data": [{"id": model, "object": "model", "created": created,
+                                                          "owned_by": "dflash-edge"}]})
+
+    async def health(request: Request):
+        return JSONResponse({"status": "ok", "model": model, "running": int(sched.running),
+                             "waiting": sched.waiting, "max_queue": options.max_queue})
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                            Route("/v1/completions", completions, methods=["POST"]),
+                            Route("/v1/models", models, methods=["GET"]),
+                            Route("/health", health, methods=["GET"])],
+                    exception_handlers={ApiError: _api_error, DflashEdgeError: _bad_input,
+                                        HTTPException: _http_error},
+                    lifespan=_lifespan(sched))
+    if options.api_key:
+        app.add_middleware(_ApiKey, key=options.api_key)
+    app.state.scheduler = sched
+    return app
+
+
+async def _next_event(events, request: Request, poll_s: float = 0.25) -> tuple[str, object]:
+    """The job's next event; ("gone", None) once the client has disconnected (its queue slot is then freed)."""
+    pending = asyncio.ensure_future(anext(events, ("end", None)))
+    while True:
+        done, _ = await asyncio.wait({pending}, timeout=poll_s)
+        if done:
+            return pending.result()
+        if await request.is_disconnected():
+            pending.cancel()
+            return "gone", None
+
+
+def _lifespan(sched: Scheduler):
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        sched.shutdown()
+
+    return lifespan
+
+
+async def _sse(reply: Reply, events, ticket):
+    """Server-sent events: the role chunk, one chunk per text piece, the finish chunk(s), [DONE]."""
+    try:
+        yield _event(reply.chunk("", first=True))
+        async for kind, value in events:
+            if kind == "piece":
+                yield _event(reply.chunk(value))
+            elif kind == "done":
+                for chunk in reply.last_chunks(value):
+                    yield _event(chunk)
+            elif kind == "error":
+                yield _event(_as_api_error(value).body)
+        yield "data: [DONE]\n\n"
+    finally:
+        ticket.cancel()                     # a client that left (or any early end) frees the Generator
+
+
+def _event(body: dict) -> str:
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def _as_api_error(err) -> ApiError:
+    if isinstance(err, DflashEdgeError):    # bad input the runtime found (e.g. a prompt longer than the context)
+        return ApiError(400, error_body(str(err), param=getattr(err, "argument", None)))
+    return ApiError(500, error_body(f"generation failed: {type(err).__name__}: {err}", "server_error"))
+
+
+async def _api_error(request, err: ApiError):
+    return JSONResponse(err.body, status_code=err.status, headers=err.headers)
+
+
+async def _bad_input(request, err: DflashEdgeError):
+    return JSONResponse(error_body(str(err), param=getattr(err, "argument", None)), status_code=400)
+
+
+async def _http_error(request, err: HTTPException):
+    return JSONResponse(error_body(f"{request.method} {request.url.path}: {err.detail}", code=str(err.status_code)),
+                        status_code=err.status_code)
+
+
+class _ApiKey:
+    """ASGI middleware: every HTTP request must carry `Authorization: Bearer KEY`."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, b"Bearer " + self.key):
+                body = error_body("missing or wrong API key: send the header 'Authorization: Bearer KEY' with the "
+                                  "key the server was started with (--api-key)", code="invalid_api_key")
+                return await JSONResponse(body, status_code=401)(scope, receive, send)
+        await self.app(scope, receive, send)

@@ -1,0 +1,141 @@
+"""OpenAI's wire format: request bodies -> checked `Job`s, results -> response bodies and stream chunks.
+
+Every field goes through the runtime's one validation rule (`runtime/validate.py`), named as the client
+wrote it (`max_tokens`, `messages[0].content`), so the 400 carries the same text the Python API raises.
+Unknown fields are ignored (clients add their own); fields this server cannot honour are refused by name.
+Our statistics travel in the extension field `dflash` (acceptance lengths, token ids, timings).
+
+>>> job = parse_request({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0}, chat=True)
+>>> job.args.temperature, job.stream
+(0.0, False)
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+
+from dflash_edge.runtime.validate import GenerationArgs, InvalidArgumentError, check_flag, check_messages
+
+DEFAULT_MAX_TOKENS = 256
+# client field -> the runtime's argument (and its default when the field is absent or null)
+SAMPLING_FIELDS = {"max_tokens": ("max_new_tokens", DEFAULT_MAX_TOKENS),
+                   "max_completion_tokens": ("max_new_tokens", DEFAULT_MAX_TOKENS),
+                   "temperature": ("temperature", 1.0), "top_p": ("top_p", 1.0), "top_k": ("top_k", 0)}
+# fields whose only accepted value is their neutral one (this server cannot honour anything else)
+NEUTRAL_ONLY = {"n": 1, "frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "logit_bias": {},
+                "tools": [], "functions": [], "echo": False, "best_of": 1, "suffix": ""}
+FINISH = {"stop": "stop", "length": "length", "context": "length"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request, checked: what to generate and how to answer."""
+
+    args: GenerationArgs
+    chat: bool                      # /v1/chat/completions (True) or /v1/completions
+    stream: bool
+    include_usage: bool             # stream_options.include_usage
+    model: str | None
+
+
+def parse_body(raw: bytes) -> dict:
+    """The JSON object of a request body (400 naming the problem otherwise)."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InvalidArgumentError("body", f"the request body is not valid JSON ({err}); send a JSON object") from err
+    if not isinstance(body, dict):
+        raise InvalidArgumentError("body", f"the request body is a JSON {type(body).__name__}; send a JSON object")
+    return body
+
+
+def parse_request(body: dict, chat: bool) -> Job:
+    """A chat (`messages`) or completion (`prompt`) request -> Job; InvalidArgumentError names the field."""
+    field = "messages" if chat else "prompt"
+    if field not in body:
+        raise InvalidArgumentError(field, f"{field} is missing: a {'chat ' if chat else ''}completion request needs it")
+    prompt = check_messages(body[field], field) if chat else body[field]
+    if not chat and isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]                                    # OpenAI allows a one-element list of prompts
+    if not chat and not isinstance(prompt, str):
+        raise InvalidArgumentError("prompt", f"prompt={prompt!r:.60}: expected a string")
+    for name, neutral in NEUTRAL_ONLY.items():
+        if body.get(name) not in (None, neutral):
+            raise InvalidArgumentError(name, f"{name}={body[name]!r:.60}: this server supports only {name}={neutral!r}")
+    values, labels = {}, {"prompt": field, "stop": "stop", "use_draft": "use_draft"}
+    for name, (arg, default) in SAMPLING_FIELDS.items():
+        if body.get(name) is not None:
+            values[arg], labels[arg] = body[name], name
+    seed = body.get("seed")
+    args = GenerationArgs(prompt, values.get("max_new_tokens", DEFAULT_MAX_TOKENS), values.get("temperature", 1.0),
+                          values.get("top_k", 0), values.get("top_p", 1.0),
+                          secrets.randbits(63) if seed is None else seed, body.get("stop"), chat,
+                          body.get("use_draft", True)).checked(labels)
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise InvalidArgumentError("stream_options", f"stream_options={options!r:.60}: expected an object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidArgumentError("model", f"model={model!r:.60}: expected a string")
+    return Job(args, chat, check_flag("stream", body.get("stream", False), "stream"),
+               check_flag("stream_options.include_usage", options.get("include_usage", False)), model)
+
+
+def extension(result) -> dict:
+    """Our statistics for one finished generation (the `dflash` field)."""
+    stats = result.stats.to_dict()
+    return {**{k: (round(v, 4) if isinstance(v, float) else v) for k, v in stats.items()}, "token_ids": result.token_ids}
+
+
+def usage(result) -> dict:
+    p, c = result.stats.prompt_tokens, len(result.token_ids)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+class Reply:
+    """Response bodies for one job: the whole answer, or its stream chunks (same id and timestamp)."""
+
+    def __init__(self, job: Job, model: str):
+        self.job, self.model = job, model
+        self.id = f"{'chatcmpl' if job.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _head(self, chunk: bool) -> dict:
+        kind = ("chat.completion" + (".chunk" if chunk else "")) if self.job.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _choice(self, text: str | None, finish: str | None, first: bool = False) -> dict:
+        if not self.job.chat:
+            return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        if finish is not None and text is None:
+            return {"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}
+        delta = {"role": "assistant", "content": text} if first else {"content": text}
+        return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+
+    def whole(self, result) -> dict:
+        finish = FINISH.get(result.finish_reason, "stop")
+        if self.job.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": result.text}, "finish_reason": finish,
+                      "logprobs": None}
+        else:
+            choice = self._choice(result.text, finish)
+        return {**self._head(False), "choices": [choice], "usage": usage(result), "dflash": extension(result)}
+
+    def chunk(self, piece: str, first: bool = False) -> dict:
+        return {**self._head(True), "choices": [self._choice(piece, None, first)]}
+
+    def last_chunks(self, result) -> list[dict]:
+        """The finishing chunk (finish_reason + our statistics), then usage if the client asked for it."""
+        done = {**self._head(True), "choices": [self._choice(None, FINISH.get(result.finish_reason, "stop"))],
+                "dflash": extension(result)}
+        return [done] + ([{**self._head(True), "choices": [], "usage": usage(result)}] if self.job.include_usage else [])
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
