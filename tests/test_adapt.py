@@ -288,6 +288,7 @@ def test_bad_tuned_file_is_named(bundle_copy, tiny_bundle, change, message):
 def test_tuned_file_from_another_or_a_changed_bundle(bundle_copy, tiny_bundle, tmp_path, capsys):
     from dflash_edge.cli import main
     from dflash_edge.runtime import Generator
+    from dflash_edge.runtime.bundle import write_manifest
     from dflash_edge.runtime.tuning import TunedFileError
 
     other = tiny_bundle("llama", 8).generator                               # same block size, other bundle
@@ -298,7 +299,7 @@ def test_tuned_file_from_another_or_a_changed_bundle(bundle_copy, tiny_bundle, t
     assert Generator.load(bundle_copy).tuned.verify_len == 3               # the right bundle: accepted
     manifest = json.loads((bundle_copy / "manifest.json").read_text())
     manifest["max_context"] = 64                                            # the bundle changed since
-    (bundle_copy / "manifest.json").write_text(json.dumps(manifest))
+    write_manifest(bundle_copy, manifest)                                   # (re-checksummed: a legitimate change)
     assert main(["run", str(bundle_copy), "--prompt", "t5"]) == 2
     assert "before it changed" in capsys.readouterr().err
     (bundle_copy / "tuned.json").write_text("{not json")
