@@ -15,10 +15,13 @@ def add_arguments(p) -> None:
     p.add_argument("--draft-vocab", type=int, default=0,
                    help="draft only the N most frequent tokens (needs the drafter's draft_vocab.json; 0: all)")
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime-vs-torch parity check")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="start even when the estimated peak memory exceeds what is available")
 
 
 def run(args) -> int:
     export_bundle(ExportOptions(out=args.out, target=args.target, draft=args.draft, block_size=args.block_size,
                                 max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
-                                verify=not args.no_verify, draft_vocab=args.draft_vocab))
+                                verify=not args.no_verify, draft_vocab=args.draft_vocab,
+                                memory_check=not args.no_memory_check))
     return 0

@@ -126,7 +126,7 @@ def read_bundle(path: str | Path, verify: bool = True) -> Bundle:
     except json.JSONDecodeError as err:
         raise BundleError(f"{mpath} is not valid JSON ({err}); re-export the bundle") from err
     validate_manifest(manifest, str(mpath))
-    entries = [e for g in manifest["graphs"].values() for e in g["files"]]
+    entries = list({e["path"]: e for g in manifest["graphs"].values() for e in g["files"]}.values())  # shared files once
     entries += [{"path": manifest["tokenizer"]["file"]}]
     for entry in entries:
         fpath = root / entry["path"]

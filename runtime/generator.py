@@ -13,7 +13,7 @@ without it, token for token, greedy or sampled. Buffers are preallocated at load
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -26,7 +26,7 @@ from .io_tables import io_manifest, model_dims
 from .kv import DraftModel, TargetModel
 from .policy import AdaptiveDrafting
 from .sampling import SamplingParams, select_token
-from .session import SessionConfig, open_graph
+from .session import SessionConfig, open_graph, shared_initializers
 from .stats import GenerationStats
 from .trt_profiles import symbol_ranges, trt_profiles
 
@@ -126,8 +126,11 @@ class Generator:
 
     @classmethod
     def load(cls, bundle: str | Path | Bundle, provider: str = "cpu", *, threads: int = 0, spin: bool = False,
-             verify: bool = True) -> "Generator":
-        """Open a bundle on `provider` ("cpu", "cuda", "tensorrt"); sha256-checks files unless verify=False."""
+             verify: bool = True, share_weights: bool = True) -> "Generator":
+        """Open a bundle on `provider` ("cpu", "cuda", "tensorrt"); sha256-checks files unless verify=False.
+
+        `share_weights`: the weights both graphs hold (embedding / LM head) are loaded once for both sessions.
+        """
         from .tokenizer import ChatTokenizer
 
         b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle, verify=verify)
@@ -139,9 +142,14 @@ class Generator:
         capacity = b.max_context + max(b.manifest["kv_cache"]["slack"], b.block_size, chunk)
         ranges = symbol_ranges(b.manifest)                          # the shapes the graphs are built for
         profiles = trt_profiles(b) if provider == "tensorrt" else {}
-        target = TargetModel(open_graph(b.graph_path("target"), config, profiles.get("target")), dims, capacity,
-                             (1, b.block_size, chunk), b.kv_dtype)
-        drafter = DraftModel(open_graph(b.graph_path("drafter"), config, profiles.get("drafter")), dims, capacity,
+        shared = shared_initializers(b.root, b.manifest, config) if share_weights else {}
+
+        def session(name: str):   # fp16 graphs get TensorRT's fp16 kernels; shared weights are given, not loaded
+            fp16 = b.manifest["graphs"][name]["precision"] == "fp16"
+            return open_graph(b.graph_path(name), replace(config, fp16=fp16), profiles.get(name), shared.get(name))
+
+        target = TargetModel(session("target"), dims, capacity, (1, b.block_size, chunk), b.kv_dtype)
+        drafter = DraftModel(session("drafter"), dims, capacity,
                              target.hidden, b.model["mask_token_id"], b.kv_dtype, max_ctx_rows=ranges["C"][2])
         return cls(b, ChatTokenizer.from_dir(b.root), target, drafter)
 
