@@ -29,6 +29,9 @@ from .publish import publish_dir
 # SmolLM2's vocabulary has no mask token; we use a special token that chat never produces.
 # (`<empty_output>`, id 16, a Jupyter-notebook marker from SmolLM2's code pre-training data.)
 SMOLLM2_MASK_TOKEN = "<empty_output>"
+# z-lab's published drafter class, named by reference (transformers' `repo--module.Class` form), so
+# `AutoModel.from_pretrained(dir, trust_remote_code=True)` opens our drafters with their code, never a copy.
+ZLAB_MODEL_CLASS = "z-lab/Qwen3-8B-DFlash-b16--dflash.DFlashDraftModel"
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -63,10 +66,14 @@ class DraftConfig(TargetConfig):
         if "DFlashDraftModel" not in raw.get("architectures", []):
             raise ModelFormatError(f"config.json architectures={raw.get('architectures')} is not a DFlash drafter "
                                    f"(expected ['DFlashDraftModel'])")
-        dflash = raw.get("dflash_config") or {}
-        for key in ("mask_token_id", "target_layer_ids"):
-            if key not in dflash:
-                raise ModelFormatError(f"drafter config.json lacks dflash_config.{key}")
+        dflash = dict(raw.get("dflash_config") or {})
+        if "mask_token_id" not in dflash:
+            raise ModelFormatError("drafter config.json lacks dflash_config.mask_token_id")
+        if "target_layer_ids" not in dflash:       # z-lab derives them when absent
+            if not raw.get("num_target_layers") or not raw.get("num_hidden_layers"):
+                raise ModelFormatError("drafter config.json has neither dflash_config.target_layer_ids nor "
+                                       "num_target_layers (+ num_hidden_layers) to derive them from")
+            dflash["target_layer_ids"] = default_target_layer_ids(raw["num_target_layers"], raw["num_hidden_layers"])
         merged = {**raw, "model_type": "qwen3", **dflash}
         return super().from_dict(merged)
 
@@ -75,7 +82,8 @@ class DraftConfig(TargetConfig):
         base = {f.name: getattr(self, f.name) for f in fields(TargetConfig)}
         base.pop("bos_token_id"), base.pop("eos_token_id")
         return {
-            "architectures": ["DFlashDraftModel"], **base, "model_type": "qwen3",
+            "architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": ZLAB_MODEL_CLASS},
+            **base, "model_type": "qwen3",
             "layer_types": ["full_attention"] * self.num_hidden_layers, "sliding_window": None,
             "block_size": self.block_size, "num_target_layers": self.num_target_layers,
             "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
@@ -165,7 +173,8 @@ def new_drafter(cfg: DraftConfig, seed: int = 0) -> DFlashDrafter:
 
 def load_drafter(path: str | Path, target_config: TargetConfig | None = None, dtype=torch.float32) -> DFlashDrafter:
     """Load a z-lab-format drafter directory; with `target_config`, check that it fits that target."""
-    from .models.weights import load_checked, read_safetensors
+    from .models.checkpoint import Checkpoint
+    from .models.weights import load_streamed
 
     path = Path(path).expanduser()
     cfg_file = path / "config.json"
@@ -174,9 +183,9 @@ def load_drafter(path: str | Path, target_config: TargetConfig | None = None, dt
     cfg = DraftConfig.from_dict(json.loads(cfg_file.read_text()))
     if target_config is not None:
         cfg.check_fits(target_config)
-    model = DFlashDrafter(cfg)
-    load_checked(model, read_safetensors(path / "model.safetensors"), str(path / "model.safetensors"))
-    return model.to(dtype).eval()
+    ckpt = Checkpoint.open(path)
+    ckpt.check_dtypes(cfg.torch_dtype)
+    return load_streamed(lambda: DFlashDrafter(cfg), ckpt, dtype).to(dtype).eval()
 
 
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

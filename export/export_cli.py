@@ -22,6 +22,8 @@ def add_arguments(p) -> None:
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime-vs-torch parity check")
     p.add_argument("--no-fused", action="store_true",
                    help="write only the portable target graph (no GroupQueryAttention `target_fused` flavour)")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="start even when the estimated peak memory exceeds what is available")
     p.add_argument("--precision", default=None, choices=PRECISIONS,
                    help="quantise both graphs after export (`dflash-edge quantize` defaults, quality report included); "
                         "default fp32, or the plan's choice with --device")
@@ -42,7 +44,8 @@ def run(args) -> int:
     check_up_front(args)
     opts = ExportOptions(out=args.out, target=args.target, draft=args.draft, block_size=args.block_size,
                          max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
-                         verify=not args.no_verify, draft_vocab=args.draft_vocab, fused=not args.no_fused)
+                         verify=not args.no_verify, draft_vocab=args.draft_vocab, fused=not args.no_fused,
+                         memory_check=not args.no_memory_check)
     if args.precision == "fp32":
         export_bundle(opts)
     else:

@@ -16,6 +16,8 @@ from dflash_edge.runtime import bundle as bundle_mod
 from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.runtime.io_tables import FLAVOURS, io_manifest, model_dims
 
+from .external_data import SharedData
+from .memory import MemoryMeter
 from .publish import publish_dir
 
 EXPORTER_VERSION = "0.1.0"
@@ -34,6 +36,7 @@ class ExportOptions:
     force: bool = False
     verify: bool = True
     draft_vocab: int = 0                 # >0: the drafter's LM head over this many frequent tokens (draft_vocab.py)
+    memory_check: bool = True            # refuse up front when the estimated peak memory exceeds what is available
     fused: bool = True                   # also write `target_fused` (GroupQueryAttention) where the model allows
 
 
@@ -52,8 +55,7 @@ def _check_options(opts: ExportOptions, target, drafter) -> None:
         raise DflashEdgeError(f"--prefill-chunk {opts.prefill_chunk} must be >= 1")
 
 
-def _manifest(target, drafter, tok_files, graphs, opts, sources) -> dict:
-    tc, dc = target.config, drafter.config
+def _manifest(tc, dc, tok_files, graphs, opts, sources, shared: list[dict]) -> dict:
     return {
         "format": bundle_mod.FORMAT, "manifest_version": bundle_mod.MANIFEST_VERSION,
         "exporter_version": EXPORTER_VERSION,
@@ -69,11 +71,13 @@ def _manifest(target, drafter, tok_files, graphs, opts, sources) -> dict:
         "max_context": opts.max_context, "prefill_chunk": opts.prefill_chunk,
         "kv_cache": {"layout": bundle_mod.KV_LAYOUT, "dtype": "float32", "slack": opts.block_size},
         "shared_weights": {
-            "embed_tokens": "duplicated: target.onnx and drafter.onnx each hold a copy (onnxruntime sessions "
-                            "cannot share an initializer without loading it twice)",
-            "lm_head": ("tied to embed_tokens" if tc.tie_word_embeddings else "duplicated, like embed_tokens")
+            "embed_tokens": ("stored once in shared.onnx.data, referenced by target.onnx and drafter.onnx; the "
+                             "runtime loads it once for both sessions" if shared else
+                             "duplicated: target.onnx and drafter.onnx each hold a copy"),
+            "lm_head": ("tied to embed_tokens" if tc.tie_word_embeddings else "shared like embed_tokens")
                        + (f"; drafter.onnx holds only the rows of its {opts.draft_vocab}-token draft vocabulary"
-                          if opts.draft_vocab else "")},
+                          if opts.draft_vocab else ""),
+            "tensors": shared},
         "graphs": graphs,
         "tokenizer": tok_files,
         "source": sources,
@@ -84,8 +88,9 @@ def _manifest(target, drafter, tok_files, graphs, opts, sources) -> dict:
 DATA_FILES = {"target": "target.onnx.data", "target_fused": "target.onnx.data", "drafter": "drafter.onnx.data"}
 
 
-def _graph_entry(root: Path, name: str, opts: ExportOptions, extra: dict) -> dict:
+def _graph_entry(root: Path, name: str, extra: dict, shared: list[dict]) -> dict:
     files = [bundle_mod.file_entry(root, f"{name}.onnx"), bundle_mod.file_entry(root, DATA_FILES[name])]
+    files += [bundle_mod.file_entry(root, f) for f in sorted({e["file"] for e in shared if name in e["names"]})]
     return {"files": files, "precision": "fp32", "io": io_manifest(name, "float32"), "opset": extra["opset"],
             "static_shapes": extra["static_shapes"], "flavour": FLAVOURS[name].kind}
 
@@ -99,92 +104,159 @@ def fused_supported(cfg) -> str | None:
 
 def export_bundle(opts: ExportOptions, progress=None) -> Path:
     """Export, check parity (unless `opts.verify` is False) and publish the bundle atomically."""
-    import torch
     from tqdm import tqdm
-
-    from .fetch import resolve_target
-    from .fused_graph import OPSET_FUSED, build_fused_target
-    from .graphs import DrafterGraph, TargetGraph
-    from .models import load_target
-    from .onnx_export import OPSET, export_graph
-    from .parity import check_graphs
-    from .resolve_drafter import resolve_drafter
-    from dflash_edge.runtime.tokenizer import ChatTokenizer
 
     out = Path(opts.out).expanduser()
     if out.exists() and not opts.force:
         raise DflashEdgeError(f"{out} already exists; pass --force to replace it")
-    timings = {}
     steps = tqdm(total=5, desc="export", unit="step", disable=progress is False, file=sys.stderr)
-    t0 = time.perf_counter()
-    target_dir = resolve_target(None if opts.target in (None, "default") else opts.target)
-    target = load_target(target_dir)
-    tok = ChatTokenizer.from_dir(target_dir)
-    drafter = resolve_drafter(opts.draft, target, tok)
-    _check_options(opts, target, drafter)
-    vocab = None
-    if opts.draft_vocab:
-        from .draft_vocab import load_draft_vocab
-
-        source = getattr(drafter, "source", "random")
-        vocab = load_draft_vocab(None if source == "random" else source, opts.draft_vocab, target.config.vocab_size)
-    steps.update(1)
-    timings["load"] = time.perf_counter() - t0
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    run = _Run(opts, out, steps, MemoryMeter())
     try:
-        dims = {**_dims(target, drafter, opts.block_size), "T": opts.block_size, **SAMPLE_SIZES}
-        modules = {"target": TargetGraph(target, tuple(drafter.config.target_layer_ids)).eval(),
-                   "drafter": DrafterGraph(target, drafter, vocab).eval()}
-        paths = {}
-        for name in ("target", "drafter"):
-            t = time.perf_counter()
-            steps.set_postfix_str(f"tracing {name}")
-            paths[name] = export_graph(modules[name], name, dims, tmp / f"{name}.onnx")
-            timings[f"export_{name}"] = time.perf_counter() - t
-            steps.update(1)
-        fused_note = fused_supported(target.config) if opts.fused else "not requested (--no-fused)"
-        if fused_note is None:
-            t = time.perf_counter()
-            steps.set_postfix_str("writing target_fused")
-            paths["target_fused"] = tmp / "target_fused.onnx"
-            fused_note = build_fused_target(target, tuple(drafter.config.target_layer_ids), paths["target_fused"],
-                                            tmp / DATA_FILES["target_fused"], index_model=paths["target"])
-            timings["export_target_fused"] = time.perf_counter() - t
-        tok_files = _copy_tokenizer(target_dir, tmp)
-        report = {}
-        if opts.verify:
-            t = time.perf_counter()
-            steps.set_postfix_str("parity")
-            prompt = tok.encode_chat([{"role": "user", "content": PARITY_PROMPT}])
-            modules["kv_empty_target"] = torch.zeros(0, dims["L"], dims["Hkv"], dims["D"])
-            modules["kv_empty_drafter"] = torch.zeros(0, dims["Ld"], dims["Hkv"], dims["D"])
-            report = check_graphs(paths, modules, prompt, opts.block_size)
-            timings["parity"] = time.perf_counter() - t
-        steps.update(1)
-        target_static = {"decode": {"T": 1}, "verify": {"T": opts.block_size}, "prefill": {"T": opts.prefill_chunk}}
-        static = {"target": target_static, "target_fused": target_static, "drafter": {"draft": {"B": opts.block_size}}}
-        opsets = {"target": OPSET, "drafter": OPSET, "target_fused": OPSET_FUSED}
-        graphs = {n: _graph_entry(tmp, n, opts, {"opset": opsets[n], "static_shapes": static[n]}) for n in paths}
-        sources = {"target": str(target_dir), "drafter": getattr(drafter, "source", "random"),
-                   "drafter_random_init": getattr(drafter, "source", "random") == "random", "parity": report,
-                   "target_fused": fused_note,
-                   "export_seconds": {k: round(v, 2) for k, v in timings.items()}}
-        from .trt_readiness import bundle_trt_readiness
-        sources["trt_readiness"] = bundle_trt_readiness(tmp)
-        bundle_mod.write_manifest(tmp, _manifest(target, drafter, tok_files, graphs, opts, sources))
-        steps.update(1)
-        publish_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        return run.go()
     finally:
         steps.close()
-    total = time.perf_counter() - t0
-    sizes = ", ".join(f"{n} {sum(f['bytes'] for f in g['files']) / 1e6:.0f} MB" for n, g in graphs.items())
-    print(f"exported {out} in {total:.0f} s ({sizes}; parity {'ok' if opts.verify else 'skipped'})", file=sys.stderr)
-    return out
+
+
+@dataclass
+class _Run:
+    """One export: the stages in order, each timed and its peak resident memory measured."""
+
+    opts: ExportOptions
+    out: Path
+    steps: object
+    meter: MemoryMeter
+
+    def go(self) -> Path:
+        import torch
+
+        from .fused_graph import OPSET_FUSED, build_fused_target
+        from .graphs import DrafterGraph, TargetGraph
+        from .onnx_export import OPSET, export_graph
+        from .parity import check_graphs, reference_cases
+
+        opts, timings, t0 = self.opts, {}, time.perf_counter()
+        with self.meter.stage("load"):
+            target, drafter, tok, target_dir, vocab = self._load()
+        self.steps.update(1)
+        timings["load"] = time.perf_counter() - t0
+        tc, dc, draft_source = target.config, drafter.config, getattr(drafter, "source", "random")
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=self.out.parent))
+        try:
+            dims = {**_dims(target, drafter, opts.block_size), "T": opts.block_size, **SAMPLE_SIZES}
+            modules = {"target": TargetGraph(target, tuple(dc.target_layer_ids)).eval(),
+                       "drafter": DrafterGraph(target, drafter, vocab).eval()}
+            shared = SharedData(tmp, _shared_tensors(target))
+            fused_note = fused_supported(tc) if opts.fused else "not requested (--no-fused)"
+            del target, drafter                  # `modules` holds the only references from here on
+            cases, report = None, {}
+            if opts.verify:                      # torch references first: the torch models can go as graphs are written
+                with self.meter.stage("reference"):
+                    prompt = tok.encode_chat([{"role": "user", "content": PARITY_PROMPT}])
+                    modules["kv_empty_target"] = torch.zeros(0, dims["L"], dims["Hkv"], dims["D"])
+                    modules["kv_empty_drafter"] = torch.zeros(0, dims["Ld"], dims["Hkv"], dims["D"])
+                    cases = reference_cases(modules, prompt, opts.block_size)
+            paths = {}
+            for name in ("target", "drafter"):
+                t = time.perf_counter()
+                self.steps.set_postfix_str(f"tracing {name}")
+                module = modules.pop(name)
+                with self.meter.stage(f"export_{name}"):
+                    paths[name] = export_graph(module, name, dims, tmp / f"{name}.onnx", shared)
+                timings[f"export_{name}"] = time.perf_counter() - t
+                if name == "target" and fused_note is None:   # same weights, reused from the files just written
+                    t = time.perf_counter()
+                    self.steps.set_postfix_str("writing target_fused")
+                    paths["target_fused"] = tmp / "target_fused.onnx"
+                    with self.meter.stage("export_target_fused"):
+                        fused_note = build_fused_target(module.target, tuple(dc.target_layer_ids),
+                                                        paths["target_fused"], tmp / DATA_FILES["target_fused"],
+                                                        index_model=paths["target"], shared=shared)
+                    timings["export_target_fused"] = time.perf_counter() - t
+                del module
+                self.steps.update(1)
+            modules.clear()
+            tok_files = _copy_tokenizer(target_dir, tmp)
+            if opts.verify:
+                t = time.perf_counter()
+                self.steps.set_postfix_str("parity")
+                with self.meter.stage("parity"):
+                    report = check_graphs(paths, cases)
+                timings["parity"] = time.perf_counter() - t
+            self.steps.update(1)
+            target_static = {"decode": {"T": 1}, "verify": {"T": opts.block_size}, "prefill": {"T": opts.prefill_chunk}}
+            static = {"target": target_static, "target_fused": target_static, "drafter": {"draft": {"B": opts.block_size}}}
+            opsets = {"target": OPSET, "drafter": OPSET, "target_fused": OPSET_FUSED}
+            shared_entries = shared.manifest()
+            graphs = {n: _graph_entry(tmp, n, {"opset": opsets[n], "static_shapes": static[n]}, shared_entries)
+                      for n in paths}
+            sources = {"target": str(target_dir), "drafter": draft_source,
+                       "drafter_random_init": draft_source == "random", "parity": report, "target_fused": fused_note,
+                       "export_seconds": {k: round(v, 2) for k, v in timings.items()},
+                       "peak_rss_mb": self.meter.report_mb()}
+            from .trt_readiness import bundle_trt_readiness
+            sources["trt_readiness"] = bundle_trt_readiness(tmp)
+            bundle_mod.write_manifest(tmp, _manifest(tc, dc, tok_files, graphs, opts, sources, shared_entries))
+            _check_only_named_files(tmp, graphs, tok_files)
+            self.steps.update(1)
+            publish_dir(tmp, self.out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        total = time.perf_counter() - t0
+        sizes = ", ".join(f"{n} {sum(f['bytes'] for f in g['files']) / 1e6:.0f} MB" for n, g in graphs.items())
+        peaks = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in self.meter.peaks.items())
+        print(f"exported {self.out} in {total:.0f} s ({sizes}; parity {'ok' if opts.verify else 'skipped'}; "
+              f"peak RSS GB: {peaks})", file=sys.stderr)
+        return self.out
+
+    def _load(self):
+        from .fetch import resolve_target
+        from .memory import check_fits
+        from .models import load_target
+        from .models.checkpoint import Checkpoint
+        from .models.config import TargetConfig
+        from .resolve_drafter import resolve_drafter
+        from dflash_edge.runtime.tokenizer import ChatTokenizer
+
+        opts = self.opts
+        target_dir = resolve_target(None if opts.target in (None, "default") else opts.target)
+        if opts.memory_check:          # before any weight is read: say so now, with the estimate
+            cfg = TargetConfig.from_json(target_dir)
+            skip = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
+            check_fits(4 * Checkpoint.open(target_dir).num_params(skip), f"{target_dir.name} (fp32)")
+        target = load_target(target_dir)
+        tok = ChatTokenizer.from_dir(target_dir)
+        drafter = resolve_drafter(opts.draft, target, tok)
+        _check_options(opts, target, drafter)
+        vocab = None
+        if opts.draft_vocab:
+            from .draft_vocab import load_draft_vocab
+
+            source = getattr(drafter, "source", "random")
+            vocab = load_draft_vocab(None if source == "random" else source, opts.draft_vocab, target.config.vocab_size)
+        return target, drafter, tok, target_dir, vocab
+
+
+def _shared_tensors(target) -> dict:
+    """The target's tensors the drafter graph borrows: its embedding and (untied) LM head.
+
+    The exporter stores an untied LM head transposed (MatMul on a constant-folded W^T): both forms are listed.
+    """
+    tensors = {"embed_tokens": [target.model.embed_tokens.weight]}
+    if not target.config.tie_word_embeddings:
+        w = target.lm_head.weight.detach()
+        tensors["lm_head"] = [w, w.T]
+    return tensors
+
+
+def _check_only_named_files(root: Path, graphs: dict, tok_files: dict) -> None:
+    """Every file of the bundle is named in its manifest (no exporter leftovers beside the graphs)."""
+    named = {f["path"] for g in graphs.values() for f in g["files"]} | {bundle_mod.MANIFEST}
+    named |= {v for v in tok_files.values() if v}
+    stray = sorted(p.name for p in root.iterdir() if p.name not in named)
+    if stray:
+        raise DflashEdgeError(f"export left files no manifest names: {stray[:6]}; this is a bug: please report it")
 
 
 def _dims(target, drafter, block: int) -> dict[str, int]:
@@ -200,5 +272,4 @@ def _copy_tokenizer(src: Path, dst: Path) -> dict:
     if (src / "tokenizer_config.json").exists():
         shutil.copy2(src / "tokenizer_config.json", dst / "tokenizer_config.json")
         config = "tokenizer_config.json"
-    checksums = [bundle_mod.file_entry(dst, f) for f in ("tokenizer.json", config) if f]    # verified at load
-    return {"file": "tokenizer.json", "config": config, "checksums": checksums}
+    return {"file": "tokenizer.json", "config": config}

@@ -9,8 +9,8 @@ the new rows in place and reads the prefix where it lies (no per-step copy of th
 `Gemm(x, W[V, H], transB=1)` on the embedding itself when tied, like the portable graph.
 
 Weights go tensor by tensor into an external-data file through `WeightFile`, which reuses any tensor
-already in that file byte for byte: pointed at the portable graph's `target.onnx.data`, the two flavours
-share one copy of the weights.
+the portable graph already stores byte for byte (in `target.onnx.data`, or the embedding in the bundle's
+`shared.onnx.data`): the two flavours share one copy of the weights.
 
 >>> build_fused_target(target, capture=(1, 4), out=Path("b/target_fused.onnx"),
 ...                    data=Path("b/target.onnx.data"))                    # doctest: +SKIP
@@ -31,7 +31,7 @@ _ONNX_DTYPES = {"int64": 7, "int32": 6, "float32": 1, "float16": 10}   # TensorP
 
 
 class WeightFile:
-    """An external-data file that stores each distinct tensor once (tensors already in it are reused).
+    """An external-data file that stores each distinct tensor once (tensors an indexed graph stores are reused).
 
     >>> wf = WeightFile(Path("b/target.onnx.data"), index_model=Path("b/target.onnx"))   # doctest: +SKIP
     >>> init = wf.tensor("w", np.ones((512, 64), np.float32))                          # doctest: +SKIP
@@ -39,24 +39,26 @@ class WeightFile:
 
     def __init__(self, path: Path, index_model: Path | None = None):
         self.path = Path(path)
-        self.offsets: dict[bytes, tuple[int, int]] = {}     # sha256 of the bytes -> (offset, length)
+        self.offsets: dict[bytes, tuple[str, int, int]] = {}    # sha256 of the bytes -> (file, offset, length)
+        self.placed: dict[str, tuple[str, int]] = {}           # initializer name -> (file, offset)
         self.reused_bytes = self.appended_bytes = 0
         if index_model is not None:
             self._index(index_model)
 
     def _index(self, model_path: Path) -> None:
-        """Hash every external tensor of `model_path` that lives in this file."""
+        """Hash every external tensor of `model_path`, whichever of the bundle's files it lives in."""
         import onnx
 
         model = onnx.load(str(model_path), load_external_data=False)
-        with open(self.path, "rb") as f:
-            for init in model.graph.initializer:
-                info = {e.key: e.value for e in init.external_data}
-                if init.data_location != onnx.TensorProto.EXTERNAL or info.get("location") != self.path.name:
-                    continue
-                offset, length = int(info.get("offset", 0)), int(info["length"])
+        for init in model.graph.initializer:
+            info = {e.key: e.value for e in init.external_data}
+            if init.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            offset, length = int(info.get("offset", 0)), int(info["length"])
+            with open(Path(model_path).parent / info["location"], "rb") as f:
                 f.seek(offset)
-                self.offsets.setdefault(hashlib.sha256(f.read(length)).digest(), (offset, length))
+                key = hashlib.sha256(f.read(length)).digest()
+            self.offsets.setdefault(key, (info["location"], offset, length))
 
     def tensor(self, name: str, array: np.ndarray):
         """A TensorProto for `array`: inline when small, else external (reused or appended)."""
@@ -72,15 +74,16 @@ class WeightFile:
         else:
             with open(self.path, "ab") as f:
                 f.seek(0, 2)
-                pad = -f.tell() % 64                                # 64-byte aligned, like onnx's own writer
+                pad = -f.tell() % 4096                              # page-aligned: onnxruntime can map it
                 f.write(b"\0" * pad)
-                self.offsets[key] = (f.tell(), len(raw))
+                self.offsets[key] = (self.path.name, f.tell(), len(raw))
                 f.write(raw)
             self.appended_bytes += len(raw)
-        offset, length = self.offsets[key]
+        location, offset, length = self.offsets[key]
+        self.placed[name] = (location, offset)
         proto = TensorProto(name=name, data_type=_ONNX_DTYPES[str(array.dtype)], dims=list(array.shape),
                             data_location=TensorProto.EXTERNAL)
-        for k, v in (("location", self.path.name), ("offset", str(offset)), ("length", str(length))):
+        for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
             entry = proto.external_data.add()
             entry.key, entry.value = k, v
         return proto
@@ -161,11 +164,12 @@ def _mlp(g: _Builder, h: str, mlp, name: str) -> str:
 
 
 def build_fused_target(target, capture: tuple[int, ...], out: Path, data: Path,
-                       index_model: Path | None = None) -> dict:
+                       index_model: Path | None = None, shared=None) -> dict:
     """Write `out` (the `target_fused` graph) with its weights in `data`; returns {reused, appended} bytes.
 
-    `index_model`: a graph whose tensors already live in `data` (the portable target): identical
-    tensors are referenced, not written again.
+    `index_model`: a graph whose tensors are already written (the portable target): identical tensors are
+    referenced, not written again. `shared` (export/external_data.SharedData): the fused graph's names of
+    the tensors it reuses from the shared file are added there, so the runtime loads them once.
     """
     import onnx
     from onnx import helper
@@ -211,4 +215,6 @@ def build_fused_target(target, capture: tuple[int, ...], out: Path, data: Path,
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET_FUSED), helper.make_opsetid(MS, 1)],
                               producer_name="dflash-edge")
     onnx.save_model(model, str(out))
+    if shared is not None:
+        shared.adopt("target_fused", weights.placed)
     return {"reused_bytes": weights.reused_bytes, "appended_bytes": weights.appended_bytes}

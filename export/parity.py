@@ -51,47 +51,49 @@ def _compare(graph: str, names, got, want, tol: Tolerance, report: dict) -> None
             raise ParityError(f"graph {graph!r} output {name!r}: max abs diff {diff:.3g} > {limit:.3g} vs torch")
 
 
-def check_graphs(paths: dict, modules: dict, prompt_ids: list[int], block: int, tol: Tolerance = Tolerance()) -> dict:
-    """Run target (prefill + verify shapes) and drafter in ORT and torch on the same real inputs.
+_TARGET_IN = ("input_ids", "start", "past_key", "past_value")
+_DRAFTER_IN = ("block_ids", "ctx_hidden", "start", "past_key", "past_value")
 
-    Returns a report {graph.output.metric: value}; raises ParityError on the first failure.
+
+def check_graphs(paths: dict, cases: dict, tol: Tolerance = Tolerance()) -> dict:
+    """Run each graph in onnxruntime on the inputs of `cases` (from `reference_cases`) and compare.
+
+    The torch outputs were computed before export, so the torch models are gone by now: the two never
+    coexist in memory. Returns a report {graph.output.metric: value}; raises ParityError on the first failure.
     """
     report: dict = {}
-    tgt, drf = _session(paths["target"]), _session(paths["drafter"])
-    t_names = [o.name for o in tgt.get_outputs()]
-    prompt = torch.tensor([prompt_ids])
-    empty = modules["kv_empty_target"]
-    feeds = (prompt, torch.tensor([0]), empty, empty)
-    with torch.no_grad():
-        want = modules["target"](*feeds)
-    got = tgt.run(None, {n: t.numpy() for n, t in zip(["input_ids", "start", "past_key", "past_value"], feeds)})
-    _compare("target", t_names, got, want, tol, report)
-
-    # verify-shaped call on top of the prefix cache, with the (torch) K/V of the prompt as past
-    past_k, past_v = want[3], want[4]
-    block_ids = torch.tensor([[int(want[1][0, -1])] + prompt_ids[:block - 1]])
-    feeds = (block_ids, torch.tensor([len(prompt_ids)]), past_k, past_v)
-    with torch.no_grad():
-        want_v = modules["target"](*feeds)
-    got = tgt.run(None, {n: t.numpy() for n, t in zip(["input_ids", "start", "past_key", "past_value"], feeds)})
-    _compare("target", t_names, got, want_v, tol, report)
-
-    ctx = want[2]
-    d_empty = modules["kv_empty_drafter"]
-    mask_id = modules["drafter"].drafter.config.mask_token_id
-    d_block = torch.tensor([[int(want[1][0, -1])] + [mask_id] * (block - 1)])
-    feeds = (d_block, ctx, torch.tensor([0]), d_empty, d_empty)
-    with torch.no_grad():
-        want_d = modules["drafter"](*feeds)
-    got = drf.run(None, {n: t.numpy() for n, t in
-                         zip(["block_ids", "ctx_hidden", "start", "past_key", "past_value"], feeds)})
-    _compare("drafter", [o.name for o in drf.get_outputs()], got, want_d, tol, report)
-    if "target_fused" in paths:
-        steps = [(prompt, 0, want), (block_ids, len(prompt_ids), want_v)]
-        check_fused(_session(paths["target_fused"]), steps, len(prompt_ids) + block, tol, report)
+    for graph, names in (("target", _TARGET_IN), ("drafter", _DRAFTER_IN)):
+        session = _session(paths[graph])
+        out_names = [o.name for o in session.get_outputs()]
+        for feeds, want in cases[graph]:
+            got = session.run(None, {n: t.numpy() for n, t in zip(names, feeds)})
+            _compare(graph, out_names, got, want, tol, report)
+        del session
+    if "target_fused" in paths:                    # the same target cases, step after step over its own buffers
+        steps = [(feeds[0], int(feeds[1][0]), want) for feeds, want in cases["target"]]
+        capacity = max(start + ids.shape[1] for ids, start, _ in steps)
+        check_fused(_session(paths["target_fused"]), steps, capacity, tol, report)
     return report
 
 
+def reference_cases(modules: dict, prompt_ids: list[int], block: int) -> dict:
+    """graph -> [(inputs, torch outputs)] on real inputs: a prefill and a verify-shaped call of the target
+    (with the prompt's torch K/V as past) and one draft; `modules` holds the graph modules and empty caches."""
+    prompt = torch.tensor([prompt_ids])
+    empty = modules["kv_empty_target"]
+    with torch.no_grad():
+        feeds = (prompt, torch.tensor([0]), empty, empty)
+        want = modules["target"](*feeds)
+        # verify-shaped call on top of the prefix cache, with the (torch) K/V of the prompt as past
+        block_ids = torch.tensor([[int(want[1][0, -1])] + prompt_ids[:block - 1]])
+        feeds_v = (block_ids, torch.tensor([len(prompt_ids)]), want[3], want[4])
+        want_v = modules["target"](*feeds_v)
+        d_empty = modules["kv_empty_drafter"]
+        mask_id = modules["drafter"].drafter.config.mask_token_id
+        d_block = torch.tensor([[int(want[1][0, -1])] + [mask_id] * (block - 1)])
+        feeds_d = (d_block, want[2], torch.tensor([0]), d_empty, d_empty)
+        want_d = modules["drafter"](*feeds_d)
+    return {"target": [(feeds, want), (feeds_v, want_v)], "drafter": [(feeds_d, want_d)]}
 def check_fused(session, steps, capacity: int, tol: Tolerance, report: dict) -> None:
     """The fused target over head-major buffers, step after step, against the portable graph's torch
     outputs `want` = (logits, next_ids, hidden, new_key [T, L, Hkv, D], new_value) for each (ids, start, want)."""

@@ -79,6 +79,21 @@ def _lower_graph(src: bundle_mod.Bundle, name: str, want: str, tmp: Path, settin
     return entry
 
 
+def _keep_shared(manifest: dict, old: dict) -> None:
+    """Shared tensors (one copy for several graphs) stay listed only for the graphs kept as they were."""
+    kept = {n for n, g in manifest["graphs"].items() if g["precision"] == old["graphs"][n]["precision"]}
+    shared = manifest.get("shared_weights") or {}
+    entries = []
+    for entry in shared.get("tensors", []):
+        names = {g: n for g, n in entry["names"].items() if g in kept}
+        if len(names) > 1:
+            entries.append({**entry, "names": names})
+    if "tensors" in shared:
+        shared["tensors"] = entries
+        if not entries:
+            shared["embed_tokens"] = "each quantised graph holds its own (quantised) copy"
+
+
 def _ort_version() -> str:
     import onnxruntime
 
@@ -104,6 +119,7 @@ def quantize_bundle(opts: QuantizeOptions, log=sys.stderr) -> Path:
         for name in graphs:
             print(f"quantize: {name} -> {wanted(opts, name)}", file=log)
             manifest["graphs"][name] = _lower_graph(src, name, wanted(opts, name), tmp, opts.settings)
+        _keep_shared(manifest, src.manifest)
         for key in ("file", "config"):
             if src.manifest["tokenizer"].get(key):
                 shutil.copy2(src.root / src.manifest["tokenizer"][key], tmp / src.manifest["tokenizer"][key])

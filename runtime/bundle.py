@@ -174,7 +174,7 @@ def read_bundle(path: str | Path, verify: bool = True) -> Bundle:
     if verify and "checksum" in manifest and manifest["checksum"] != manifest_checksum(manifest):
         raise BundleError(f"{mpath} is corrupt: its content does not match its checksum (edited or damaged after "
                           f"export); re-export the bundle")
-    for entry in _file_entries(manifest, str(mpath)):
+    for entry in {e["path"]: e for e in _file_entries(manifest, str(mpath))}.values():   # shared files once
         fpath = root / entry["path"]
         if not fpath.is_file():
             raise BundleError(f"bundle file {fpath} is missing (named in {mpath}); re-export the bundle")

@@ -13,7 +13,7 @@ without it, token for token, greedy or sampled. Buffers are preallocated at load
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -28,7 +28,7 @@ from .kv import TARGET_MODELS, DraftModel, TargetModel
 from .lookup import PromptLookup
 from .policy import AdaptivePolicy
 from .sampling import SamplingParams, select_token
-from .session import SessionConfig, open_graph
+from .session import SessionConfig, open_graph, shared_initializers
 from .stats import GenerationStats
 from .trt_profiles import symbol_ranges, trt_profiles
 from .tuning import Tuned, check_verify_len, read_tuned
@@ -155,12 +155,14 @@ class Generator:
 
     @classmethod
     def load(cls, bundle: str | Path | Bundle, provider: str = "cpu", *, threads: int = 0, spin: bool = False,
-             verify: bool = True, target_graph: str | None = None, use_tuned: bool = True) -> "Generator":
+             verify: bool = True, target_graph: str | None = None, use_tuned: bool = True,
+             share_weights: bool = True) -> "Generator":
         """Open a bundle on `provider` ("cpu", "cuda", "tensorrt"); sha256-checks files unless verify=False.
 
         `target_graph` ("target" portable, "target_fused"): force a flavour; default: the fused one where
         the provider runs it (io_tables.pick_graph), the portable one elsewhere (TensorRT).
         With `use_tuned`, the bundle's tuned.json (from `dflash-edge tune`) is validated and seeds the policy.
+        `share_weights`: the weights both graphs hold (embedding / LM head) are loaded once for both sessions.
         """
         from .tokenizer import ChatTokenizer
 
@@ -177,9 +179,15 @@ class Generator:
         if name not in b.manifest["graphs"] or name not in TARGET_MODELS:
             raise BundleError(f"target_graph={name!r}: {b.root} has no such target graph; it has "
                               f"{', '.join(n for n in b.manifest['graphs'] if n in TARGET_MODELS)}")
-        target = TARGET_MODELS[name](open_graph(b.graph_path(name), config, profiles.get(name)), dims, capacity,
-                                     (*range(1, b.block_size + 1), chunk), b.kv_dtype)   # T = k + 1 for k = 0..B-1
-        drafter = DraftModel(open_graph(b.graph_path("drafter"), config, profiles.get("drafter")), dims, capacity,
+        shared = shared_initializers(b.root, b.manifest, config) if share_weights else {}
+
+        def session(graph: str):   # fp16 graphs get TensorRT's fp16 kernels; shared weights are given, not loaded
+            fp16 = b.manifest["graphs"][graph]["precision"] == "fp16"
+            return open_graph(b.graph_path(graph), replace(config, fp16=fp16), profiles.get(graph), shared.get(graph))
+
+        target = TARGET_MODELS[name](session(name), dims, capacity, (*range(1, b.block_size + 1), chunk),
+                                     b.kv_dtype)                                  # T = k + 1 for k = 0..B-1
+        drafter = DraftModel(session("drafter"), dims, capacity,
                              target.hidden, b.model["mask_token_id"], b.kv_dtype, max_ctx_rows=ranges["C"][2])
         return cls(b, ChatTokenizer.from_dir(b.root), target, drafter, read_tuned(b) if use_tuned else None)
 

@@ -38,6 +38,7 @@ class SessionConfig:
     device_id: int = 0
     trt_cache_dir: str | None = None          # TensorRT EP engine cache (bundle/.trt-cache by default)
     spin: bool = False                        # busy-wait between ops: lower latency on idle cores, far slower on shared ones
+    fp16: bool = False                        # the graph is fp16 (manifest precision): TensorRT builds fp16 kernels
 
 
 def available_providers() -> list[str]:
@@ -87,11 +88,13 @@ class OrtGraph:
         self.calls += 1
 
 
-def open_graph(path, config: SessionConfig = SessionConfig(), profile: dict | None = None) -> OrtGraph:
+def open_graph(path, config: SessionConfig = SessionConfig(), profile: dict | None = None,
+               initializers: dict | None = None) -> OrtGraph:
     """An onnxruntime session for `path` on `config.provider` (graph optimisations ALL, sized thread pool).
 
     `profile` (input name -> {"min","opt","max"} shapes, from `trt_profiles`) becomes the TensorRT EP's
-    optimisation profile, so one engine serves every step shape.
+    optimisation profile, so one engine serves every step shape. `initializers` (name -> OrtValue, from
+    `shared_initializers`) replace the graph's own copies of those weights.
     """
     import onnxruntime as ort
 
@@ -105,16 +108,42 @@ def open_graph(path, config: SessionConfig = SessionConfig(), profile: dict | No
     opts.log_severity_level = 3
     if not config.spin:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    for name, value in (initializers or {}).items():
+        opts.add_initializer(name, value)
     providers = [(ep, _provider_options(ep, config, profile)) for ep in eps]
     session = ort.InferenceSession(str(path), opts, providers=providers)
-    return OrtGraph(session, device, config.device_id)
+    graph = OrtGraph(session, device, config.device_id)
+    graph.initializers = dict(initializers or {})   # user-owned weights must outlive the session: hold them here
+    return graph
+
+
+def shared_initializers(root, manifest: dict, config: SessionConfig = SessionConfig()) -> dict[str, dict]:
+    """graph -> {initializer name: OrtValue}: each weight the manifest lists under `shared_weights.tensors`
+    (the embedding / LM head the drafter borrows from the target), read once and given to every session.
+
+    On the CPU the value is a read-only memory map of the bundle file (file-backed pages, loaded once);
+    on CUDA/TensorRT it is copied to the device once. Bundles without the list share nothing.
+    """
+    import numpy as np
+    import onnxruntime as ort
+
+    check_provider(config.provider)
+    device = PROVIDERS[config.provider][1]
+    out: dict[str, dict] = {}
+    for entry in (manifest.get("shared_weights") or {}).get("tensors", []):
+        array = np.memmap(os.path.join(root, entry["file"]), dtype=entry["dtype"], mode="r",
+                          offset=entry["offset"], shape=tuple(entry["shape"]))
+        value = ort.OrtValue.ortvalue_from_numpy(array, device, config.device_id)   # cpu: wraps, keeps `array`
+        for graph, name in entry["names"].items():
+            out.setdefault(graph, {})[name] = value
+    return out
 
 
 def _provider_options(ep: str, config: SessionConfig, profile: dict | None) -> dict:
     if ep == "CUDAExecutionProvider":
         return {"device_id": config.device_id}
     if ep == "TensorrtExecutionProvider":
-        opts = {"device_id": config.device_id, "trt_fp16_enable": False}
+        opts = {"device_id": config.device_id, "trt_fp16_enable": config.fp16}
         if config.trt_cache_dir:
             opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=config.trt_cache_dir)
         for level in ("min", "opt", "max") if profile else ():

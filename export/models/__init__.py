@@ -27,14 +27,32 @@ def build_target(cfg: TargetConfig):
 
 
 def load_target(path: str | Path, dtype=None):
-    """Build the target from `path/config.json` and load `path/model.safetensors` (float32 by default)."""
+    """Build the target from `path/config.json` and stream in its safetensors (one file or shards + index).
+
+    `dtype` defaults to float32; pass "checkpoint" to keep the checkpoint's dtype (bf16/fp16: no fp32 copy).
+    """
     import torch
 
-    from .weights import load_checked, read_safetensors
+    from .checkpoint import Checkpoint
+    from .weights import load_streamed
 
     path = Path(path).expanduser()
     cfg = TargetConfig.from_json(path)
-    model = build_target(cfg)
+    ckpt = Checkpoint.open(path)
+    ckpt.check_dtypes(cfg.torch_dtype)
+    dtype = checkpoint_dtype(ckpt) if dtype == "checkpoint" else dtype or torch.float32
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
-    load_checked(model, read_safetensors(path / "model.safetensors"), str(path / "model.safetensors"), ignore)
-    return model.to(dtype or torch.float32).eval()
+    model = load_streamed(lambda: build_target(cfg), ckpt, dtype, ignore)
+    model.tie_weights()
+    return model.to(dtype).eval()          # params are already `dtype`: this casts only the rope tables
+
+
+def checkpoint_dtype(ckpt):
+    """The torch dtype most of a checkpoint's bytes are stored in."""
+    import torch
+
+    names = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+    weight = {}
+    for name in ckpt.names():
+        weight[ckpt.dtype(name)] = weight.get(ckpt.dtype(name), 0) + 1
+    return names.get(max(weight, key=weight.get), torch.float32)

@@ -38,6 +38,8 @@ class TargetConfig:
     attention_bias: bool = False
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
+    torch_dtype: str | None = None        # the checkpoint's declared dtype ("bfloat16", ...), checked on load
+    hidden_act: str = "silu"              # the only MLP activation the families here use
 
     def __post_init__(self):
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
@@ -45,6 +47,9 @@ class TargetConfig:
         if isinstance(self.eos_token_id, int):
             self.eos_token_id = [self.eos_token_id]
         self.eos_token_id = list(self.eos_token_id or [])
+        if self.hidden_act != "silu":
+            raise ModelFormatError(f"config.json hidden_act={self.hidden_act!r} is not supported (only 'silu': "
+                                   f"the SwiGLU MLP of llama/qwen2/qwen3); this checkpoint needs another architecture")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ModelFormatError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -56,6 +61,8 @@ class TargetConfig:
         if missing:
             raise ModelFormatError(f"config.json lacks required key(s) {missing}; is this a decoder-only LLM config?")
         raw = dict(raw)
+        _refuse_sliding_window(raw)
+        raw.setdefault("torch_dtype", raw.get("dtype"))   # transformers >= 5 writes `dtype`
         # transformers >= 5 folds rope_theta and rope_scaling into one `rope_parameters` dict.
         rope = raw.pop("rope_parameters", None)
         if rope:
@@ -77,7 +84,38 @@ class TargetConfig:
         if not path.exists():
             raise ModelFormatError(f"{path} not found: a target checkpoint directory needs config.json "
                                    f"(run `dflash-edge fetch` for the default model)")
-        return cls.from_dict(json.loads(path.read_text()))
+        raw = json.loads(path.read_text())
+        gen = path.parent / "generation_config.json"
+        if gen.is_file():        # published models list their chat-turn eos ids here (Llama-3.1: 3 ids)
+            raw["eos_token_id"] = _merge_ids(raw.get("eos_token_id"), json.loads(gen.read_text()).get("eos_token_id"))
+        return cls.from_dict(raw)
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _merge_ids(*values) -> list[int]:
+    """Ids from several `eos_token_id` fields (int, list or None), in order, without repeats."""
+    out: list[int] = []
+    for value in values:
+        for tid in [value] if isinstance(value, int) else value or []:
+            if tid not in out:
+                out.append(tid)
+    return out
+
+
+def _refuse_sliding_window(raw: dict) -> None:
+    """Every layer here attends to the whole context: refuse, by name, a config whose layers slide.
+
+    transformers decides per layer from `layer_types`, or (older configs) from `use_sliding_window`,
+    `sliding_window` and `max_window_layers`.
+    """
+    n = raw.get("num_hidden_layers") or 0
+    types = raw.get("layer_types")
+    if types is None and raw.get("use_sliding_window") and raw.get("sliding_window"):
+        types = ["full_attention" if i < raw.get("max_window_layers", n) else "sliding_attention" for i in range(n)]
+    sliding = [i for i, kind in enumerate(types or []) if kind != "full_attention"]
+    if sliding:
+        raise ModelFormatError(f"config.json layer_types marks layer(s) {sliding} as {types[sliding[0]]!r} "
+                               f"(sliding_window={raw.get('sliding_window')}): only full attention is supported, "
+                               f"and running these layers with it would change the model's output")

@@ -91,9 +91,10 @@ class RotaryTable(nn.Module):
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_pos: int):
         super().__init__()
-        inv_freq, scale = rope_inv_freq(head_dim, theta, scaling, max_pos)
-        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)  # [P, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)                                    # [P, D]
+        with torch.device("cpu"):    # computed, never loaded: real values even when the model is built on "meta"
+            inv_freq, scale = rope_inv_freq(head_dim, theta, scaling, max_pos)
+            freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)  # [P, D/2]
+            emb = torch.cat([freqs, freqs], dim=-1)                                    # [P, D]
         self.register_buffer("cos", emb.cos() * scale, persistent=False)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
 

@@ -50,9 +50,13 @@ class TargetModel(nn.Module):
         self.config = cfg
         self.model = _Body(cfg, spec)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_weights()
         self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+
+    def tie_weights(self) -> None:
+        """A tied checkpoint's LM head *is* its embedding (one tensor, also after loading)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def new_cache(self, max_len: int) -> StaticKVCache:
         c = self.config

@@ -27,24 +27,9 @@ assert hashlib.sha256(data).hexdigest() == want, "sha256 mismatch: the two halve
 open(f"{s}/model.gguf", "wb").write(data)
 PYEOF
 log "GGUF rebuilt"
-# offline install without pip or setuptools: unzip the pure-Python gguf wheel and link our
-# subpackages where pyproject's package-dir maps them
-python3 - "$S/site" "$S"/gguf-*.whl <<'PYEOF' >>"$OUT/log.txt" 2>&1 || { log "offline install failed (see log.txt)"; exit 3; }
-import sys, tomllib, zipfile
-from pathlib import Path
-site = Path(sys.argv[1]); site.mkdir(parents=True, exist_ok=True)
-zipfile.ZipFile(sys.argv[2]).extractall(site)
-dirs = tomllib.loads(Path("pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-for name, src in sorted(dirs.items(), key=lambda kv: kv[0].count(".")):
-    dest = site.joinpath(*name.split("."))
-    if name == "dflash_edge":
-        dest.mkdir(exist_ok=True)
-        for f in Path(src).iterdir():
-            (dest / f.name).unlink(missing_ok=True); (dest / f.name).symlink_to(f.resolve())
-    elif not dest.exists():
-        dest.symlink_to(Path(src).resolve())
-print("installed into", site, sorted(p.name for p in (site / "dflash_edge").iterdir()))
-PYEOF
+# offline install without pip or setuptools (links our subpackages; unzips the pure-Python gguf wheel)
+python3 scripts/gpu/install_offline.py "$S/site" "$S"/gguf-*.whl >>"$OUT/log.txt" 2>&1 \
+  || { log "offline install failed (see log.txt)"; exit 3; }
 python3 -m dflash_edge.cli fetch --gguf $S/model.gguf --name smollm2-135m-instruct >>"$OUT/log.txt" 2>&1 \
   || { log "GGUF import failed (see log.txt)"; exit 3; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >>"$OUT/log.txt" 2>&1

@@ -1,0 +1,175 @@
+"""Issue 15 (tier 1): a published-layout export end to end, bundle hygiene, the shared embedding at run time,
+the memory check, and the CUDA path's device-buffer logic with the CPU provider standing in."""
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from published import reduced, write_target, write_zlab_drafter, zlab_config
+from dflash_edge.export.exporter import ExportOptions, export_bundle
+from dflash_edge.runtime import Generator
+from dflash_edge.runtime.bundle import MANIFEST, read_bundle
+
+PROMPTS = ([3, 17, 200, 5, 9, 120], [7] * 12, list(range(40, 70)))
+
+
+@pytest.fixture(scope="module")
+def published_bundle(tmp_path_factory):
+    """Qwen3-8B's published layout (untied, bf16 shards) + a z-lab drafter without target_layer_ids, exported."""
+    root = tmp_path_factory.mktemp("realsize")
+    cfg = reduced("Qwen3-8B")
+    write_target(root / "target", cfg, shards=3)
+    write_zlab_drafter(root / "draft", zlab_config(cfg, num_layers=2))
+    out = export_bundle(ExportOptions(out=root / "bundle", target=str(root / "target"), draft=str(root / "draft"),
+                                      block_size=8, max_context=128, prefill_chunk=8), progress=False)
+    return out
+
+
+def test_bundle_holds_only_named_files_and_stores_the_embedding_once(published_bundle):
+    m = read_bundle(published_bundle).manifest
+    named = {f["path"] for g in m["graphs"].values() for f in g["files"]} | {m["tokenizer"]["file"], MANIFEST}
+    named |= {m["tokenizer"]["config"]}
+    assert {p.name for p in published_bundle.iterdir()} == named
+    shared = {t["key"]: t for t in m["shared_weights"]["tensors"]}
+    assert set(shared) == {"embed_tokens", "lm_head"}                 # untied: both borrowed by the drafter
+    embed = shared["embed_tokens"]
+    assert embed["shape"] == [256, 64] and embed["dtype"] == "float32" and set(embed["names"]) == {"target", "drafter"}
+    for graph in ("target", "drafter"):
+        model = onnx.load(str(published_bundle / f"{graph}.onnx"), load_external_data=False)
+        where = {i.name: {e.key: e.value for e in i.external_data} for i in model.graph.initializer}
+        for entry in shared.values():
+            ref = where[entry["names"][graph]]
+            assert ref["location"] == "shared.onnx.data" and int(ref["offset"]) == entry["offset"]
+    blob = (published_bundle / "shared.onnx.data").read_bytes()[embed["offset"]:embed["offset"] + embed["length"]]
+    for graph in ("target", "drafter"):                              # stored once: in neither graph's own data
+        assert blob not in (published_bundle / f"{graph}.onnx.data").read_bytes()
+    assert m["source"]["parity"]["drafter.draft_ids.agreement"] == 1.0
+    assert set(m["source"]["peak_rss_mb"]) == {"load", "reference", "export_target", "export_drafter", "parity"}
+    assert all(v > 0 for v in m["source"]["peak_rss_mb"].values())
+
+
+def test_runtime_is_lossless_on_the_published_bundle_with_and_without_sharing(published_bundle):
+    shared, separate = Generator.load(published_bundle), Generator.load(published_bundle, share_weights=False)
+    for prompt in PROMPTS:
+        plain = separate.generate_ids(prompt, max_new_tokens=24, use_draft=False, stop_token_ids=[]).token_ids
+        assert len(plain) == 24
+        assert shared.generate_ids(prompt, max_new_tokens=24, use_draft=True, stop_token_ids=[]).token_ids == plain
+        assert shared.generate_ids(prompt, max_new_tokens=24, use_draft=False, stop_token_ids=[]).token_ids == plain
+
+
+def test_exporter_per_tensor_files_are_gathered_into_one(tmp_path):
+    """The layout torch writes above 2 GB (one file per tensor beside the graph) ends as one data file."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dflash_edge.export.external_data import write_external
+
+    rng = np.random.default_rng(0)
+    weights = {f"w{i}": rng.standard_normal((64, 64)).astype(np.float32) for i in range(3)}
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["a"]), helper.make_node("MatMul", ["a", "w1"], ["b"]),
+             helper.make_node("MatMul", ["b", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+                              [numpy_helper.from_array(w, n) for n, w in weights.items()])
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    onnx.save_model(helper.make_model(graph), str(scratch / "raw.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=False, size_threshold=0)
+    assert len(list(scratch.iterdir())) == 4                        # raw.onnx + one file per tensor
+    out = tmp_path / "out"
+    out.mkdir()
+    write_external(onnx.load(str(scratch / "raw.onnx"), load_external_data=False), scratch, out / "g.onnx", "g")
+    assert sorted(p.name for p in out.iterdir()) == ["g.onnx", "g.onnx.data"]
+    loaded = onnx.load(str(out / "g.onnx"))
+    for init in loaded.graph.initializer:
+        assert np.array_equal(numpy_helper.to_array(init), weights[init.name])
+
+
+def test_too_large_for_memory_is_refused_before_loading(tmp_path, monkeypatch):
+    from dflash_edge.export import memory
+    from dflash_edge.export.memory import InsufficientMemoryError
+
+    cfg = reduced("Qwen3-4B")
+    write_target(tmp_path / "t", cfg, shards=2)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
+    monkeypatch.setattr(memory, "rss_bytes", lambda: 0)
+    loads = []
+    monkeypatch.setattr("dflash_edge.export.models.load_target", lambda *a, **k: loads.append(a))
+    with pytest.raises(InsufficientMemoryError, match=r"exporting t \(fp32\) needs about 0.0 GB .* but 0.0 GB is "
+                                                      r"available.*--no-memory-check"):
+        export_bundle(ExportOptions(out=tmp_path / "b", target=str(tmp_path / "t"), draft="random"), progress=False)
+    assert not loads and not (tmp_path / "b").exists()
+
+
+def test_interrupted_export_of_a_graph_leaves_nothing(tmp_path, monkeypatch):
+    from dflash_edge.export import external_data
+
+    cfg = reduced("Qwen3-4B")
+    write_target(tmp_path / "t", cfg, shards=2)
+    write_zlab_drafter(tmp_path / "d", zlab_config(cfg, num_layers=1))
+    real = external_data.write_external
+
+    def interrupt_on_drafter(model, scratch, path, graph, shared=None):
+        if graph == "drafter":
+            raise KeyboardInterrupt
+        return real(model, scratch, path, graph, shared)
+    monkeypatch.setattr("dflash_edge.export.onnx_export.write_external", interrupt_on_drafter)
+    with pytest.raises(KeyboardInterrupt):
+        export_bundle(ExportOptions(out=tmp_path / "b", target=str(tmp_path / "t"), draft=str(tmp_path / "d"),
+                                    block_size=4, max_context=64, prefill_chunk=8), progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "t"]     # no bundle, no partial or scratch folder
+
+
+# ---------------------------------------------------------------- the CUDA path's buffers, CPU standing in
+class _StandInBinding:
+    """An IOBinding that takes the device-buffer path's "cuda" bindings and binds them as CPU memory."""
+
+    def __init__(self, real):
+        self.real, self.devices = real, set()
+
+    def bind_input(self, name, device, device_id, dtype, shape, ptr):
+        self.devices.add(device)
+        self.real.bind_input(name, "cpu", 0, dtype, shape, ptr)
+
+    def bind_output(self, name, device, device_id, dtype, shape, ptr):
+        self.devices.add(device)
+        self.real.bind_output(name, "cpu", 0, dtype, shape, ptr)
+
+
+class _StandInRunner:
+    """A graph runner whose buffers live on "cuda" as far as the loop and kv.py know (OrtValues in CPU memory)."""
+
+    def __init__(self, real):
+        self.real, self.device, self.device_id, self.bindings = real, "cuda", 0, []
+
+    def binding(self):
+        self.bindings.append(_StandInBinding(self.real.binding()))
+        return self.bindings[-1]
+
+    def run(self, binding) -> None:
+        self.real.run(binding.real)
+
+    def __getattr__(self, name):                 # timing counters (run_s, calls) are the real runner's
+        return getattr(self.real, name)
+
+
+def test_device_buffer_path_is_lossless_with_cpu_standing_in(published_bundle, monkeypatch):
+    import onnxruntime as ort
+
+    from dflash_edge.runtime import generator as gen_mod
+
+    reference = Generator.load(published_bundle)
+    make = ort.OrtValue.ortvalue_from_shape_and_type.__func__
+    monkeypatch.setattr(ort.OrtValue, "ortvalue_from_shape_and_type", classmethod(
+        lambda cls, shape, dtype, device="cpu", device_id=0: make(cls, shape, dtype, "cpu", 0)))
+    real_open = gen_mod.open_graph
+    monkeypatch.setattr(gen_mod, "open_graph", lambda *a, **k: _StandInRunner(real_open(*a, **k)))
+    device = Generator.load(published_bundle)
+    for buf in (device.target.kv.key, device.target.hidden, device.drafter.kv.value):
+        assert buf.array is None and buf.device == "cuda"           # onnxruntime-owned, bound by pointer
+    for prompt in PROMPTS:
+        for use in (True, False):
+            want = reference.generate_ids(prompt, max_new_tokens=24, use_draft=use, stop_token_ids=[]).token_ids
+            assert device.generate_ids(prompt, max_new_tokens=24, use_draft=use, stop_token_ids=[]).token_ids == want
+    seen = {d for r in (device.target.runner, device.drafter.runner) for b in r.bindings for d in b.devices}
+    assert seen == {"cuda", "cpu"}                                  # KV/hidden on the device, step I/O on the host
