@@ -58,7 +58,7 @@ def test_each_precision_is_lossless_against_its_own_target(quantized, target, dr
 
     gen = Generator.load(quantized(target, draft), threads=1)
     for prompt in PROMPTS:
-        spec = gen.generate_ids(prompt, 40, stop_token_ids=())
+        spec = gen.generate_ids(prompt, 40, stop_token_ids=(), use_draft=True)
         plain = gen.generate_ids(prompt, 40, use_draft=False, stop_token_ids=())
         assert spec.token_ids == plain.token_ids and len(plain.token_ids) == 40
         assert spec.stats.acceptance_lengths            # the drafter really ran
@@ -74,7 +74,7 @@ def test_untied_model_quantises_its_embedding_and_head(quantized):
     ops = [n.op_type for n in onnx.load(str(path / "target.onnx"), load_external_data=False).graph.node]
     assert "GatherBlockQuantized" in ops and "Gemm" not in ops and ops.count("MatMulNBits") == 6 * 7 + 1
     gen = Generator.load(path, threads=1)
-    spec = gen.generate_ids(PROMPTS[1], 30, stop_token_ids=())
+    spec = gen.generate_ids(PROMPTS[1], 30, stop_token_ids=(), use_draft=True)
     assert spec.token_ids == gen.generate_ids(PROMPTS[1], 30, use_draft=False, stop_token_ids=()).token_ids
 
 
@@ -178,7 +178,7 @@ def test_export_precision_is_export_then_quantise(tiny_bundle, tmp_path, prompts
     assert sorted(p.name for p in tmp_path.iterdir()) == ["int4"]                    # no fp32 leftovers
     gen = Generator.load(out, threads=1)
     assert {g["precision"] for g in gen.bundle.manifest["graphs"].values()} == {"int4"}
-    assert gen.generate_ids(PROMPTS[0], 20).token_ids == gen.generate_ids(PROMPTS[0], 20, use_draft=False).token_ids
+    assert gen.generate_ids(PROMPTS[0], 20, use_draft=True).token_ids == gen.generate_ids(PROMPTS[0], 20, use_draft=False).token_ids
 
 
 # ---- bad input -------------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ def test_smollm2_int4_speculative_equals_plain(smollm2_dir, tmp_path_factory):
     for prompt in ["Why is the sky blue?", "Write a Python function that reverses a string.",
                    "List three uses of a paperclip."]:
         ids = gen.encode(prompt)
-        spec = gen.generate_ids(ids, 64, stop_token_ids=())
+        spec = gen.generate_ids(ids, 64, stop_token_ids=(), use_draft=True)
         plain = gen.generate_ids(ids, 64, use_draft=False, stop_token_ids=())
         assert spec.token_ids == plain.token_ids
         assert spec.stats.mean_acceptance_length > 1.0     # the shipped drafter still drafts useful tokens
