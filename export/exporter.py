@@ -253,7 +253,7 @@ def _shared_tensors(target) -> dict:
 def _check_only_named_files(root: Path, graphs: dict, tok_files: dict) -> None:
     """Every file of the bundle is named in its manifest (no exporter leftovers beside the graphs)."""
     named = {f["path"] for g in graphs.values() for f in g["files"]} | {bundle_mod.MANIFEST}
-    named |= {v for v in tok_files.values() if v}
+    named |= {f for f in (tok_files["file"], tok_files["config"]) if f}
     stray = sorted(p.name for p in root.iterdir() if p.name not in named)
     if stray:
         raise DflashEdgeError(f"export left files no manifest names: {stray[:6]}; this is a bug: please report it")
@@ -272,4 +272,5 @@ def _copy_tokenizer(src: Path, dst: Path) -> dict:
     if (src / "tokenizer_config.json").exists():
         shutil.copy2(src / "tokenizer_config.json", dst / "tokenizer_config.json")
         config = "tokenizer_config.json"
-    return {"file": "tokenizer.json", "config": config}
+    checksums = [bundle_mod.file_entry(dst, f) for f in ("tokenizer.json", config) if f]    # verified at load
+    return {"file": "tokenizer.json", "config": config, "checksums": checksums}
