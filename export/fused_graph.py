@@ -1,8 +1,8 @@
 """The fused-attention target graph (`target_fused`), written node by node with `onnx.helper`.
 
 Per layer: SkipSimplifiedLayerNormalization (residual add + RMSNorm in one op; RMSNormalization where
-there is no residual), q/k/v MatMuls,
-optional bias / per-head q/k RMSNorm, then onnxruntime's `GroupQueryAttention` with `do_rotary`
+there is no residual), q/k/v MatMuls, optional bias / per-head q/k RMSNorm, then onnxruntime's
+`GroupQueryAttention` with `do_rotary`
 (cos/sin tables from the family's `RotaryTable`, so llama3 / yarn scaling carry over) over a per-layer
 head-major KV buffer `[1, Hkv, Smax, D]` that the runtime binds as both past and present: the op writes
 the new rows in place and reads the prefix where it lies (no per-step copy of the cache). The LM head is

@@ -143,7 +143,7 @@ def test_manifest_flavours_share_one_weights_file(fused_bundles):
     assert "target_fused.new_key.max_abs_diff" in parity
 
 
-def test_tensorrt_sees_only_portable_graphs(fused_bundles, capsys):
+def test_tensorrt_sees_only_portable_graphs(fused_bundles):
     from dflash_edge.export.engines import EngineOptions, build_engines
     from dflash_edge.export.trt_readiness import bundle_trt_readiness
     from dflash_edge.runtime.trt_profiles import trt_profiles
