@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from .exporter import ExportOptions, export_bundle
 
-PRECISIONS = ("fp32", "fp16", "int8", "int4")     # dflash_edge.quantize.precisions.PRECISIONS
-
 
 def add_arguments(p) -> None:
+    from dflash_edge.quantize.precisions import PRECISIONS
+
     p.add_argument("--out", required=True, help="bundle directory to create")
     p.add_argument("--target", default="default", help="checkpoint dir or 'default' (SmolLM2-135M-Instruct)")
     p.add_argument("--draft", default="default", help="drafter dir, 'default' (shipped) or 'random'")
@@ -18,7 +18,7 @@ def add_arguments(p) -> None:
                    help="draft only the N most frequent tokens (needs the drafter's draft_vocab.json; 0: all)")
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime-vs-torch parity check")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                   help="quantise both graphs after export (`dflash-edge quantize` defaults, quality report included)")
+                   help="then quantise target and drafter to this precision (`dflash-edge quantize`, with its report)")
 
 
 def run(args) -> int:
