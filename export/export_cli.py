@@ -5,11 +5,12 @@ from dflash_edge.runtime.errors import DflashEdgeError
 
 from .exporter import ExportOptions, export_bundle
 
-PRECISIONS = ("fp32", "fp16", "int8", "int4")     # dflash_edge.quantize.precisions.PRECISIONS
 SHORTEST_CHAT = [{"role": "user", "content": "Hi"}]
 
 
 def add_arguments(p) -> None:
+    from dflash_edge.quantize.precisions import PRECISIONS
+
     p.add_argument("--out", required=True, help="bundle directory to create")
     p.add_argument("--target", default="default", help="checkpoint dir or 'default' (SmolLM2-135M-Instruct)")
     p.add_argument("--draft", default="default", help="drafter dir, 'default' (shipped) or 'random'")
@@ -25,14 +26,16 @@ def add_arguments(p) -> None:
     p.add_argument("--no-memory-check", action="store_true",
                    help="start even when the estimated peak memory exceeds what is available")
     p.add_argument("--precision", default=None, choices=PRECISIONS,
-                   help="quantise both graphs after export (`dflash-edge quantize` defaults, quality report included); "
-                        "default fp32, or the plan's choice with --device")
+                   help="then quantise target and drafter to this precision (`dflash-edge quantize`, with its "
+                        "report); default fp32, or the plan's choice with --device")
     p.add_argument("--device", default=None, help="plan for this device profile (`dflash-edge devices`): take the "
-                                                  "max context that fits, or refuse naming what would fit")
+                                                  "precision and max context that fit, or refuse naming what would fit")
 
 
 def run(args) -> int:
     if args.device:                                   # the device plan picks the precision and context that fit
+        from dflash_edge.quantize.precisions import PRECISIONS
+
         from .device_plan import choose_for_device
         from .fetch import resolve_target
 

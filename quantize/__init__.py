@@ -5,5 +5,5 @@ in `tied_embedding.py`), the bundle-to-bundle orchestrator (`bundle_quant.py`), 
 (`quality.py`) and the CLI verb (`quantize_cli.py`). Heavy imports stay inside the functions.
 
 >>> from dflash_edge.quantize.bundle_quant import QuantizeOptions, quantize_bundle   # doctest: +SKIP
->>> quantize_bundle(QuantizeOptions("bundle/", "bundle-int4/", target="int4", draft="int8"))  # doctest: +SKIP
+>>> quantize_bundle(QuantizeOptions("bundle/", "bundle-int8/", target="int8", draft="int8"))  # doctest: +SKIP
 """

@@ -5,7 +5,7 @@ named "drafter", `--target` every other graph in the manifest. Written to a hidd
 the output and renamed into place only when complete (an interrupted run leaves nothing bundle-like);
 the input bundle is only read.
 
->>> quantize_bundle(QuantizeOptions("bundle/", "bundle-int4/", target="int4", draft="int8"))  # doctest: +SKIP
+>>> quantize_bundle(QuantizeOptions("bundle/", "bundle-int8/", target="int8", draft="int8"))  # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ DRAFTER = "drafter"
 class QuantizeOptions:
     bundle: str | Path                   # input bundle (any precision; only fp32 graphs are lowered)
     out: str | Path
-    target: str = "int4"                 # precision of every graph but the drafter
+    target: str = "int8"                 # precision of every graph but the drafter (int8: see quantize_cli)
     draft: str = "int8"                  # precision of the drafter graph
     force: bool = False
     settings: QuantSettings = field(default_factory=QuantSettings)

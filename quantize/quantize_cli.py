@@ -7,7 +7,8 @@ from .precisions import PRECISIONS, QuantizeError, QuantSettings
 def add_arguments(p) -> None:
     p.add_argument("bundle", help="input bundle directory (fp32 graphs are lowered; others can only be kept)")
     p.add_argument("--out", required=True, help="new bundle directory")
-    p.add_argument("--target", default="int4", help=f"precision of the target graph(s): {', '.join(PRECISIONS)}")
+    p.add_argument("--target", default="int8", help=f"precision of the target graph(s): {', '.join(PRECISIONS)} "
+                   f"(int8 default: int4 keeps only ~71%% top-1 agreement on SmolLM2, docs/BENCHMARKS.md)")
     p.add_argument("--draft", default="int8", help=f"precision of the drafter graph: {', '.join(PRECISIONS)}")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     add_settings_arguments(p)
@@ -21,6 +22,9 @@ def add_settings_arguments(p) -> None:
                    help="MatMulNBits activation type: 4 int8 (fast on CPU), 0 unset (fp32)")
     p.add_argument("--embedding-bits", type=int, default=d.embedding_bits,
                    help="tied embedding / LM head: 0 as the graph, 4 or 8 bits, -1 keep fp32")
+    p.add_argument("--algorithm", default=d.algorithm, help="MatMul weights: rtn (fast) or hqq (float zero points: "
+                   "closer to fp32, far slower on onnxruntime's CPU kernels; needs torch)")
+    p.add_argument("--asymmetric", action="store_true", help="a 4-bit zero point per block (rtn)")
 
 
 def add_report_arguments(p) -> None:
@@ -35,7 +39,7 @@ def add_report_arguments(p) -> None:
 
 def settings_from(args) -> QuantSettings:
     return QuantSettings(block_size=args.block_size, accuracy_level=args.accuracy_level,
-                         embedding_bits=args.embedding_bits)
+                         embedding_bits=args.embedding_bits, symmetric=not args.asymmetric, algorithm=args.algorithm)
 
 
 def report_from(args):
