@@ -72,6 +72,7 @@ class AdaptivePolicy:
         if tuned:
             measured = {k: v / tuned.decode_ms for k, v in tuned.verify_ms.items()}
             self.ratio = np.interp(ks, [0, *sorted(measured)], [1.0, *(measured[k] for k in sorted(measured))])
+            self.ratio = np.maximum(self.ratio, 1.0 + 0.01 * ks)    # each row costs something: keeps `scale` fitted
             drafter_prior = _conditional(tuned.acceptance)
             self.decode_s, self.draft_s = tuned.decode_ms / 1e3, tuned.draft_ms / 1e3
         else:
@@ -168,4 +169,4 @@ def _avg(old: float | None, new: float, smoothing: float) -> float:
     decide the next dozen steps)."""
     if old is None or not math.isfinite(old):
         return new
-    return old + smoothing * (min(new, 3.0 * old) - old)
+    return old + smoothing * ((min(new, 3.0 * old) if old > 0 else new) - old)
