@@ -81,6 +81,7 @@ class AdaptivePolicy:
             self.decode_s = self.draft_s = None
         self.scale = 1.0                                            # measured / modelled extra verify time
         self.extra: list[float | None] = [None, None]              # their running averages
+        self.decode_measured = False                                # in this generation (not only tuned)
         self.acc = {"drafter": Acceptance(self.kmax, drafter_prior, weight=8.0 if tuned else 2.0, decay=0.98)}
         self.pending: dict[str, tuple[int, list[int], int]] = {}    # source -> (first position, tokens, checked)
         self.backoff = self.until_probe = 1
@@ -133,8 +134,12 @@ class AdaptivePolicy:
             self.draft_s = _avg(self.draft_s, draft_seconds, self.smoothing)
         if choice.source == "plain":
             self.decode_s = _avg(self.decode_s, seconds, self.smoothing)
-        elif self.decode_s is not None:              # scale = running sum of measured / modelled extra time, so
-            measured = max(seconds / self.decode_s - 1.0, 0.0)     # short verifies (little extra) weigh little
+            self.decode_measured = True
+            if self.extra[0] is not None:           # drift back towards the model, so a verify cost once
+                self.extra[0] += 0.05 * (self.extra[1] - self.extra[0])    # measured high gets re-tried
+                self.scale = self.extra[0] / self.extra[1]
+        elif self.decode_measured:                  # scale = running sums of measured / modelled extra time
+            measured = max(seconds / self.decode_s - 1.0, 0.0)     # (short verifies, little extra, weigh little)
             self.extra = [_avg(self.extra[0], measured, self.smoothing),
                           _avg(self.extra[1], self.ratio[choice.k] - 1.0, self.smoothing)]
             self.scale = self.extra[0] / self.extra[1]
