@@ -45,7 +45,8 @@ def sweep_hit(gen, real, prompts: list[str], hit: float, ks: list[int], max_new_
     k_tuned, rates = choose_verify_len(target_ms[0], step_ms["draft"], verify_ms, s)
     gen.tuned = Tuned(k_tuned, target_ms[0], step_ms["draft"], verify_ms, s, manifest_digest(gen.bundle.manifest))
 
-    arms = [("plain", False, None)] + [(f"k{k}", True, k) for k in ks] + [("default", "auto", None)]
+    fixed = sorted(set(ks) | ({k_tuned} if k_tuned else set()))      # the tuned k is always among them
+    arms = [("plain", False, None)] + [(f"k{k}", True, k) for k in fixed] + [("default", "auto", None)]
     speed: dict[str, list[float]] = {name: [] for name, _, _ in arms}
     for i, p in enumerate(prompts):                              # 2. interleaved arms, order rotating
         install(i, p)

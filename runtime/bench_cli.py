@@ -31,6 +31,8 @@ def add_arguments(p) -> None:
     p.add_argument("--verify-len", type=int, default=None,
                    help="drafts verified per step in the always and default arms (default: tuned / adaptive)")
     p.add_argument("--skip-always", action="store_true", help="leave out the always-draft arm (faster)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of the arms per prompt; tokens/s is their median "
+                                                          "(steadier on a shared machine)")
     p.add_argument("--auto-draft", action="store_true", help="no effect: the adaptive policy is the default arm")
     p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per usable CPU)")
@@ -62,18 +64,25 @@ ARMS = {"plain": False, "always": True, "default": "auto"}
 
 
 def bench_prompt(gen, row: dict, index: int, max_new_tokens: int, arms: tuple[str, ...],
-                 verify_len: int | None = None) -> tuple[dict, dict]:
-    """Greedy runs of one prompt in each arm, the order rotating with `index`; (row, stats by arm)."""
-    order = arms[index % len(arms):] + arms[:index % len(arms)]
-    res = {arm: gen.generate(row["prompt"], max_new_tokens=max_new_tokens, use_draft=ARMS[arm],
-                             verify_len=None if arm == "plain" else verify_len) for arm in order}
+                 verify_len: int | None = None, repeats: int = 1) -> tuple[dict, dict]:
+    """Greedy runs of one prompt in each arm (`repeats` rounds, the order rotating); (row, stats by arm).
+
+    Tokens/s per arm is the median over the rounds; the other figures come from the first round.
+    """
+    runs = []
+    for rnd in range(repeats):
+        shift = (index + rnd) % len(arms)
+        runs += [(arm, gen.generate(row["prompt"], max_new_tokens=max_new_tokens, use_draft=ARMS[arm],
+                                    verify_len=None if arm == "plain" else verify_len))
+                 for arm in arms[shift:] + arms[:shift]]
+    res = {arm: next(r for a, r in runs if a == arm) for arm in arms}          # each arm's first round
+    lossless = all(r.token_ids == res["plain"].token_ids for _, r in runs)
+    tps = {arm: statistics.median(r.stats.decode_tokens_per_s for a, r in runs if a == arm) for arm in arms}
     stats = {arm: r.stats for arm, r in res.items()}
     plain, default = stats["plain"], stats["default"]
-    out = {**row, "prompt_tokens": plain.prompt_tokens, "new_tokens": plain.new_tokens,
-           "lossless": all(r.token_ids == res["plain"].token_ids for r in res.values()),
-           **{f"{arm}_tokens_per_s": round(s.decode_tokens_per_s, 2) for arm, s in stats.items()},
-           **{f"{arm}_speedup": _ratio(s.decode_tokens_per_s, plain.decode_tokens_per_s)
-              for arm, s in stats.items() if arm != "plain"},
+    out = {**row, "prompt_tokens": plain.prompt_tokens, "new_tokens": plain.new_tokens, "lossless": lossless,
+           **{f"{arm}_tokens_per_s": round(v, 2) for arm, v in tps.items()},
+           **{f"{arm}_speedup": _ratio(v, tps["plain"]) for arm, v in tps.items() if arm != "plain"},
            **_sources(default),
            "ttft_ms": round(default.ttft_s * 1e3, 1), "plain_ttft_ms": round(plain.ttft_s * 1e3, 1),
            "default_step_ms": round(default.step_ms, 2), "plain_step_ms": round(plain.step_ms, 2),
@@ -144,9 +153,10 @@ def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
     source = manifest.get("source", {})
     return {
         "speedup": _median(rows, "speedup"), "always_speedup": _median(rows, "always_speedup"),
-        "spec_tokens_per_s": _median(rows, "default_tokens_per_s"), "ar_tokens_per_s": _median(rows, "plain_tokens_per_s"),
-        "always_tokens_per_s": _median(rows, "always_tokens_per_s"),
-        "mean_acceptance_length": _mean(drafted), "mean_acceptance_length_arm": drafter_arm, "lossless": all(r["lossless"] for r in rows),
+        "spec_tokens_per_s": _median(rows, "default_tokens_per_s"),
+        "ar_tokens_per_s": _median(rows, "plain_tokens_per_s"), "always_tokens_per_s": _median(rows, "always_tokens_per_s"),
+        "mean_acceptance_length": _mean(drafted), "mean_acceptance_length_arm": drafter_arm,
+        "lossless": all(r["lossless"] for r in rows),
         "ttft_ms": _median(rows, "ttft_ms"), "ar_ttft_ms": _median(rows, "plain_ttft_ms"),
         "spec_step_ms": _median(rows, "default_step_ms"), "ar_step_ms": _median(rows, "plain_step_ms"),
         "python_overhead": {arm: overhead(arm) for arm in raw[0]} if raw else {},
@@ -167,10 +177,13 @@ def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
 
 
 def run(args) -> int:
+    from .errors import DflashEdgeError
     from .generator import Generator
     from .tuning import check_verify_len
 
     rows_in = load_prompts(args.prompts, args.limit)
+    if args.repeats < 1:
+        raise DflashEdgeError(f"--repeats {args.repeats}: run each arm at least once")
     gen = bench_report.prepare(args, Generator.load(args.bundle, provider=args.provider, threads=args.threads))
     if args.verify_len is not None:
         check_verify_len(args.verify_len, gen.block_size)
@@ -180,7 +193,7 @@ def run(args) -> int:
     gen.reset()                                                 # energy: the warm-up is not metered
     rows, raw = [], []
     for i, row in enumerate(_progress(rows_in)):
-        out, stats = bench_prompt(gen, row, i, args.max_new_tokens, arms, args.verify_len)
+        out, stats = bench_prompt(gen, row, i, args.max_new_tokens, arms, args.verify_len, args.repeats)
         rows.append(out)
         raw.append(stats)
     report = summarize(rows, raw, gen, args)

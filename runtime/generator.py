@@ -144,7 +144,8 @@ class TextAssembler:
 class Generator:
     """A loaded bundle: target and drafter graphs, their preallocated caches, the tokenizer."""
 
-    def __init__(self, bundle: Bundle, tokenizer, target: TargetModel, drafter: DraftModel, tuned: Tuned | None = None):
+    def __init__(self, bundle: Bundle, tokenizer, target: TargetModel, drafter: DraftModel,
+                 tuned: Tuned | None = None):
         self.bundle, self.tokenizer, self.target, self.drafter = bundle, tokenizer, target, drafter
         self.block_size = bundle.block_size
         self.prefill_chunk = bundle.manifest["prefill_chunk"]

@@ -72,6 +72,7 @@ class AdaptivePolicy:
         if tuned:
             measured = {k: v / tuned.decode_ms for k, v in tuned.verify_ms.items()}
             self.ratio = np.interp(ks, [0, *sorted(measured)], [1.0, *(measured[k] for k in sorted(measured))])
+            self.ratio = np.maximum(self.ratio, 1.0 + 0.01 * ks)    # each row costs something: keeps `scale` fitted
             drafter_prior = _conditional(tuned.acceptance)
             self.decode_s, self.draft_s = tuned.decode_ms / 1e3, tuned.draft_ms / 1e3
         else:
@@ -79,6 +80,8 @@ class AdaptivePolicy:
             drafter_prior = [0.3] * self.kmax
             self.decode_s = self.draft_s = None
         self.scale = 1.0                                            # measured / modelled extra verify time
+        self.extra: list[float | None] = [None, None]              # their running averages
+        self.decode_measured = False                                # in this generation (not only tuned)
         self.acc = {"drafter": Acceptance(self.kmax, drafter_prior, weight=8.0 if tuned else 2.0, decay=0.98)}
         self.pending: dict[str, tuple[int, list[int], int]] = {}    # source -> (first position, tokens, checked)
         self.backoff = self.until_probe = 1
@@ -131,9 +134,15 @@ class AdaptivePolicy:
             self.draft_s = _avg(self.draft_s, draft_seconds, self.smoothing)
         if choice.source == "plain":
             self.decode_s = _avg(self.decode_s, seconds, self.smoothing)
-        elif self.decode_s is not None and self.ratio[choice.k] > 1.001:
-            extra = max(seconds / self.decode_s - 1.0, 0.0) / (self.ratio[choice.k] - 1.0)
-            self.scale = _avg(self.scale, extra, self.smoothing)
+            self.decode_measured = True
+            if self.extra[0] is not None:           # drift back towards the model, so a verify cost once
+                self.extra[0] += 0.05 * (self.extra[1] - self.extra[0])    # measured high gets re-tried
+                self.scale = self.extra[0] / self.extra[1]
+        elif self.decode_measured:                  # scale = running sums of measured / modelled extra time
+            measured = max(seconds / self.decode_s - 1.0, 0.0)     # (short verifies, little extra, weigh little)
+            self.extra = [_avg(self.extra[0], measured, self.smoothing),
+                          _avg(self.extra[1], self.ratio[choice.k] - 1.0, self.smoothing)]
+            self.scale = self.extra[0] / self.extra[1]
 
     def observe(self, source: str, first_position: int, tokens: list[int]) -> None:
         """A proposal for positions first_position.. (checked against the committed tokens as they come)."""
@@ -168,4 +177,4 @@ def _avg(old: float | None, new: float, smoothing: float) -> float:
     decide the next dozen steps)."""
     if old is None or not math.isfinite(old):
         return new
-    return old + smoothing * (min(new, 3.0 * old) - old)
+    return old + smoothing * ((min(new, 3.0 * old) if old > 0 else new) - old)

@@ -167,10 +167,14 @@ def _check_ranges(t: Tuned, block_size: int, where: str, fix: str) -> None:
 def write_tuned(bundle: Bundle, tuned: Tuned) -> Path:
     """Validate and write `bundle/tuned.json` atomically (temp file, then rename); hashed files are untouched."""
     _check_ranges(tuned, bundle.block_size, "tune result", "this is a bug in the measurement")
-    fd, tmp = tempfile.mkstemp(prefix=".tuned.", dir=bundle.root)
+    path = bundle.root / TUNED
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tuned.", dir=bundle.root)
+    except OSError as err:
+        raise TunedFileError(f"cannot write {path} ({err}); copy the bundle to a writable directory and tune "
+                             f"that copy") from err
     with os.fdopen(fd, "w") as f:
         json.dump(tuned.to_json(), f, indent=2)
         f.write("\n")
-    path = bundle.root / TUNED
     os.replace(tmp, path)
     return path

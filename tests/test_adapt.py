@@ -8,7 +8,7 @@ import pytest
 
 from dflash_edge.runtime.sampling import SamplingParams
 from fixtures_bundle import tiny_bundle  # noqa: F401  (fixture)
-from test_runtime import OracleDrafter, PROMPTS, SAMPLERS, one_torch_thread, oracle, reference  # noqa: F401
+from test_runtime import PROMPTS, SAMPLERS, one_torch_thread, oracle, reference  # noqa: F401  (fixtures)
 from tiny import check_two_token_distribution
 
 REPEATING = [5, 17, 33, 42, 8, 61, 5, 17, 33, 42, 8, 61, 5, 17, 33]     # lookup proposes from the first step
@@ -331,6 +331,8 @@ def test_bench_reports_arms_per_category(tiny_bundle, tmp_path, capsys):
     for row in report["rows"]:
         assert row["speedup"] == row["default_speedup"] and row["always_tokens_per_s"] > 0
     capsys.readouterr()
+    assert main(["bench", str(tiny_bundle("qwen3", 8).path), "--prompts", str(prompts), "--repeats", "0"]) == 2
+    assert "--repeats 0" in capsys.readouterr().err
 
 
 def test_shipped_quoting_prompts():
