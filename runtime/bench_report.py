@@ -150,7 +150,7 @@ def plot_all(out: Path, figures: dict, energy: dict | None) -> list[str]:
     ax.legend()
     save(fig, PLOTS[3])
 
-    arms = [a for a in ("plain", "speculative") if energy and (energy.get(a) or {}).get("energy_j_per_token")]
+    arms = [a for a, v in (energy or {}).items() if isinstance(v, dict) and v.get("energy_j_per_token")]
     if arms:
         fig, ax = plt.subplots(figsize=(5, 3.2))
         ax.bar(arms, [energy[a]["energy_j_per_token"] for a in arms])
@@ -177,8 +177,7 @@ def markdown(report: dict, figures: dict, plots: list[str]) -> str:
     lines += ["", "ms per generated token: " + "; ".join(
         f"{arm}: " + ", ".join(f"{k} {v}" for k, v in parts.items()) for arm, parts in figures["ms_per_token"].items()),
         "", "## Energy", ""]
-    for arm in ("plain", "speculative"):
-        a = e.get(arm) or {}
+    for arm, a in ((k, v) for k, v in e.items() if isinstance(v, dict)):
         if a.get("energy_j_per_token") is None:
             lines.append(f"- {arm}: not measured ({a.get('reason')})")
         else:

@@ -15,7 +15,7 @@ from pathlib import Path
 from dflash_edge.devices.errors import DeviceError
 from dflash_edge.devices.models import (DraftDims, ModelDims, dims_from_hf_config, draft_dims_from_config, preset,
                                         recipe_drafter)
-from dflash_edge.devices.planner import PlanRequest, bytes_per_weight, head_bytes, plan
+from dflash_edge.devices.planner import FLOAT_PRECISIONS, PlanRequest, bytes_per_weight, head_bytes, plan
 
 DEFAULT_TAU = 2.0
 
@@ -133,9 +133,11 @@ def bundle_request(args, device) -> PlanRequest:
 
 def _with_intermediate(req: PlanRequest, draft_vocab: int) -> PlanRequest:
     """Recover the MLP widths the manifest does not state from the graphs' byte counts (exact for float
-    weights; for quantised ones as exact as the planner's bytes per weight)."""
+    weights; quantised ones are taken as `bytes_per_weight` throughout, embedding included: an estimate)."""
     t, d, bpw = req.target, req.drafter, bytes_per_weight(req)
     embed, head = head_bytes(req)
+    if req.precision not in FLOAT_PRECISIONS:          # quantisers differ on the embedding: spread bytes evenly
+        embed, head = 0.0, t.embed_params * (1 if t.tie_word_embeddings else 2) * bpw
     inter = ((req.target_weight_bytes - embed - head) / bpw / t.num_layers - t.attn_params) / (3 * t.hidden_size)
     draft_head = head * draft_vocab / t.vocab_size
     d_layers = (req.draft_weight_bytes - embed - draft_head) / bpw - d.fc_params(t.hidden_size)

@@ -15,7 +15,7 @@ import time
 
 from dflash_edge.devices.errors import MeterError
 
-ARM_NAMES = {False: "plain", "auto": "speculative", True: "always"}   # bench arms: plain, default, always-draft
+ARM_NAMES = {False: "plain", "auto": "speculative", True: "always"}   # use_draft -> arm (bench: plain, default, always)
 
 
 def open_power_meter(enabled: bool):
@@ -71,10 +71,11 @@ class MeteredGenerator:
             return None
 
     def energy_report(self) -> dict:
-        """Per arm: energy_j_per_token and avg_power_w (null with `reason` when no meter read to the end)."""
+        """Per arm (plain, speculative, + any other use_draft value seen): energy_j_per_token and avg_power_w,
+        null with `reason` when no meter read to the end."""
         out = {"meter": getattr(self.meter, "name", None), "scope": getattr(self.meter, "scope", None),
                "reason": self.reason, "covers": "whole generate calls (prefill + decode)"}
-        for name in ("plain", "speculative", *(["always"] if "always" in self.arms else [])):
+        for name in ["plain", "speculative"] + sorted(set(self.arms) - {"plain", "speculative"}):
             arm = self.arms.get(name)
             if self.meter is None or not arm or not arm["tokens"] or not arm["seconds"]:
                 out[name] = {"energy_j_per_token": None, "avg_power_w": None,

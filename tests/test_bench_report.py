@@ -86,3 +86,20 @@ def test_report_without_matplotlib_says_how_to_get_it(tiny_bundle, prompts, tmp_
     monkeypatch.setitem(sys.modules, "matplotlib", None)           # import matplotlib -> ImportError
     assert run_bench(tiny_bundle("qwen3", 8), prompts, "--report", str(tmp_path / "r")) == 2
     assert "pip install 'dflash-edge[report]'" in capsys.readouterr().err
+
+
+def test_meter_vanishing_mid_bench(tiny_bundle, prompts, tmp_path, monkeypatch, capsys):
+    class Vanishing(CountingMeter):
+        def read_j(self):
+            if self.j >= 4:                                       # gone after a few reads, like an unplugged rail
+                raise meters.MeterError("/sys/class/powercap/intel-rapl:0/energy_uj: cannot be read (No such device)")
+            return super().read_j()
+
+    monkeypatch.setattr(meters, "open_meter", Vanishing)
+    assert run_bench(tiny_bundle("qwen3", 8), prompts, "--report", str(tmp_path / "r")) == 0   # the bench finishes
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompts"] == 3 and out["energy"]["meter"] is None
+    for arm in ("plain", "speculative"):
+        assert out["energy"][arm]["energy_j_per_token"] is None
+        assert "stopped reading mid-run" in out["energy"][arm]["reason"] and "No such device" in out["energy"][arm]["reason"]
+    assert (tmp_path / "r" / "report.json").exists() and not (tmp_path / "r" / "energy.png").exists()

@@ -308,3 +308,23 @@ def test_export_device_refuses_naming_what_would_fit(tmp_path):
     assert choose_for_device("rtx-4090-24gb", tmp_path, "random", 16, 40000) == ("fp16", 40000)   # a lower precision
     precision, ctx = choose_for_device("rtx-4090-24gb", tmp_path, "random", 16, 40000, ("fp32",))  # before a shorter context
     assert precision == "fp32" and 256 <= ctx < 40000
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_bundle_mlp_width_recovered_from_bytes(precision):
+    from dataclasses import replace
+
+    from dflash_edge.runtime.devices_cli import _with_intermediate
+
+    t, d, _ = preset("smollm2-135m")
+    req = PlanRequest(t, d, cpu_profile(), precision, 2048)
+    bpw = bytes_per_weight(req)
+    heads = t.embed_params * (1 if t.tie_word_embeddings else 2)
+    target_bytes = (t.layer_params() + heads) * bpw                      # what a bundle of this precision holds
+    draft_bytes = (d.layer_params + d.fc_params(t.hidden_size) + t.embed_params) * bpw
+    unknown = replace(req, target=replace(t, intermediate_size=0), drafter=replace(d, intermediate_size=0),
+                      target_weight_bytes=target_bytes, draft_weight_bytes=draft_bytes)
+    got = _with_intermediate(unknown, t.vocab_size)
+    assert abs(got.target.intermediate_size - 1536) <= 1 and abs(got.drafter.intermediate_size - 1536) <= 1
+    with pytest.raises(DeviceError, match="do not match its manifest's dims"):
+        _with_intermediate(replace(unknown, target_weight_bytes=1000), t.vocab_size)

@@ -165,3 +165,13 @@ def test_vanishing_meter_nulls_the_fields_with_the_reason():
     for arm in ("plain", "speculative"):
         assert rep[arm]["energy_j_per_token"] is None and rep[arm]["avg_power_w"] is None
         assert "stopped reading mid-run: energy_uj vanished" in rep[arm]["reason"]
+
+
+def test_always_draft_arm_is_metered_apart():
+    """"speculative" is the default (adaptive) arm users get; always-draft is metered apart beside it."""
+    gen = MeteredGenerator(FakeGen(), ScriptedMeter())
+    for use in (True, "auto", False):
+        gen.generate("p", use_draft=use)
+    rep = gen.energy_report()
+    assert [k for k in rep if isinstance(rep[k], dict)] == ["plain", "speculative", "always"]
+    assert rep["always"]["calls"] == 1 and rep["speculative"]["calls"] == 1
