@@ -104,6 +104,7 @@ def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
 
 def run(args) -> int:
     from .generator import Generator
+
     rows_in = load_prompts(args.prompts, args.limit)
     gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads)
     for use in (True, False):                                   # warm-up: first runs pay lazy initialisation
