@@ -85,7 +85,7 @@ def check(name: str, value, label: str | None = None):
     ok_type = isinstance(value, numbers.Integral if rule.kind is int else numbers.Real) and not isinstance(value, bool)
     if not ok_type or (rule.kind is float and not math.isfinite(value)) or not rule.accepts(value):
         got = "" if ok_type else f", got {type(value).__name__}"
-        raise InvalidArgumentError(label, f"{label}={value!r}: expected {rule.describe()}{got}")
+        raise InvalidArgumentError(label, f"{label}={_short(value)}: expected {rule.describe()}{got}")
     return int(value) if rule.kind is int else float(value)
 
 
@@ -97,7 +97,7 @@ def check_flag(name: str, value, label: str | None = None) -> bool:
 
 def check_use_draft(value, label: str = "use_draft"):
     """True (always draft), False (plain decoding) or "auto" (draft while it pays)."""
-    if isinstance(value, bool) or value == "auto":
+    if isinstance(value, bool) or (isinstance(value, str) and value == "auto"):
         return value
     raise InvalidArgumentError(label, f"{label}={value!r}: expected True (always draft), False (plain decoding) "
                                       f"or 'auto' (draft while it is measured to pay)")

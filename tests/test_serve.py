@@ -21,6 +21,13 @@ HOST = "127.0.0.1"                      # loopback only
 MESSAGES = [[{"role": "user", "content": t}] for t in ("t5 t6 t7", "t9 t1 t33", "t70 t2", "t12 t13 t14 t15")]
 
 
+def wait_until(predicate, timeout_s: float = 30.0) -> None:
+    """Poll `predicate` until true or `timeout_s` (a bound against hangs, not a speed check)."""
+    end = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < end:
+        time.sleep(0.01)
+
+
 class LiveServer:
     """uvicorn serving `app` on 127.0.0.1 (a free port) in a background thread."""
 
@@ -28,10 +35,7 @@ class LiveServer:
         self.server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        for _ in range(500):
-            if self.server.started:
-                break
-            time.sleep(0.01)
+        wait_until(lambda: self.server.started)
         self.url = f"http://{HOST}:{self.server.servers[0].sockets[0].getsockname()[1]}"
 
     def stop(self):
@@ -175,7 +179,7 @@ def gated(tiny_bundle, monkeypatch):
     gate, real_run, calls = threading.Event(), runner.run, []
 
     def run(binding):
-        gate.wait(timeout=30)
+        gate.wait(timeout=120)
         calls.append(1)
         time.sleep(0.005)                                        # a step a client can interrupt
         real_run(binding)
@@ -194,10 +198,7 @@ def test_burst_beyond_the_queue_gets_429_then_the_rest_complete(tiny_bundle, ser
 
     with ThreadPoolExecutor(7) as pool:
         futures = [pool.submit(post, i) for i in range(7)]
-        for _ in range(300):                                   # 1 running + 2 waiting admitted, 4 refused
-            if sum(f.done() for f in futures) >= 4:
-                break
-            time.sleep(0.02)
+        wait_until(lambda: sum(f.done() for f in futures) >= 4)      # 1 running + 2 waiting admitted, 4 refused
         refused = [f.result() for f in futures if f.done()]
         assert len(refused) == 4 and all(r.status_code == 429 for r in refused)
         assert all(int(r.headers["Retry-After"]) >= 1 and r.json()["error"]["code"] == "queue_full" for r in refused)
@@ -224,10 +225,7 @@ def test_client_leaving_mid_stream_frees_the_slot(tiny_bundle, serve, gated):
         gate.set()
         assert next(lines).startswith("data: ")                  # the role chunk: the generation is running
         start = len(calls)
-    for _ in range(500):                                         # the connection is closed: wait for the slot
-        if httpx.get(f"{s.url}/health").json()["running"] == 0:
-            break
-        time.sleep(0.01)
+    wait_until(lambda: httpx.get(f"{s.url}/health").json()["running"] == 0)   # the connection is closed
     assert httpx.get(f"{s.url}/health").json()["running"] == 0
     assert len(calls) - start < full / 2                         # stopped early, not run to the end
     r = httpx.post(f"{s.url}/v1/chat/completions", json={**body, "stream": False, "max_tokens": 6})
@@ -268,16 +266,10 @@ def test_a_waiting_client_that_leaves_frees_its_queue_slot(tiny_bundle, serve, g
     url = f"{s.url}/v1/chat/completions"
     with ThreadPoolExecutor(2) as pool:
         running = pool.submit(httpx.post, url, json=body, timeout=60)
-        for _ in range(500):
-            if httpx.get(f"{s.url}/health").json()["running"]:
-                break
-            time.sleep(0.01)
+        wait_until(lambda: httpx.get(f"{s.url}/health").json()["running"])
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url, json=body, timeout=0.5)            # waits behind the running one, then gives up
-        for _ in range(500):
-            if httpx.get(f"{s.url}/health").json()["waiting"] == 0:
-                break
-            time.sleep(0.01)
+        wait_until(lambda: httpx.get(f"{s.url}/health").json()["waiting"] == 0)
         assert httpx.get(f"{s.url}/health").json()["waiting"] == 0     # slot back while the first still runs
         waiting = pool.submit(httpx.post, url, json=body, timeout=60)    # so a new client is admitted, not 429
         time.sleep(0.3)
