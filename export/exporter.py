@@ -168,7 +168,7 @@ class _Run:
             sources = {"target": str(target_dir), "drafter": draft_source,
                        "drafter_random_init": draft_source == "random", "parity": report,
                        "export_seconds": {k: round(v, 2) for k, v in timings.items()},
-                       "peak_rss_mb": self.meter.report_mb()}
+                       "peak_rss_mb": self.meter.report_mb(), "rss_after_stage_mb": self.meter.after_mb()}
             from .trt_readiness import bundle_trt_readiness
             sources["trt_readiness"] = bundle_trt_readiness(tmp)
             bundle_mod.write_manifest(tmp, _manifest(tc, dc, tok_files, graphs, opts, sources, shared_entries))

@@ -95,7 +95,7 @@ def test_too_large_for_memory_is_refused_before_loading(tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "rss_bytes", lambda: 0)
     loads = []
     monkeypatch.setattr("dflash_edge.export.models.load_target", lambda *a, **k: loads.append(a))
-    with pytest.raises(InsufficientMemoryError, match=r"exporting t \(fp32\) needs about 0.0 GB .* but 0.0 GB is "
+    with pytest.raises(InsufficientMemoryError, match=r"exporting t \(fp32\) needs about 2.0 GB .* but 0.0 GB is "
                                                       r"available.*--no-memory-check"):
         export_bundle(ExportOptions(out=tmp_path / "b", target=str(tmp_path / "t"), draft="random"), progress=False)
     assert not loads and not (tmp_path / "b").exists()
