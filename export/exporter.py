@@ -242,9 +242,16 @@ def _dims(target, drafter, block: int) -> dict[str, int]:
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> dict:
+    """tokenizer.json + tokenizer_config.json; a chat template saved as chat_template.jinja is folded into the latter."""
+    import json
+
+    from dflash_edge.runtime.tokenizer import CHAT_TEMPLATE_FILE
+
     shutil.copy2(src / "tokenizer.json", dst / "tokenizer.json")
-    config = None
-    if (src / "tokenizer_config.json").exists():
-        shutil.copy2(src / "tokenizer_config.json", dst / "tokenizer_config.json")
-        config = "tokenizer_config.json"
-    return {"file": "tokenizer.json", "config": config}
+    config = json.loads((src / "tokenizer_config.json").read_text()) if (src / "tokenizer_config.json").exists() else None
+    if (src / CHAT_TEMPLATE_FILE).is_file() and not (config or {}).get("chat_template"):
+        config = {**(config or {}), "chat_template": (src / CHAT_TEMPLATE_FILE).read_text()}
+    if config is None:
+        return {"file": "tokenizer.json", "config": None}
+    (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return {"file": "tokenizer.json", "config": "tokenizer_config.json"}

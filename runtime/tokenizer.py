@@ -12,6 +12,8 @@ from pathlib import Path
 
 from .errors import ModelFormatError
 
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
 
 @dataclass
 class ChatTokenizer:
@@ -32,7 +34,10 @@ class ChatTokenizer:
         cfg_file = path / "tokenizer_config.json"
         if cfg_file.exists():
             extra = json.loads(cfg_file.read_text())
-        return cls(Tokenizer.from_file(str(tok_file)), extra.get("chat_template"),
+        template = extra.get("chat_template")
+        if template is None and (path / CHAT_TEMPLATE_FILE).is_file():    # where newer transformers saves it
+            template = (path / CHAT_TEMPLATE_FILE).read_text()
+        return cls(Tokenizer.from_file(str(tok_file)), template,
                    _token_text(extra.get("bos_token")), _token_text(extra.get("eos_token")))
 
     def encode(self, text: str) -> list[int]:
