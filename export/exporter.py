@@ -193,7 +193,7 @@ class _Run:
             sources = {"target": str(target_dir), "drafter": draft_source,
                        "drafter_random_init": draft_source == "random", "parity": report, "target_fused": fused_note,
                        "export_seconds": {k: round(v, 2) for k, v in timings.items()},
-                       "peak_rss_mb": self.meter.report_mb()}
+                       "peak_rss_mb": self.meter.report_mb(), "rss_after_stage_mb": self.meter.after_mb()}
             from .trt_readiness import bundle_trt_readiness
             sources["trt_readiness"] = bundle_trt_readiness(tmp)
             bundle_mod.write_manifest(tmp, _manifest(tc, dc, tok_files, graphs, opts, sources, shared_entries))
@@ -267,10 +267,17 @@ def _dims(target, drafter, block: int) -> dict[str, int]:
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> dict:
+    """tokenizer.json + tokenizer_config.json; a chat template saved as chat_template.jinja is folded into the latter."""
+    import json
+
+    from dflash_edge.runtime.tokenizer import CHAT_TEMPLATE_FILE
+
     shutil.copy2(src / "tokenizer.json", dst / "tokenizer.json")
-    config = None
-    if (src / "tokenizer_config.json").exists():
-        shutil.copy2(src / "tokenizer_config.json", dst / "tokenizer_config.json")
-        config = "tokenizer_config.json"
+    config = json.loads((src / "tokenizer_config.json").read_text()) if (src / "tokenizer_config.json").exists() else None
+    if (src / CHAT_TEMPLATE_FILE).is_file() and not (config or {}).get("chat_template"):
+        config = {**(config or {}), "chat_template": (src / CHAT_TEMPLATE_FILE).read_text()}
+    if config is not None:
+        (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    config = None if config is None else "tokenizer_config.json"
     checksums = [bundle_mod.file_entry(dst, f) for f in ("tokenizer.json", config) if f]    # verified at load
     return {"file": "tokenizer.json", "config": config, "checksums": checksums}

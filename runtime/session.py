@@ -71,10 +71,11 @@ def default_threads() -> int:
 class OrtGraph:
     """One bundle graph in an onnxruntime session, run through IOBinding; times its own run calls."""
 
-    def __init__(self, session, device: str, device_id: int = 0):
+    def __init__(self, session, device: str, device_id: int = 0, initializers: dict | None = None):
         self.session = session
         self.device = device
         self.device_id = device_id
+        self.initializers = dict(initializers or {})   # user-owned weights given to the session must outlive it
         self.run_s = 0.0                 # wall time spent inside run_with_iobinding (overhead accounting)
         self.calls = 0
 
@@ -112,9 +113,7 @@ def open_graph(path, config: SessionConfig = SessionConfig(), profile: dict | No
         opts.add_initializer(name, value)
     providers = [(ep, _provider_options(ep, config, profile)) for ep in eps]
     session = ort.InferenceSession(str(path), opts, providers=providers)
-    graph = OrtGraph(session, device, config.device_id)
-    graph.initializers = dict(initializers or {})   # user-owned weights must outlive the session: hold them here
-    return graph
+    return OrtGraph(session, device, config.device_id, initializers)
 
 
 def shared_initializers(root, manifest: dict, config: SessionConfig = SessionConfig()) -> dict[str, dict]:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from .errors import ModelFormatError
 
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
 
 @dataclass
 class ChatTokenizer:
@@ -39,7 +41,10 @@ class ChatTokenizer:
                                    f"files are damaged: copy or export them again") from err
         if not isinstance(extra, dict):
             raise ModelFormatError(f"{cfg_file} is not a JSON object; copy or export it again")
-        return cls(tokenizer, extra.get("chat_template"),
+        template = extra.get("chat_template")
+        if template is None and (path / CHAT_TEMPLATE_FILE).is_file():    # where newer transformers saves it
+            template = (path / CHAT_TEMPLATE_FILE).read_text()
+        return cls(tokenizer, template,
                    _token_text(extra.get("bos_token")), _token_text(extra.get("eos_token")))
 
     def encode(self, text: str) -> list[int]:

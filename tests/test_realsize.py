@@ -20,6 +20,9 @@ def published_bundle(tmp_path_factory):
     root = tmp_path_factory.mktemp("realsize")
     cfg = reduced("Qwen3-8B")
     write_target(root / "target", cfg, shards=3)
+    tok_cfg = root / "target" / "tokenizer_config.json"            # the template as newer transformers saves it
+    (root / "target" / "chat_template.jinja").write_text(json.loads(tok_cfg.read_text())["chat_template"])
+    tok_cfg.write_text(json.dumps({"model_max_length": 40960}))
     write_zlab_drafter(root / "draft", zlab_config(cfg, num_layers=2))
     out = export_bundle(ExportOptions(out=root / "bundle", target=str(root / "target"), draft=str(root / "draft"),
                                       block_size=8, max_context=128, prefill_chunk=8), progress=False)
@@ -45,6 +48,7 @@ def test_bundle_holds_only_named_files_and_stores_the_embedding_once(published_b
     for graph in ("target", "drafter"):                              # stored once: in neither graph's own data
         assert blob not in (published_bundle / f"{graph}.onnx.data").read_bytes()
     assert m["source"]["parity"]["drafter.draft_ids.agreement"] == 1.0
+    assert "{% for m in messages %}" in json.loads((published_bundle / "tokenizer_config.json").read_text())["chat_template"]
     assert set(m["source"]["peak_rss_mb"]) == {"load", "reference", "export_target", "export_target_fused",
                                                "export_drafter", "parity"}
     assert all(v > 0 for v in m["source"]["peak_rss_mb"].values())
@@ -52,6 +56,7 @@ def test_bundle_holds_only_named_files_and_stores_the_embedding_once(published_b
 
 def test_runtime_is_lossless_on_the_published_bundle_with_and_without_sharing(published_bundle):
     shared, separate = Generator.load(published_bundle), Generator.load(published_bundle, share_weights=False)
+    assert shared.encode("t5 t6") == [1, 5, 6, 2, 3]                 # chat template from chat_template.jinja
     for prompt in PROMPTS:
         plain = separate.generate_ids(prompt, max_new_tokens=24, use_draft=False, stop_token_ids=[]).token_ids
         assert len(plain) == 24
@@ -96,7 +101,7 @@ def test_too_large_for_memory_is_refused_before_loading(tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "rss_bytes", lambda: 0)
     loads = []
     monkeypatch.setattr("dflash_edge.export.models.load_target", lambda *a, **k: loads.append(a))
-    with pytest.raises(InsufficientMemoryError, match=r"exporting t \(fp32\) needs about 0.0 GB .* but 0.0 GB is "
+    with pytest.raises(InsufficientMemoryError, match=r"exporting t \(fp32\) needs about 2.0 GB .* but 0.0 GB is "
                                                       r"available.*--no-memory-check"):
         export_bundle(ExportOptions(out=tmp_path / "b", target=str(tmp_path / "t"), draft="random"), progress=False)
     assert not loads and not (tmp_path / "b").exists()

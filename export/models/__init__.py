@@ -48,11 +48,11 @@ def load_target(path: str | Path, dtype=None):
 
 
 def checkpoint_dtype(ckpt):
-    """The torch dtype most of a checkpoint's bytes are stored in."""
+    """The torch dtype most of a checkpoint's tensors are stored in (float32 when that is not a float)."""
+    from collections import Counter
+
     import torch
 
     names = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-    weight = {}
-    for name in ckpt.names():
-        weight[ckpt.dtype(name)] = weight.get(ckpt.dtype(name), 0) + 1
-    return names.get(max(weight, key=weight.get), torch.float32)
+    most = Counter(ckpt.dtype(n) for n in ckpt.names()).most_common(1)[0][0]
+    return names.get(most, torch.float32)
