@@ -145,9 +145,9 @@ class FakeGen:
 def test_metered_generator_charges_each_arm():
     gen = MeteredGenerator(FakeGen(), ScriptedMeter())
     assert gen.bundle == "b"                                      # everything else passes through
-    gen.generate("warm", use_draft=True)
+    gen.generate("warm", use_draft="auto")
     gen.reset()
-    for use in (True, False, False):
+    for use in ("auto", False, False):                            # "auto" (the default) is the speculative arm
         gen.generate("p", use_draft=use)
     rep = gen.energy_report()
     assert rep["meter"] == "scripted" and rep["reason"] is None
@@ -158,7 +158,7 @@ def test_metered_generator_charges_each_arm():
 def test_vanishing_meter_nulls_the_fields_with_the_reason():
     meter = ScriptedMeter(fail_after=3)
     gen = MeteredGenerator(FakeGen(), meter)
-    results = [gen.generate("p", use_draft=use) for use in (True, False, True, False)]
+    results = [gen.generate("p", use_draft=use) for use in ("auto", False, "auto", False)]
     assert len(results) == 4                                      # every call still generated
     rep = gen.energy_report()
     assert meter.closed and rep["meter"] is None
