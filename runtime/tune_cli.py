@@ -68,8 +68,8 @@ def tune(gen, prompts: list[str], budget_s: float, max_new_tokens: int = 96, con
     target_ms = [round(t, 3) for t in monotone([times[k] for k in range(drafts + 1)])]   # T = 1..B
     verify_ms = {k: target_ms[k] for k in range(1, drafts + 1)}
     s = survival(accepted, drafts)
-    k, rates = choose_verify_len(target_ms[0], times["draft"], verify_ms, s)
-    return Tuned(verify_len=k, decode_ms=target_ms[0], draft_ms=times["draft"], verify_ms=verify_ms, acceptance=s,
+    best, rates = choose_verify_len(target_ms[0], times["draft"], verify_ms, s)
+    return Tuned(verify_len=best, decode_ms=target_ms[0], draft_ms=times["draft"], verify_ms=verify_ms, acceptance=s,
                  manifest_sha256=manifest_digest(gen.bundle.manifest),
                  expected_tokens_per_s={k: round(r, 3) for k, r in rates.items()},
                  calibration={"prompts": used, "steps": len(accepted), "max_new_tokens": max_new_tokens,

@@ -72,10 +72,11 @@ def check_two_token_distribution(target, prompt, sample_pair, n: int = 1500, top
 
     base = SamplingParams(temperature=1.0, top_k=top_k)
     with torch.no_grad():   # exact joint from the target
-        p1 = token_probs(target(torch.tensor([prompt]), target.new_cache(len(prompt) + 16)).logits[0, -1].numpy(), base)
+        room = len(prompt) + 16
+        p1 = token_probs(target(torch.tensor([prompt]), target.new_cache(room)).logits[0, -1].numpy(), base)
         joint = {}
         for t1 in np.flatnonzero(p1):
-            l2 = target(torch.tensor([prompt + [int(t1)]]), target.new_cache(len(prompt) + 16)).logits[0, -1].numpy()
+            l2 = target(torch.tensor([prompt + [int(t1)]]), target.new_cache(room)).logits[0, -1].numpy()
             for t2, q in enumerate(token_probs(l2, base)):
                 if q > 0:
                     joint[(int(t1), t2)] = p1[t1] * q
