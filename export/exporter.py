@@ -104,6 +104,7 @@ def fused_supported(cfg) -> str | None:
 
 def export_bundle(opts: ExportOptions, progress=None) -> Path:
     """Export, check parity (unless `opts.verify` is False) and publish the bundle atomically."""
+    import torch  # noqa: F401  (a runtime-only install stops here, before the progress bar is drawn)
     from tqdm import tqdm
 
     out = Path(opts.out).expanduser()
