@@ -22,6 +22,20 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, tuple[object, str]]:
     return out
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """The torch reference on one thread: on a busy 2-core machine a second spinning thread is 10x slower.
+
+    A module opts in with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`.
+    """
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tiny_target(tiny_checkpoints):
     from dflash_edge.export.models import load_target

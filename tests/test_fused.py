@@ -21,14 +21,7 @@ PROMPTS = [[5, 17, 33, 42, 8], [7], [(13 * i) % 90 + 3 for i in range(29)]]     
 BLOCK = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -25,15 +25,7 @@ SAMPLERS = [SamplingParams(temperature=1.0, seed=3), SamplingParams(temperature=
             SamplingParams(temperature=1.3, top_p=0.8, seed=5)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The torch reference on one thread: on a busy 2-core machine a second spinning thread is 10x slower."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
 
 
 def reference(tb, prompt, max_new_tokens=40, sampling=SamplingParams(), stop=None, max_context=MAX_CONTEXT,
