@@ -79,6 +79,18 @@ def _lower_graph(src: bundle_mod.Bundle, name: str, want: str, tmp: Path, settin
     return entry
 
 
+# Measured (docs/BENCHMARKS.md, issue 12): MatMulNBits' int8-compute path inside the GroupQueryAttention graph
+# gives logits that differ by up to ~1 between a T = 1 step and a T = k step over the same tokens, so a
+# speculative run would not reproduce plain decoding. The portable target's rows agree bit for bit.
+FUSED_DROPPED = ("the fused-attention target is not written for quantised targets: its quantised MatMuls gave "
+                 "step-size-dependent logits (speculative != plain); the runtime uses the portable target")
+
+
+def _drops(graph: dict, want: str) -> bool:
+    """A fused-attention flavour is left out of a bundle whose target is lowered (see FUSED_DROPPED)."""
+    return graph.get("flavour") == "fused" and want != graph["precision"]
+
+
 def _keep_shared(manifest: dict, old: dict) -> None:
     """Shared tensors (one copy for several graphs) stay listed only for the graphs kept as they were."""
     kept = {n for n, g in manifest["graphs"].items() if g["precision"] == old["graphs"][n]["precision"]}
@@ -117,6 +129,11 @@ def quantize_bundle(opts: QuantizeOptions, log=sys.stderr) -> Path:
         manifest.pop("engines", None)                              # TensorRT engines were built for the old graphs
         manifest.pop("quality", None)
         for name in graphs:
+            if _drops(graphs[name], wanted(opts, name)):
+                print(f"quantize: {name} left out (the portable target serves this precision losslessly)", file=log)
+                del manifest["graphs"][name]
+                manifest.setdefault("source", {})[f"{name}_dropped"] = FUSED_DROPPED
+                continue
             print(f"quantize: {name} -> {wanted(opts, name)}", file=log)
             manifest["graphs"][name] = _lower_graph(src, name, wanted(opts, name), tmp, opts.settings)
         _keep_shared(manifest, src.manifest)

@@ -78,6 +78,18 @@ def test_untied_model_quantises_its_embedding_and_head(quantized):
     assert spec.token_ids == gen.generate_ids(PROMPTS[1], 30, use_draft=False, stop_token_ids=()).token_ids
 
 
+def test_quantised_target_leaves_the_fused_flavour_out(tiny_bundle, quantized):
+    """qwen3 (head_dim 16) exports a fused target; a quantised target keeps only the portable one (FUSED_DROPPED)."""
+    from dflash_edge.runtime import Generator
+    from dflash_edge.runtime.bundle import read_bundle
+
+    assert "target_fused" in read_bundle(tiny_bundle("qwen3", 8).path).manifest["graphs"]
+    m = read_bundle(quantized("int4", "int4", variant="qwen3")).manifest
+    assert "target_fused" not in m["graphs"] and "portable target" in m["source"]["target_fused_dropped"]
+    assert not (quantized("int4", "int4", variant="qwen3") / "target_fused.onnx").exists()
+    assert type(Generator.load(quantized("int4", "int4", variant="qwen3"), threads=1).target).__name__ == "TargetModel"
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_tied_embedding_and_head_share_one_block_quantised_tensor(bits):
     """Gather(W) + Gemm(x, W, transB=1) (the exporter's tied LM head) -> one packed tensor feeding
