@@ -8,8 +8,10 @@ import pytest
 
 from dflash_edge.runtime.sampling import SamplingParams
 from fixtures_bundle import tiny_bundle  # noqa: F401  (fixture)
-from test_runtime import PROMPTS, SAMPLERS, one_torch_thread, oracle, reference  # noqa: F401  (fixtures)
+from test_runtime import PROMPTS, SAMPLERS, oracle, reference  # noqa: F401  (fixtures)
 from tiny import check_two_token_distribution
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
 
 REPEATING = [5, 17, 33, 42, 8, 61, 5, 17, 33, 42, 8, 61, 5, 17, 33]     # lookup proposes from the first step
 
