@@ -217,7 +217,7 @@ class TegrastatsMeter(SampledMeter):
                 raise MeterError(f"tegrastats cannot run ({err}); not a Jetson, or L4T tools are not on PATH") from err
             lines = self.proc.stdout
         self.lines = iter(lines)
-        super().__init__(interval_s=0)
+        super().__init__(interval_s=0)           # tegrastats paces itself: the sampler reads lines as they come
 
     def power_w(self) -> float:
         for line in self.lines:
@@ -225,14 +225,6 @@ class TegrastatsMeter(SampledMeter):
             if rails:
                 return total_power_w(rails)
         raise MeterError("tegrastats stopped producing power readings")
-
-    def _run(self) -> None:                      # tegrastats paces itself: read lines as they come
-        while not self.stop.is_set():
-            try:
-                self._sample()
-            except MeterError as err:
-                self.error = err
-                return
 
     def read_j(self) -> float:
         if self.error:

@@ -46,7 +46,7 @@ class SharedData:
             return None
         if key not in self.entries:
             with open(self.path, "ab") as f:
-                offset = _append(f, blob)
+                offset = append_aligned(f, blob)
             self.entries[key] = {"file": SHARED_FILE, "offset": offset, "length": len(blob), "dtype": dtype,
                                  "shape": list(shape), "names": {}}
         self.entries[key]["names"][graph] = name
@@ -82,7 +82,7 @@ def write_external(model, scratch: Path, path: Path, graph: str, shared: SharedD
                 offset = shared.place(blob, graph, tensor.name, dtype, tensor.dims)
             location = data_name if offset is None else SHARED_FILE
             if offset is None:
-                offset = _append(own, blob)
+                offset = append_aligned(own, blob)
             _clear_data(tensor)
             for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(blob)))):
                 entry = tensor.external_data.add()
@@ -129,7 +129,8 @@ def _set_inline(tensor, blob: bytes) -> None:
     tensor.raw_data = blob
 
 
-def _append(f, blob: bytes) -> int:
+def append_aligned(f, blob: bytes) -> int:
+    """Write `blob` at the next ALIGN boundary of file `f` (open for appending); returns its offset."""
     pad = -f.tell() % ALIGN
     if pad:
         f.write(b"\0" * pad)

@@ -24,9 +24,10 @@ import numpy as np
 
 from dflash_edge.runtime.io_tables import GRAPHS, expand_specs
 
+from .external_data import INLINE_BELOW, append_aligned
+
 MS = "com.microsoft"
 OPSET_FUSED = 23              # RMSNormalization is standard from opset 23 (onnxruntime runs it as its fused kernel)
-INLINE_BYTES = 1024           # smaller tensors stay inside the .onnx (like the portable export's threshold)
 _ONNX_DTYPES = {"int64": 7, "int32": 6, "float32": 1, "float16": 10}   # TensorProto enums
 
 
@@ -65,7 +66,7 @@ class WeightFile:
         from onnx import TensorProto, numpy_helper
 
         array = np.ascontiguousarray(array)
-        if array.nbytes < INLINE_BYTES:
+        if array.nbytes < INLINE_BELOW:                         # as the portable export: inside the .onnx
             return numpy_helper.from_array(array, name)
         raw = array.tobytes()
         key = hashlib.sha256(raw).digest()
@@ -73,11 +74,7 @@ class WeightFile:
             self.reused_bytes += len(raw)
         else:
             with open(self.path, "ab") as f:
-                f.seek(0, 2)
-                pad = -f.tell() % 4096                              # page-aligned: onnxruntime can map it
-                f.write(b"\0" * pad)
-                self.offsets[key] = (self.path.name, f.tell(), len(raw))
-                f.write(raw)
+                self.offsets[key] = (self.path.name, append_aligned(f, raw), len(raw))
             self.appended_bytes += len(raw)
         location, offset, length = self.offsets[key]
         self.placed[name] = (location, offset)
