@@ -1,12 +1,12 @@
 """The fused-attention target graph (`target_fused`), written node by node with `onnx.helper`.
 
 Per layer: SkipSimplifiedLayerNormalization (residual add + RMSNorm in one op; RMSNormalization where
-there is no residual), q/k/v MatMuls, optional bias / per-head q/k RMSNorm, then onnxruntime's
-`GroupQueryAttention` with `do_rotary`
+there is no residual), one packed q/k/v MatMul, optional bias / per-head q/k RMSNorm, then onnxruntime's
+`GroupQueryAttention` on the packed input with `do_rotary` and one zero row appended (see `_attention`)
 (cos/sin tables from the family's `RotaryTable`, so llama3 / yarn scaling carry over) over a per-layer
 head-major KV buffer `[1, Hkv, Smax, D]` that the runtime binds as both past and present: the op writes
 the new rows in place and reads the prefix where it lies (no per-step copy of the cache). The LM head is
-`Gemm(x, W[V, H], transB=1)` on the embedding itself when tied, like the portable graph.
+`Gemm(x, W[V, H], transB=1)` on the embedding itself when tied, a MatMul on W^T when not, like the portable graph.
 
 Weights go tensor by tensor into an external-data file through `WeightFile`, which reuses any tensor
 the portable graph already stores byte for byte (in `target.onnx.data`, or the embedding in the bundle's
@@ -135,22 +135,47 @@ def _skip_norm(g: _Builder, y: str, x: str, name: str, norm, eps: float) -> tupl
     return normed, total
 
 
+def _packed_qkv(g: _Builder, h: str, attn, name: str) -> str:
+    """q, k and v projections as one MatMul on the concatenated weight: [1, T, (Hq + 2 Hkv) * D]."""
+    mods = (attn.q_proj, attn.k_proj, attn.v_proj)
+    w = np.concatenate([m.weight.detach().float().numpy() for m in mods])          # [(Hq + 2Hkv) D, H]
+    y = g.op("MatMul", [h, g.init(f"{name}.qkv_proj.weight.T", w.T)])[0]            # [1, T, (Hq + 2Hkv) D]
+    if attn.q_proj.bias is not None:
+        bias = np.concatenate([m.bias.detach().float().numpy() for m in mods])
+        y = g.op("Add", [y, g.init(f"{name}.qkv_proj.bias", bias)])[0]
+    return y
+
+
 def _attention(g: _Builder, h: str, layer, i: int, io: dict) -> str:
-    """One layer's attention on normed input `h` [1, T, H] -> o_proj output [1, T, H]."""
+    """One layer's attention on normed input `h` [1, T, H] -> o_proj output [1, T, H].
+
+    GroupQueryAttention gets one zero row after the T real ones (its output row is dropped): with T = 1 its
+    probs x V product would otherwise take onnxruntime's single-row sgemm kernel, whose sums differ in the
+    last bits from the multi-row kernel of a T = k verify step; quantised MatMuls amplify that into
+    different tokens (measured: docs/BENCHMARKS.md). With >= 2 rows every step takes the same kernel and a
+    decode row equals the same row of a verify step bit for bit. The extra row's K/V land one slot past
+    the live ones and are overwritten by the next step (the runtime keeps that slot free).
+    """
     attn, s = layer.self_attn, layer.self_attn.s
     name = f"model.layers.{i}.self_attn"
-    q = g.linear(h, attn.q_proj, f"{name}.q_proj")                                  # [1, T, Hq*D]
-    k = g.linear(h, attn.k_proj, f"{name}.k_proj")                                  # [1, T, Hkv*D]
-    v = g.linear(h, attn.v_proj, f"{name}.v_proj")
-    if s.qk_norm:
+    qkv = _packed_qkv(g, h, attn, name)                                               # [1, T, (Hq + 2Hkv) D]
+    width = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim
+    if s.qk_norm:                                                                    # per-head norms before rotary
+        sizes = g.const(f"{name}.qkv_sizes", [s.num_heads * s.head_dim, *[s.num_kv_heads * s.head_dim] * 2])
+        q, k, v = g.op("Split", [qkv, sizes], 3, axis=-1)
         q = _head_norm(g, q, attn.q_norm, f"{name}.q_norm", s.num_heads, s.head_dim, s.rms_norm_eps)
         k = _head_norm(g, k, attn.k_norm, f"{name}.k_norm", s.num_kv_heads, s.head_dim, s.rms_norm_eps)
+        qkv = g.op("Concat", [q, k, v], axis=-1)[0]
+    pad = f"pad_row_{width}"
+    if pad not in io:                                                                # one constant for all layers
+        io[pad] = g.init(pad, np.zeros((1, 1, width), np.float32))
+    padded = g.op("Concat", [qkv, pad], axis=1)[0]                                   # [1, T + 1, (Hq + 2Hkv) D]
     out = g.op("GroupQueryAttention",                                                # present = past's buffer
-               [q, k, v, f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length",
-                io["cos"], io["sin"]],
-               [f"{name}.out", f"present_key.{i}", f"present_value.{i}"], domain=MS,
+               [padded, "", "", f"past_key.{i}", f"past_value.{i}", io["seqlens"], io["total"], io["cos"], io["sin"]],
+               [f"{name}.out_padded", f"present_key.{i}", f"present_value.{i}"], domain=MS,
                num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1, rotary_interleaved=0)[0]
-    return g.linear(out, attn.o_proj, f"{name}.o_proj")                              # [1, T, H]
+    real = g.op("Slice", [out, io["zero"], io["minus_one"], io["one"]])[0]           # [1, T, Hq D]: pad row dropped
+    return g.linear(real, attn.o_proj, f"{name}.o_proj")                              # [1, T, H]
 
 
 def _mlp(g: _Builder, h: str, mlp, name: str) -> str:
@@ -178,6 +203,10 @@ def build_fused_target(target, capture: tuple[int, ...], out: Path, data: Path,
     embed = g.init("model.embed_tokens.weight", body.embed_tokens.weight.detach().float().numpy())
     io = {"cos": g.init("rope.cos_cache", target.rope.cos[:, :half].numpy()),         # [P, D/2]: cos/sin scale
           "sin": g.init("rope.sin_cache", target.rope.sin[:, :half].numpy())}        # (yarn) already folded in
+    io["zero"], io["minus_one"], io["one"] = g.const("zero", [0]), g.const("minus_one", [-1]), g.const("one", [1])
+    one32 = g.init("one_int32", np.ones((), np.int32))
+    io["seqlens"] = g.op("Add", ["seqlens_k", one32])[0]                           # lengths with the pad row
+    io["total"] = g.op("Add", ["total_sequence_length", one32])[0]
     x = g.op("Gather", [embed, "input_ids"])[0]                                      # [1, T, H]
     first_norm = g.norm_weight("model.layers.0.input_layernorm", body.layers[0].input_layernorm)
     h = g.op("RMSNormalization", [x, first_norm], axis=-1, epsilon=eps)[0]
@@ -192,11 +221,13 @@ def build_fused_target(target, capture: tuple[int, ...], out: Path, data: Path,
         if i in capture:
             captured[i] = x
     g.op("Concat", [captured[i] for i in capture], ["hidden"], axis=-1)              # [1, T, N]
-    head = embed if cfg.tie_word_embeddings else g.init("lm_head.weight",
-                                                        target.lm_head.weight.detach().float().numpy())   # [V, H]
-    flat = g.op("Reshape", [h, g.const("shape_rows", [-1, cfg.hidden_size])])[0]     # [T, H]
-    logits = g.op("Gemm", [flat, head], transB=1)[0]                                 # [T, V]
-    g.op("Reshape", [logits, g.const("shape_logits", [1, -1, cfg.vocab_size])], ["logits"])   # [1, T, V]
+    if cfg.tie_word_embeddings:                    # Gemm on the embedding itself (quantize/tied_embedding.py)
+        flat = g.op("Reshape", [h, g.const("shape_rows", [-1, cfg.hidden_size])])[0]     # [T, H]
+        logits = g.op("Gemm", [flat, embed], transB=1)[0]                                # [T, V]
+        g.op("Reshape", [logits, g.const("shape_logits", [1, -1, cfg.vocab_size])], ["logits"])   # [1, T, V]
+    else:                                          # MatMul on W^T, as the portable graph stores an untied head
+        w = target.lm_head.weight.detach().float().numpy()                               # [V, H]
+        g.op("MatMul", [h, g.init("lm_head.weight.T", w.T)], ["logits"])                # [1, T, V]
     g.op("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0)                    # [1, T]
 
     dims = {"L": cfg.num_hidden_layers, "Hkv": cfg.num_key_value_heads, "D": cfg.head_dim, "V": cfg.vocab_size,

@@ -71,7 +71,7 @@ def check_graphs(paths: dict, cases: dict, tol: Tolerance = Tolerance()) -> dict
         del session
     if "target_fused" in paths:                    # the same target cases, step after step over its own buffers
         steps = [(feeds[0], int(feeds[1][0]), want) for feeds, want in cases["target"]]
-        capacity = max(start + ids.shape[1] for ids, start, _ in steps)
+        capacity = max(start + ids.shape[1] for ids, start, _ in steps) + 1      # + the slot of its pad row
         check_fused(_session(paths["target_fused"]), steps, capacity, tol, report)
     return report
 

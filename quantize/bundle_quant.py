@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dflash_edge.runtime import bundle as bundle_mod
 
+from .dedupe import TensorIndex
 from .precisions import QuantizeError, QuantSettings, check_lowering, check_precision
 from .quality import ReportOptions
 
@@ -59,8 +60,10 @@ def _check_out(src: Path, out: Path, force: bool) -> None:
         raise QuantizeError(f"{out} already exists; pass --force to replace it")
 
 
-def _lower_graph(src: bundle_mod.Bundle, name: str, want: str, tmp: Path, settings: QuantSettings) -> dict:
-    """Write graph `name` at `want` into `tmp`; returns its manifest entry."""
+def _lower_graph(src: bundle_mod.Bundle, name: str, want: str, tmp: Path, settings: QuantSettings,
+                 index: TensorIndex) -> dict:
+    """Write graph `name` at `want` into `tmp` (tensors an earlier graph stored are referenced, see dedupe.py);
+    returns its manifest entry."""
     from .graph_io import load_graph, save_graph
 
     entry = copy.deepcopy(src.manifest["graphs"][name])
@@ -71,24 +74,14 @@ def _lower_graph(src: bundle_mod.Bundle, name: str, want: str, tmp: Path, settin
     t = time.perf_counter()
     model = load_graph(src.graph_path(name))
     info = family(want).quantize(model, settings)
+    borrowed = index.share(model)
     names = save_graph(model, tmp / entry["files"][0]["path"])
-    entry["files"] = [bundle_mod.file_entry(tmp, n) for n in names]
+    index.add(tmp / names[0])
+    entry["files"] = [bundle_mod.file_entry(tmp, n) for n in [*names, *borrowed]]
     entry["precision"] = want
     entry["quantization"] = {"from": "fp32", "tool": f"onnxruntime {_ort_version()}", "settings": settings.to_dict(),
                              **info, "seconds": round(time.perf_counter() - t, 1)}
     return entry
-
-
-# Measured (docs/BENCHMARKS.md, issue 12): MatMulNBits' int8-compute path inside the GroupQueryAttention graph
-# gives logits that differ by up to ~1 between a T = 1 step and a T = k step over the same tokens, so a
-# speculative run would not reproduce plain decoding. The portable target's rows agree bit for bit.
-FUSED_DROPPED = ("the fused-attention target is not written for quantised targets: its quantised MatMuls gave "
-                 "step-size-dependent logits (speculative != plain); the runtime uses the portable target")
-
-
-def _drops(graph: dict, want: str) -> bool:
-    """A fused-attention flavour is left out of a bundle whose target is lowered (see FUSED_DROPPED)."""
-    return graph.get("flavour") == "fused" and want != graph["precision"]
 
 
 def _keep_shared(manifest: dict, old: dict) -> None:
@@ -128,14 +121,10 @@ def quantize_bundle(opts: QuantizeOptions, log=sys.stderr) -> Path:
         manifest = copy.deepcopy(src.manifest)
         manifest.pop("engines", None)                              # TensorRT engines were built for the old graphs
         manifest.pop("quality", None)
+        index = TensorIndex(tmp)
         for name in graphs:
-            if _drops(graphs[name], wanted(opts, name)):
-                print(f"quantize: {name} left out (the portable target serves this precision losslessly)", file=log)
-                del manifest["graphs"][name]
-                manifest.setdefault("source", {})[f"{name}_dropped"] = FUSED_DROPPED
-                continue
             print(f"quantize: {name} -> {wanted(opts, name)}", file=log)
-            manifest["graphs"][name] = _lower_graph(src, name, wanted(opts, name), tmp, opts.settings)
+            manifest["graphs"][name] = _lower_graph(src, name, wanted(opts, name), tmp, opts.settings, index)
         _keep_shared(manifest, src.manifest)
         for key in ("file", "config"):
             if src.manifest["tokenizer"].get(key):

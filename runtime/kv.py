@@ -189,9 +189,12 @@ class FusedTargetModel(TargetModel):
         self.kv.bind(step.binding)
         return step
 
+    PAD_ROWS = 1    # the graph appends one zero row to attention's input (export/fused_graph.py): its K/V slot
+
     def _place(self, step: HostStep, size: int, start: int) -> None:
-        if not (0 <= start and start + size <= self.kv.capacity):
-            raise IndexError(f"positions [{start}:{start + size}] outside the preallocated cache of {self.kv.capacity}")
+        end = start + size + self.PAD_ROWS
+        if not (0 <= start and end <= self.kv.capacity):
+            raise IndexError(f"positions [{start}:{end}] outside the preallocated cache of {self.kv.capacity}")
         step["seqlens_k"][0] = start + size - 1                     # GQA: total length - 1
         step["total_sequence_length"][...] = start + size
 

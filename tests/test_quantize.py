@@ -78,16 +78,51 @@ def test_untied_model_quantises_its_embedding_and_head(quantized):
     assert spec.token_ids == gen.generate_ids(PROMPTS[1], 30, use_draft=False, stop_token_ids=()).token_ids
 
 
-def test_quantised_target_leaves_the_fused_flavour_out(tiny_bundle, quantized):
-    """qwen3 (head_dim 16) exports a fused target; a quantised target keeps only the portable one (FUSED_DROPPED)."""
+@pytest.mark.parametrize("target", ["int4", "int8"])
+def test_quantised_bundle_keeps_the_fused_flavour_on_the_portable_weights(tiny_bundle, quantized, target):
+    """qwen3 (head_dim 16) exports a fused target; quantised, it keeps it (the runtime's default on CPU),
+    its quantised tensors stored once (borrowed from target.onnx.data), and it is lossless."""
     from dflash_edge.runtime import Generator
     from dflash_edge.runtime.bundle import read_bundle
+    from dflash_edge.runtime.kv import FusedTargetModel
 
-    assert "target_fused" in read_bundle(tiny_bundle("qwen3", 8).path).manifest["graphs"]
-    m = read_bundle(quantized("int4", "int4", variant="qwen3")).manifest
-    assert "target_fused" not in m["graphs"] and "portable target" in m["source"]["target_fused_dropped"]
-    assert not (quantized("int4", "int4", variant="qwen3") / "target_fused.onnx").exists()
-    assert type(Generator.load(quantized("int4", "int4", variant="qwen3"), threads=1).target).__name__ == "TargetModel"
+    path = quantized(target, target, variant="qwen3")
+    graphs = read_bundle(path).manifest["graphs"]                 # every file's sha256 checked
+    fused = graphs["target_fused"]
+    assert fused["precision"] == target and "target.onnx.data" in [f["path"] for f in fused["files"]]
+    import onnx
+
+    model = onnx.load(str(path / "target_fused.onnx"), load_external_data=False)
+    own = {i.name for i in model.graph.initializer if any(e.value == "target_fused.onnx.data" for e in i.external_data)}
+    assert own and all("qkv_proj" in n or "rope" in n for n in own), own   # the rest is borrowed, not stored twice
+    gen = Generator.load(path, threads=1)
+    assert type(gen.target) is FusedTargetModel
+    for prompt in PROMPTS:
+        spec = gen.generate_ids(prompt, 30, stop_token_ids=(), use_draft=True)
+        assert spec.token_ids == gen.generate_ids(prompt, 30, use_draft=False, stop_token_ids=()).token_ids
+
+
+@pytest.mark.parametrize("target", ["int4", "int8", "fp32"])
+def test_fused_decode_rows_equal_verify_rows_bit_for_bit(tiny_bundle, quantized, target):
+    """A row's logits do not depend on how many tokens share its step: T = 1 decode steps and one T = k
+    step over the same tokens give identical bits (the fused graph's pad row keeps onnxruntime off its
+    single-row sgemm kernel; quantised MatMuls would amplify the last-bit differences into other tokens)."""
+    from dflash_edge.runtime import Generator
+
+    path = tiny_bundle("qwen3", 8).path if target == "fp32" else quantized(target, target, variant="qwen3")
+    gen = Generator.load(path, threads=2)
+    prompt, tokens = PROMPTS[1], [7, 41, 3, 88, 15, 60]
+    rows = []
+    gen.generate_ids(prompt, 1, stop_token_ids=(), use_draft=False)            # prefill: len(prompt) cached
+    for i, t in enumerate(tokens):                                             # T = 1 steps
+        step = gen.target.step(1)
+        step["input_ids"][0, 0] = t
+        gen.target.forward(1, len(prompt) + i)
+        rows.append(step["logits"][0, 0].copy())
+    step = gen.target.step(len(tokens))                                        # one T = 6 step, same positions
+    step["input_ids"][0] = tokens
+    gen.target.forward(len(tokens), len(prompt))
+    np.testing.assert_array_equal(step["logits"][0], np.stack(rows))
 
 
 @pytest.mark.parametrize("bits", [4, 8])
