@@ -22,6 +22,8 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts.
 
 
 def add_arguments(p) -> None:
+    from .session import add_thread_args
+
     p.add_argument("bundle", help="bundle directory")
     p.add_argument("--prompts", default=None, help=f"JSONL with a 'prompt' per line (default: {DEFAULT_PROMPTS.name} "
                                                     "shipped in benchmarks/)")
@@ -35,7 +37,7 @@ def add_arguments(p) -> None:
                                                           "(steadier on a shared machine)")
     p.add_argument("--auto-draft", action="store_true", help="no effect: the adaptive policy is the default arm")
     p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per usable CPU)")
+    add_thread_args(p)
     bench_report.add_arguments(p)                               # --power / --no-power, --report DIR
 
 
@@ -171,7 +173,7 @@ def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
                    "drafter": source.get("drafter"), "drafter_random_init": source.get(
                        "drafter_random_init", source.get("drafter") == "random")},
         "arms": list(raw[0]) if raw else [],
-        "provider": args.provider, "machine": _machine(args.threads),
+        "provider": args.provider, "machine": {**_machine(args.threads), "spin": args.spin},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
@@ -184,7 +186,7 @@ def run(args) -> int:
     rows_in = load_prompts(args.prompts, args.limit)
     if args.repeats < 1:
         raise DflashEdgeError(f"--repeats {args.repeats}: run each arm at least once")
-    gen = bench_report.prepare(args, Generator.load(args.bundle, provider=args.provider, threads=args.threads))
+    gen = bench_report.prepare(args, Generator.load(args.bundle, provider=args.provider, threads=args.threads, spin=args.spin))
     if args.verify_len is not None:
         check_verify_len(args.verify_len, gen.block_size)
     arms = ("plain", "default") if args.skip_always else ("plain", "always", "default")

@@ -155,7 +155,7 @@ class Generator:
         self._guard = GenerationGuard()             # one sequence at a time (the caches are single-sequence)
 
     @classmethod
-    def load(cls, bundle: str | Path | Bundle, provider: str = "cpu", *, threads: int = 0, spin: bool = False,
+    def load(cls, bundle: str | Path | Bundle, provider: str = "cpu", *, threads: int = 0, spin: bool = True,
              verify: bool = True, target_graph: str | None = None, use_tuned: bool = True,
              share_weights: bool = True) -> "Generator":
         """Open a bundle on `provider` ("cpu", "cuda", "tensorrt"); sha256-checks files unless verify=False.

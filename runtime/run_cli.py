@@ -5,6 +5,8 @@ import sys
 
 
 def add_arguments(p) -> None:
+    from .session import add_thread_args
+
     p.add_argument("bundle", help="bundle directory (from `dflash-edge export --out DIR`)")
     p.add_argument("--prompt", required=True, help="user message (wrapped in the chat template unless --raw)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -21,7 +23,7 @@ def add_arguments(p) -> None:
     p.add_argument("--verify-len", type=int, default=None, help="drafts verified per step, 1..block size - 1 "
                                                                 "(default: tuned / adaptive)")
     p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per usable CPU)")
+    add_thread_args(p)
 
 
 def run(args) -> int:
@@ -31,7 +33,7 @@ def run(args) -> int:
     a = GenerationArgs(args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
                        args.stop, not args.raw, False if args.no_draft else True if args.always_draft else "auto")
     a = a.checked(CLI_LABELS)                                  # before the bundle loads (seconds)
-    gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads)
+    gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads, spin=args.spin)
     stream = gen.stream(a.prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                         top_p=a.top_p, seed=a.seed, stop=a.stop, chat=a.chat, use_draft=a.use_draft,
                         verify_len=args.verify_len)

@@ -37,8 +37,15 @@ class SessionConfig:
     threads: int = 0
     device_id: int = 0
     trt_cache_dir: str | None = None          # TensorRT EP engine cache (bundle/.trt-cache by default)
-    spin: bool = False                        # busy-wait between ops: lower latency on idle cores, far slower on shared ones
+    spin: bool = True                         # busy-wait between ops within a run: lower latency on idle cores
     fp16: bool = False                        # the graph is fp16 (manifest precision): TensorRT builds fp16 kernels
+
+
+def add_thread_args(p) -> None:
+    """`--threads` and `--no-spin`, the same on every command that loads a bundle (run, bench, tune, serve)."""
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per usable CPU)")
+    p.add_argument("--no-spin", dest="spin", action="store_false",
+                   help="intra-op threads sleep between ops instead of spinning (for cores shared with other work)")
 
 
 def available_providers() -> list[str]:
@@ -107,8 +114,10 @@ def open_graph(path, config: SessionConfig = SessionConfig(), profile: dict | No
     opts.intra_op_num_threads = config.threads or default_threads()
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
-    if not config.spin:
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # spin: the intra-op threads busy-wait between the ops of one run (onnxruntime's default), and stop when
+    # the run returns, so the target's idle threads never compete with the drafter's run or other work
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin else "0")
+    opts.add_session_config_entry("session.force_spinning_stop", "1")
     for name, value in (initializers or {}).items():
         opts.add_initializer(name, value)
     providers = [(ep, _provider_options(ep, config, profile)) for ep in eps]

@@ -24,6 +24,8 @@ from .errors import DflashEdgeError
 
 
 def add_arguments(p) -> None:
+    from .session import add_thread_args
+
     p.add_argument("bundle", help="bundle directory (tuned.json is written into it)")
     p.add_argument("--prompts", default=None, help="calibration JSONL with a 'prompt' per line (default: the "
                                                     "shipped benchmarks/prompts.jsonl)")
@@ -31,7 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--max-new-tokens", type=int, default=96, help="tokens per calibration prompt")
     p.add_argument("--context", type=int, default=256, help="cached positions while timing steps")
     p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per usable CPU)")
+    add_thread_args(p)
 
 
 def run(args) -> int:
@@ -41,7 +43,7 @@ def run(args) -> int:
     if not args.budget_s > 0:
         raise DflashEdgeError(f"--budget-s {args.budget_s}: give a positive number of seconds")
     prompts = load_prompts(args.prompts)
-    gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads, use_tuned=False)
+    gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads, spin=args.spin, use_tuned=False)
     tuned = tune(gen, [r["prompt"] for r in prompts], args.budget_s, args.max_new_tokens, args.context)
     from .tuning import write_tuned
 

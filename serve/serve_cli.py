@@ -11,6 +11,8 @@ import sys
 
 
 def add_arguments(p) -> None:
+    from dflash_edge.runtime.session import add_thread_args
+
     p.add_argument("bundle", help="bundle directory (from `dflash-edge export --out DIR`)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default loopback only; another address exposes the model to the network)")
@@ -20,7 +22,7 @@ def add_arguments(p) -> None:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument("--model-name", default=None, help="model id to report (default: the bundle directory's name)")
     p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per usable CPU)")
+    add_thread_args(p)
 
 
 def run(args) -> int:
@@ -35,7 +37,7 @@ def run(args) -> int:
 
     from .app import ServerOptions, build_app
 
-    gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads)
+    gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads, spin=args.spin)
     app = build_app(gen, ServerOptions(args.max_queue, args.api_key, args.model_name))
     if not _is_loopback(args.host):
         print(f"dflash-edge serve: warning: binding {args.host}: reachable from other machines"
