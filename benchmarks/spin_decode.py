@@ -1,4 +1,4 @@
-"""Plain decode ms/token with onnxruntime's intra-op spinning off (our default) and on, per target flavour.
+"""Plain decode ms/token with intra-op spinning on (the default; it stops when a run returns) and off, per flavour.
 
     python benchmarks/spin_decode.py BUNDLE [--rounds 3]
 
