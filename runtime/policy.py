@@ -119,7 +119,7 @@ class AdaptivePolicy:
             self.decode_s = self.draft_s = None
         self.scale = 1.0                                            # measured / modelled extra verify time
         self.extra: list[float | None] = [None, None]              # their running averages
-        self.decode_measured = False                                # in this generation (not only tuned)
+        self.decode_measured = self.draft_measured = False          # in this generation (not only tuned)
         self.drafter = Acceptance(self.kmax, drafter_prior, weight=8.0 if tuned else 2.0, decay=0.98)
         self.copy = CopyAcceptance(self.kmax + 33)                  # lookup.py counts agreement up to 32
         self.pending: dict[str, tuple[int, list[int], int, int]] = {}   # source -> (first position, tokens,
@@ -169,7 +169,13 @@ class AdaptivePolicy:
         """Time of the target pass (`seconds`) and of the drafter run, if any."""
         if draft_seconds:
             self.draft_s = _avg(self.draft_s, draft_seconds, self.smoothing)
-        if choice.source == "plain":
+            self.draft_measured = True
+        if choice.source == "plain" and not self.decode_measured and self.decode_s:
+            # the tuned times came from another moment (load, clocks): this generation's first decode replaces
+            # them, the tuned draft time scaled alike, ratios kept (a stale decode would make verifies look free)
+            self.draft_s *= 1.0 if self.draft_measured else seconds / self.decode_s
+            self.decode_s, self.decode_measured = seconds, True
+        elif choice.source == "plain":
             self.decode_s = _avg(self.decode_s, seconds, self.smoothing)
             self.decode_measured = True
             if self.extra[0] is not None:           # drift back towards the model, so a verify cost once

@@ -74,28 +74,36 @@ def test_verify_len_flag_errors_in_the_cli(tiny_bundle, capsys):
 # ---- prompt lookup --------------------------------------------------------------------------------------
 def brute_lookup(h, limit, max_match=32):
     """The earlier occurrence of the last token whose preceding tokens agree longest with h's suffix (ties:
-    the latest), continued periodically past the end; (proposal, agreement)."""
-    best_end, best = 0, 0
-    for end in range(1, len(h)):                                  # h[end - 1] is an occurrence, h[end] follows
-        m = 0
-        while m < min(end, max_match) and h[end - 1 - m] == h[len(h) - 1 - m]:
-            m += 1
-        if m and m >= best:
-            best_end, best = end, m
-    if not best:
+    the latest), continued periodically past the end; for a new last token, the best occurrence of the
+    suffix before it (agreeing for 2 or more), one source token skipped. (proposal, matched)."""
+    def best(n):
+        best_end, most = 0, 0
+        for end in range(1, n):                                   # h[end - 1] is an occurrence, h[end] follows
+            m = 0
+            while m < min(end, max_match) and h[end - 1 - m] == h[n - 1 - m]:
+                m += 1
+            if m and m >= most:
+                best_end, most = end, m
+        return best_end, most
+
+    start, matched = best(len(h))
+    if not matched and len(h) > 2 and h[-1] not in h[:-1]:
+        end, agree = best(len(h) - 1)
+        start, matched = end + 1, int(agree >= 2)
+    if not matched:
         return [], 0
     ext = h + [None] * limit
     for i in range(len(h), len(ext)):
-        ext[i] = ext[i - (len(h) - best_end)]
-    return ext[best_end:best_end + limit], best
+        ext[i] = ext[i - (len(h) - start)]
+    return ext[start:start + limit], matched
 
 
 def test_lookup_matches_a_brute_force_search():
     from dflash_edge.runtime.lookup import PromptLookup
 
     rng = random.Random(0)
-    for trial in range(300):
-        h = [rng.randrange(3 if trial % 2 else 6) for _ in range(rng.randrange(1, 40))]
+    for trial in range(600):
+        h = [rng.randrange((3, 6, 12)[trial % 3]) for _ in range(rng.randrange(1, 40))]
         lk = PromptLookup(h[:5], max_match=6)
         for i in range(5, len(h)):
             lk.extend([h[i]])
@@ -109,10 +117,12 @@ def test_lookup_picks_the_occurrence_that_agrees_longest():
     noise = [20, 12, 30, 21, 12, 31]                        # ... and "12" occurs later, in other contexts
     lk = PromptLookup(quoted + noise + [10, 11, 12])        # the answer starts copying the quote
     assert lk.propose(4) == [13, 14, 15, 16] and lk.matched == 3    # not 31 (after the latest "12")
-    lk.extend([13, 40])                                     # the copy breaks: "40" is new
-    assert lk.propose(4) == [] and lk.matched == 0
+    lk.extend([13, 40])                                     # the copy breaks: "40" is new, so it replaced "14"
+    assert lk.propose(2) == [15, 16] and lk.matched == 1
     lk.extend([12])                                          # "40 12" is new: every "12" agrees for 1 token,
     assert lk.propose(2) == [13, 40] and lk.matched == 1    # and the latest (the answer's own) wins
+    lk.extend([41, 42])                                      # two new tokens: no guess
+    assert lk.propose(2) == [] and lk.matched == 0
 
 
 def test_prompt_lookup_greedy_equals_plain(tiny_bundle):
@@ -255,6 +265,19 @@ def test_adaptive_policy_is_seeded_by_tuned_and_capped_by_verify_len(tiny_bundle
     assert AdaptivePolicy(8, good, verify_len=3).choose(0, 100).k == 3
     assert AdaptivePolicy(8, good).choose(0, room=3).k == 2                 # never past the token budget
     assert AdaptivePolicy(8, synthetic_tuned(gen)).choose(0, 100).source == "plain"
+
+
+def test_policy_rescales_tuned_times_measured_at_another_load(tiny_bundle):
+    from dflash_edge.runtime.policy import AdaptivePolicy, Choice
+
+    gen = tiny_bundle("qwen3", 8).generator
+    busy = synthetic_tuned(gen, decode_ms=100.0, verify_ms=140.0, draft_ms=40.0)     # tuned on a busy machine
+    policy = AdaptivePolicy(8, busy)
+    policy.step_done(Choice("plain"), seconds=0.020)                        # now it is 5x faster
+    assert policy.decode_s == 0.020 and policy.draft_s == pytest.approx(0.008)
+    policy.step_done(Choice("lookup", 5), seconds=0.028)                    # verify / decode as tuned: 1.4
+    assert policy.scale == pytest.approx(1.0)                               # not "verifies are free"
+    assert policy.verify_s(5) == pytest.approx(0.028)
 
 
 def test_auto_uses_long_k_with_an_oracle_drafter(tiny_bundle, oracle):
