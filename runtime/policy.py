@@ -33,6 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 
 
+TUNED_OFF_BACKOFF = 16      # steps before the first drafter probe when `tune` chose "do not draft"
+
+
 @dataclass(frozen=True)
 class Choice:
     source: str          # "plain" | "drafter" | "lookup"
@@ -124,9 +127,9 @@ class AdaptivePolicy:
         self.copy = CopyAcceptance(self.kmax + 33)                  # lookup.py counts agreement up to 32
         self.pending: dict[str, tuple[int, list[int], int, int]] = {}   # source -> (first position, tokens,
         #                                                              checked, agreement before the first)
-        # a probe costs a draft (~0.4 decode here); tune's acceptance, counted over hundreds of steps, makes
-        # the early ones worth little: 4 probes in 128 steps instead of 7
-        self.backoff = self.until_probe = 8 if tuned else 1
+        # A tuned "do not draft" says the drafter did not pay on the calibration prompts: probe it rarely
+        # from the start (a probe costs a draft pass, ~half a decode) instead of after 1, 2, 4, .. steps.
+        self.backoff = self.until_probe = TUNED_OFF_BACKOFF if tuned and not tuned.verify_len else 1
         self.chosen: list[Choice] = []
 
     # ---- the decision -----------------------------------------------------------------------------------
