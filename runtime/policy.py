@@ -9,10 +9,11 @@ k tokens of a prompt-lookup proposal (lookup.py). The choice maximises expected 
 c(j), the chance that proposal token j is right when the ones before it were, is counted from what the
 target actually commits (`observe` + `commit`): a proposal is checked against the committed tokens even
 beyond the k that were verified, and even when it was not verified at all (a drafter *probe*: draft, then
-decode plainly; probes back off 1, 2, 4 .. `max_backoff` steps while drafting does not pay, from 8 when
-tune has measured the drafter already, and are skipped while a lookup is worth verifying). The drafter's c(j) is counted per position j; the lookup's
-per agreement length a = m + j - 1 (m: how many tokens before the proposal agree with its source, see
-lookup.py), because a copy that has agreed for long tends to go on: one table serves every match length.
+decode plainly; probes back off 1, 2, 4 .. `max_backoff` steps while drafting does not pay, from
+TUNED_OFF_BACKOFF when tune chose "do not draft", and are skipped while a lookup is worth verifying).
+The drafter's c(j) is counted per position j; the lookup's per agreement length a = m + j - 1 (m: how
+many tokens before the proposal agree with its source, see lookup.py), because a copy that has agreed
+for long tends to go on: one table serves every match length.
 Step times are running averages; verify(k) = decode * (1 + (ratio(k) - 1) * scale),
 ratio(k) from the tuned file (tuning.py) or a linear prior, `scale` fitted to the measured verify times.
 Whatever runs, every committed token is the target's own, so the output does not depend on the choice.
