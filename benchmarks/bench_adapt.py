@@ -8,7 +8,7 @@ token replaced by the target's true next token with probability h), then:
 and reports the median speedup over plain of each, the best fixed k, and tuned / best.
 
     python benchmarks/bench_adapt.py BUNDLE --hits 0.5,0.8,0.95 --ks 1,2,3,5,7,10,15 --limit 3 \
-        --max-new-tokens 64 --tune-budget 40 [--json OUT]
+        --max-new-tokens 64 --tune-budget 40 [--repeats 3] [--json OUT]
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from bench_runtime import OracleDrafter  # noqa: E402
 
 
 def sweep_hit(gen, real, prompts: list[str], hit: float, ks: list[int], max_new_tokens: int, tune_budget: float,
-              step_ms: dict) -> dict:
+              step_ms: dict, repeats: int = 1) -> dict:
     from dflash_edge.runtime.tune_cli import acceptance
     from dflash_edge.runtime.tuning import Tuned, choose_verify_len, manifest_digest, monotone, survival
 
@@ -49,15 +49,16 @@ def sweep_hit(gen, real, prompts: list[str], hit: float, ks: list[int], max_new_
     arms = [("plain", False, None)] + [(f"k{k}", True, k) for k in fixed] + [("default", "auto", None)]
     speed: dict[str, list[float]] = {name: [] for name, _, _ in arms}
     for i, p in enumerate(prompts):                              # 2. interleaved arms, order rotating
-        install(i, p)
-        order = arms[i % len(arms):] + arms[:i % len(arms)]
-        res = {}
-        for name, use, k in order:
-            r = gen.generate(p, max_new_tokens=max_new_tokens, use_draft=use, verify_len=k)
-            assert r.token_ids == plain[p], (name, p)           # lossless, every arm
-            res[name] = r.stats.decode_tokens_per_s
-        for name in res:
-            speed[name].append(res[name] / res["plain"])
+        res: dict[str, list[float]] = {name: [] for name, _, _ in arms}
+        for rep in range(repeats):
+            shift = (i + rep) % len(arms)
+            for name, use, k in arms[shift:] + arms[:shift]:
+                install(i, p)                                    # every arm sees the same oracle draws
+                r = gen.generate(p, max_new_tokens=max_new_tokens, use_draft=use, verify_len=k)
+                assert r.token_ids == plain[p], (name, p)       # lossless, every arm
+                res[name].append(r.stats.decode_tokens_per_s)
+        for name in res:                                         # median tok/s of the repeats, then the ratio
+            speed[name].append(statistics.median(res[name]) / statistics.median(res["plain"]))
     med = {name: round(statistics.median(v), 3) for name, v in speed.items()}
     best = max((n for n in med if n.startswith("k")), key=med.get)
     return {"hit": hit, "tau_full_block": round(1 + sum(s), 3), "tuned_k": k_tuned,
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--tune-budget", type=float, default=40.0, help="seconds of acceptance calibration per hit rate")
     p.add_argument("--time-budget", type=float, default=40.0, help="seconds timing the step sizes (once)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of every arm per prompt (median tok/s)")
     p.add_argument("--json", help="also write the result here")
     args = p.parse_args(argv)
     gen = Generator.load(args.bundle, verify=False, use_tuned=False)
@@ -90,9 +92,9 @@ def main(argv=None) -> int:
     step_ms, ctx = step_times(gen, 256, args.time_budget)
     ks = [int(k) for k in args.ks.split(",")]
     out = {"bundle": args.bundle, "block_size": gen.block_size, "prompts": len(prompts),
-           "max_new_tokens": args.max_new_tokens, "step_ms": step_ms, "context": ctx,
-           "by_hit": [sweep_hit(gen, real, prompts, float(h), ks, args.max_new_tokens, args.tune_budget, step_ms)
-                      for h in args.hits.split(",")]}
+           "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "step_ms": step_ms, "context": ctx,
+           "by_hit": [sweep_hit(gen, real, prompts, float(h), ks, args.max_new_tokens, args.tune_budget, step_ms,
+                                args.repeats) for h in args.hits.split(",")]}
     text = json.dumps(out, indent=2)
     print(text)
     if args.json:

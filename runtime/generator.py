@@ -309,9 +309,8 @@ class Generator:
         """One step of what `policy` expects to be fastest; reports its times and proposals back."""
         last, pos = emit.tokens[-1], self.target.kv.pos                # pos: position of `last` (not yet cached)
         proposal = lookup.propose(self.block_size - 1)
-        key = f"lookup{lookup.matched}"                                 # acceptance counted per matched n-gram size
-        choice = policy.choose(len(proposal), room=emit.budget - len(emit.tokens), lookup_source=key)
-        policy.observe(key, pos + 1, proposal)
+        choice = policy.choose(len(proposal), room=emit.budget - len(emit.tokens), lookup_match=lookup.matched)
+        policy.observe("lookup", pos + 1, proposal, lookup.matched)
         draft_s, drafts = 0.0, None
         if choice.source == "drafter" or choice.probe:
             t = time.perf_counter()

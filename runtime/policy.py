@@ -6,11 +6,15 @@ k tokens of a prompt-lookup proposal (lookup.py). The choice maximises expected 
     plain:    1 / decode                        drafter:  E_d(k) / (draft + verify(k))
     lookup:   E_l(k) / verify(k)                E(k) = 1 + S(1) + ... + S(k),  S(j) = c(1) * ... * c(j)
 
-c(j), the chance that proposal token j is right when the ones before it were, is counted per source
-and position from what the target actually commits (`observe` + `commit`): a proposal is checked
-against the committed tokens even beyond the k that were verified, and even when it was not verified at
-all (a drafter *probe*: draft, then decode plainly; probes back off 1, 2, 4 .. `max_backoff` steps while
-drafting does not pay). Step times are running averages; verify(k) = decode * (1 + (ratio(k) - 1) * scale),
+c(j), the chance that proposal token j is right when the ones before it were, is counted from what the
+target actually commits (`observe` + `commit`): a proposal is checked against the committed tokens even
+beyond the k that were verified, and even when it was not verified at all (a drafter *probe*: draft, then
+decode plainly; probes back off 1, 2, 4 .. `max_backoff` steps while drafting does not pay, from
+TUNED_OFF_BACKOFF when tune chose "do not draft", and are skipped while a lookup is worth verifying).
+The drafter's c(j) is counted per position j; the lookup's per agreement length a = m + j - 1 (m: how
+many tokens before the proposal agree with its source, see lookup.py), because a copy that has agreed
+for long tends to go on: one table serves every match length.
+Step times are running averages; verify(k) = decode * (1 + (ratio(k) - 1) * scale),
 ratio(k) from the tuned file (tuning.py) or a linear prior, `scale` fitted to the measured verify times.
 Whatever runs, every committed token is the target's own, so the output does not depend on the choice.
 
@@ -19,6 +23,8 @@ Whatever runs, every committed token is the target's own, so the output does not
 Choice(source='plain', k=0, probe=False)
 >>> p.step_done(Choice("plain", 0), seconds=0.05); p.choose(0, 100).probe    # then probe the drafter
 True
+>>> p.choose(lookup_len=7, room=100, lookup_match=20)     # a long copy: verify all of it
+Choice(source='lookup', k=7, probe=False)
 """
 from __future__ import annotations
 
@@ -63,6 +69,39 @@ class Acceptance:
         return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(c))])
 
 
+class CopyAcceptance:
+    """Prompt lookup's c(a): the chance its next token is right after `a` agreeing tokens (the match plus the
+    proposal tokens accepted so far), from decayed counts and the prior a / (a + 3).
+
+    The prior (0.25 after one agreeing token, 0.73 after 8, 0.91 after 32) is below what quoting answers
+    show (0.26, 0.49, 0.59, 0.79 for a = 1..4, ~0.9 beyond: docs/BENCHMARKS.md, session 8), so a text that
+    does not quote pays for few failed verifies before the counts take over.
+
+    >>> CopyAcceptance(8).expected(match=1, kmax=2).round(2).tolist()     # E(0..2) after a 1-token match
+    [1.0, 1.25, 1.35]
+    """
+
+    def __init__(self, size: int, weight: float = 2.0, decay: float = 0.98):
+        a = np.arange(1, size + 1)                                  # [size]: agreement 1..size, a-1 at index
+        self.prior, self.weight, self.decay = a / (a + 3.0), weight, decay
+        self.hits, self.trials = np.zeros(size), np.zeros(size)     # [size]
+
+    def new_proposal(self) -> None:
+        self.hits *= self.decay
+        self.trials *= self.decay
+
+    def record(self, a: int, hit: bool) -> None:
+        i = min(max(a, 1), len(self.hits)) - 1                      # agreements past the table share its last row
+        self.hits[i] += hit
+        self.trials[i] += 1
+
+    def expected(self, match: int, kmax: int) -> np.ndarray:
+        """E(k) for k = 0..kmax of a proposal whose source agrees with the last `match` tokens."""
+        c = (self.hits + self.weight * self.prior) / (self.trials + self.weight)          # [size]
+        idx = np.minimum(np.arange(match, match + kmax), len(c)) - 1                      # [kmax]: a = match + j - 1
+        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(c[idx]))])
+
+
 class AdaptivePolicy:
     """Chooses each step's source and verify length from measured acceptance and step times."""
 
@@ -84,9 +123,11 @@ class AdaptivePolicy:
             self.decode_s = self.draft_s = None
         self.scale = 1.0                                            # measured / modelled extra verify time
         self.extra: list[float | None] = [None, None]              # their running averages
-        self.decode_measured = False                                # in this generation (not only tuned)
-        self.acc = {"drafter": Acceptance(self.kmax, drafter_prior, weight=8.0 if tuned else 2.0, decay=0.98)}
-        self.pending: dict[str, tuple[int, list[int], int]] = {}    # source -> (first position, tokens, checked)
+        self.decode_measured = self.draft_measured = False          # in this generation (not only tuned)
+        self.drafter = Acceptance(self.kmax, drafter_prior, weight=8.0 if tuned else 2.0, decay=0.98)
+        self.copy = CopyAcceptance(self.kmax + 33)                  # lookup.py counts agreement up to 32
+        self.pending: dict[str, tuple[int, list[int], int, int]] = {}   # source -> (first position, tokens,
+        #                                                              checked, agreement before the first)
         # A tuned "do not draft" says the drafter did not pay on the calibration prompts: probe it rarely
         # from the start (a probe costs a draft pass, ~half a decode) instead of after 1, 2, 4, .. steps.
         self.backoff = self.until_probe = TUNED_OFF_BACKOFF if tuned and not tuned.verify_len else 1
@@ -97,14 +138,9 @@ class AdaptivePolicy:
         """Modelled target step time for k proposals: decode plus the (scaled) extra cost of k more rows."""
         return self.decode_s * (1.0 + (self.ratio[k] - 1.0) * self.scale)
 
-    def stats_of(self, source: str) -> Acceptance:
-        """A source's acceptance; lookups are counted apart per matched n-gram length ("lookup4", ...)."""
-        if source not in self.acc:
-            self.acc[source] = Acceptance(self.kmax, [0.6] * self.kmax, weight=2.0, decay=0.9)
-        return self.acc[source]
-
-    def choose(self, lookup_len: int, room: int, lookup_source: str = "lookup") -> Choice:
-        """The step to run, given the lookup proposal's length (and key) and the tokens the output may still take."""
+    def choose(self, lookup_len: int, room: int, lookup_match: int = 1) -> Choice:
+        """The step to run, given the lookup proposal's length and agreement (lookup.py's `matched`) and the
+        tokens the output may still take."""
         if self.decode_s is None:
             return self._note(Choice("plain"))
         best, rate = Choice("plain"), 1.0 / self.decode_s
@@ -114,14 +150,14 @@ class AdaptivePolicy:
             if limit < 1 or extra is None:
                 continue
             ks = np.arange(1, limit + 1) if source == "lookup" or not self.fixed_k else np.array([limit])
-            acc = self.stats_of(lookup_source if source == "lookup" else source)
-            rates = acc.expected()[ks] / (extra + self.verify_s(ks))
+            expected = self.copy.expected(lookup_match, limit) if source == "lookup" else self.drafter.expected()
+            rates = expected[ks] / (extra + self.verify_s(ks))
             i = int(np.argmax(rates))
             if rates[i] > rate:
                 best, rate = Choice(source, int(ks[i])), float(rates[i])
         if best.source == "drafter":
             self.backoff = self.until_probe = 1
-        elif kmax >= 1:
+        elif best.source == "plain" and kmax >= 1:                  # a lookup worth verifying: no probe beside it
             self.until_probe -= 1
             if self.until_probe <= 0:                               # run the drafter unverified, to measure it
                 best = Choice(best.source, best.k, probe=True)
@@ -137,7 +173,13 @@ class AdaptivePolicy:
         """Time of the target pass (`seconds`) and of the drafter run, if any."""
         if draft_seconds:
             self.draft_s = _avg(self.draft_s, draft_seconds, self.smoothing)
-        if choice.source == "plain":
+            self.draft_measured = True
+        if choice.source == "plain" and not self.decode_measured and self.decode_s:
+            # the tuned times came from another moment (load, clocks): this generation's first decode replaces
+            # them, the tuned draft time scaled alike, ratios kept (a stale decode would make verifies look free)
+            self.draft_s *= 1.0 if self.draft_measured else seconds / self.decode_s
+            self.decode_s, self.decode_measured = seconds, True
+        elif choice.source == "plain":
             self.decode_s = _avg(self.decode_s, seconds, self.smoothing)
             self.decode_measured = True
             if self.extra[0] is not None:           # drift back towards the model, so a verify cost once
@@ -149,23 +191,25 @@ class AdaptivePolicy:
                           _avg(self.extra[1], self.ratio[choice.k] - 1.0, self.smoothing)]
             self.scale = self.extra[0] / self.extra[1]
 
-    def observe(self, source: str, first_position: int, tokens: list[int]) -> None:
-        """A proposal for positions first_position.. (checked against the committed tokens as they come)."""
+    def observe(self, source: str, first_position: int, tokens: list[int], match: int = 0) -> None:
+        """A proposal ("drafter" or "lookup", the latter with its agreement `match`) for positions
+        first_position.. (checked against the committed tokens as they come)."""
         if len(tokens):
-            self.pending[source] = (first_position, list(tokens), 0)
-            self.stats_of(source).new_proposal()
+            self.pending[source] = (first_position, list(tokens), 0, match)
+            (self.copy if source == "lookup" else self.drafter).new_proposal()
 
     def commit(self, history: list[int]) -> None:
         """Score pending proposals against `history` (token ids by absolute position) as far as it goes."""
-        for source, (first, tokens, j) in list(self.pending.items()):
+        for source, (first, tokens, j, match) in list(self.pending.items()):
+            stats = self.copy if source == "lookup" else self.drafter
             while j < len(tokens) and first + j < len(history):
                 hit = tokens[j] == history[first + j]
-                self.stats_of(source).record(j + 1, hit)
+                stats.record(match + j if source == "lookup" else j + 1, hit)
                 j = j + 1 if hit else len(tokens)
             if j == len(tokens):
                 del self.pending[source]
             else:
-                self.pending[source] = (first, tokens, j)
+                self.pending[source] = (first, tokens, j, match)
 
 
 def _conditional(survival: list[float]) -> list[float]:

@@ -72,27 +72,57 @@ def test_verify_len_flag_errors_in_the_cli(tiny_bundle, capsys):
 
 
 # ---- prompt lookup --------------------------------------------------------------------------------------
+def brute_lookup(h, limit, max_match=32):
+    """The earlier occurrence of the last token whose preceding tokens agree longest with h's suffix (ties:
+    the latest), continued periodically past the end; for a new last token, the best occurrence of the
+    suffix before it (agreeing for 2 or more), one source token skipped. (proposal, matched)."""
+    def best(n):
+        best_end, most = 0, 0
+        for end in range(1, n):                                   # h[end - 1] is an occurrence, h[end] follows
+            m = 0
+            while m < min(end, max_match) and h[end - 1 - m] == h[n - 1 - m]:
+                m += 1
+            if m and m >= most:
+                best_end, most = end, m
+        return best_end, most
+
+    start, matched = best(len(h))
+    if not matched and len(h) > 2 and h[-1] not in h[:-1]:
+        end, agree = best(len(h) - 1)
+        start, matched = end + 1, int(agree >= 2)
+    if not matched:
+        return [], 0
+    ext = h + [None] * limit
+    for i in range(len(h), len(ext)):
+        ext[i] = ext[i - (len(h) - start)]
+    return ext[start:start + limit], matched
+
+
 def test_lookup_matches_a_brute_force_search():
     from dflash_edge.runtime.lookup import PromptLookup
 
-    def brute(h, limit):
-        for n in (4, 3, 2, 1):
-            if len(h) > n:
-                for end in range(len(h) - 1, n - 1, -1):          # latest earlier occurrence with a next token
-                    if h[end - n:end] == h[-n:]:
-                        ext = h + [None] * limit                   # continue periodically past the end
-                        for i in range(len(h), len(ext)):
-                            ext[i] = ext[i - (len(h) - end)]
-                        return ext[end:end + limit]
-        return []
-
     rng = random.Random(0)
-    for _ in range(200):
-        h = [rng.randrange(4) for _ in range(rng.randrange(1, 30))]
-        lk = PromptLookup(h[:5])
+    for trial in range(600):
+        h = [rng.randrange((3, 6, 12)[trial % 3]) for _ in range(rng.randrange(1, 40))]
+        lk = PromptLookup(h[:5], max_match=6)
         for i in range(5, len(h)):
             lk.extend([h[i]])
-        assert lk.history == h and lk.propose(6) == brute(h, 6)
+        assert lk.history == h and (lk.propose(6), lk.matched) == brute_lookup(h, 6, max_match=6)
+
+
+def test_lookup_picks_the_occurrence_that_agrees_longest():
+    from dflash_edge.runtime.lookup import PromptLookup
+
+    quoted = [10, 11, 12, 13, 14, 15, 16]                   # the prompt quotes a text ...
+    noise = [20, 12, 30, 21, 12, 31]                        # ... and "12" occurs later, in other contexts
+    lk = PromptLookup(quoted + noise + [10, 11, 12])        # the answer starts copying the quote
+    assert lk.propose(4) == [13, 14, 15, 16] and lk.matched == 3    # not 31 (after the latest "12")
+    lk.extend([13, 40])                                     # the copy breaks: "40" is new, so it replaced "14"
+    assert lk.propose(2) == [15, 16] and lk.matched == 1
+    lk.extend([12])                                          # "40 12" is new: every "12" agrees for 1 token,
+    assert lk.propose(2) == [13, 40] and lk.matched == 1    # and the latest (the answer's own) wins
+    lk.extend([41, 42])                                      # two new tokens: no guess
+    assert lk.propose(2) == [] and lk.matched == 0
 
 
 def test_prompt_lookup_greedy_equals_plain(tiny_bundle):
@@ -108,13 +138,8 @@ def test_prompt_lookup_greedy_equals_plain(tiny_bundle):
 
 @pytest.fixture
 def always_lookup(monkeypatch):
-    """Unigram lookup and known step times, over a prompt that holds every token: a proposal every step."""
-    import functools
-
-    from dflash_edge.runtime import generator, lookup
-
+    """Known step times, over a prompt that holds every token: a lookup proposal every step."""
     def install(gen):
-        monkeypatch.setattr(generator, "PromptLookup", functools.partial(lookup.PromptLookup, min_ngram=1))
         monkeypatch.setattr(gen, "tuned", synthetic_tuned(gen))     # no plain step needed to measure decode
         return random.Random(1).sample(range(96), 96) + PROMPTS[0]
 
@@ -189,6 +214,48 @@ def test_adaptive_policy_follows_step_costs():
     assert np.median(cheap[100:]) >= 6 and 2 <= np.median(dear[100:]) <= 5   # dearer verifies: shorter k (best 3)
 
 
+def drive_lookup(policy, steps, match, right, spec_s=lambda k: 0.05 + 0.003 * k, decode_s=0.05):
+    """Drive `policy` with a lookup proposing kmax tokens of agreement `match(i)` whose first `right(i)` are right;
+    the step's (source, k) per step."""
+    history, chosen = [0], []
+    for i in range(steps):
+        truth = list(range(len(history), len(history) + policy.kmax + 1))   # the target's tokens from here
+        proposal = truth[:right(i)] + [-1] * (policy.kmax - right(i))
+        choice = policy.choose(lookup_len=policy.kmax, room=1000, lookup_match=match(i))
+        policy.observe("lookup", len(history), proposal, match(i))
+        if choice.source == "lookup":
+            ok = min(right(i), choice.k)
+            history += truth[:ok + 1]
+            policy.step_done(choice, spec_s(choice.k))
+        else:
+            history += truth[:1]
+            policy.step_done(choice, decode_s, 0.015 if choice.probe else 0.0)
+        policy.commit(history)
+        chosen.append((choice.source, choice.k, choice.probe))
+    return chosen
+
+
+def test_policy_verifies_a_long_copy_whole_and_stops_verifying_failing_lookups():
+    from dflash_edge.runtime.policy import AdaptivePolicy
+
+    copy = drive_lookup(AdaptivePolicy(16), 40, match=lambda i: 32, right=lambda i: 15)
+    assert all(src == "lookup" for src, _, _ in copy[1:]) and [k for _, k, _ in copy[-10:]] == [15] * 10
+    failing = drive_lookup(AdaptivePolicy(16), 200, match=lambda i: 1, right=lambda i: 0)
+    assert sum(src == "lookup" for src, _, _ in failing[50:]) <= 5          # counted, then left plain
+    assert not any(probe for src, _, probe in copy)                          # no drafter probe beside a good lookup
+
+
+def test_policy_shares_what_long_agreements_taught_across_match_lengths():
+    from dflash_edge.runtime.policy import AdaptivePolicy, Choice
+
+    fresh, taught = AdaptivePolicy(16), AdaptivePolicy(16)
+    fresh.step_done(Choice("plain"), 0.05)
+    drive_lookup(taught, 30, match=lambda i: 1 + 15 * (i % 2), right=lambda i: 15)   # copies that ran on
+    before = fresh.choose(lookup_len=15, room=1000, lookup_match=3)
+    after = taught.choose(lookup_len=15, room=1000, lookup_match=3)         # a match length never seen
+    assert before.source == "lookup" and before.k < 15 and after == Choice("lookup", 15)
+
+
 def test_adaptive_policy_is_seeded_by_tuned_and_capped_by_verify_len(tiny_bundle):
     from dflash_edge.runtime.policy import AdaptivePolicy
 
@@ -198,6 +265,19 @@ def test_adaptive_policy_is_seeded_by_tuned_and_capped_by_verify_len(tiny_bundle
     assert AdaptivePolicy(8, good, verify_len=3).choose(0, 100).k == 3
     assert AdaptivePolicy(8, good).choose(0, room=3).k == 2                 # never past the token budget
     assert AdaptivePolicy(8, synthetic_tuned(gen)).choose(0, 100).source == "plain"
+
+
+def test_policy_rescales_tuned_times_measured_at_another_load(tiny_bundle):
+    from dflash_edge.runtime.policy import AdaptivePolicy, Choice
+
+    gen = tiny_bundle("qwen3", 8).generator
+    busy = synthetic_tuned(gen, decode_ms=100.0, verify_ms=140.0, draft_ms=40.0)     # tuned on a busy machine
+    policy = AdaptivePolicy(8, busy)
+    policy.step_done(Choice("plain"), seconds=0.020)                        # now it is 5x faster
+    assert policy.decode_s == 0.020 and policy.draft_s == pytest.approx(0.008)
+    policy.step_done(Choice("lookup", 5), seconds=0.028)                    # verify / decode as tuned: 1.4
+    assert policy.scale == pytest.approx(1.0)                               # not "verifies are free"
+    assert policy.verify_s(5) == pytest.approx(0.028)
 
 
 def test_auto_uses_long_k_with_an_oracle_drafter(tiny_bundle, oracle):
@@ -219,21 +299,6 @@ def test_adaptive_policy_probes_a_useless_drafter_rarely():
     ks = simulate(policy, lambda i: 0.0, 400)
     probes = sum(c.probe for c in policy.chosen)
     assert sum(ks) == 0 and 3 <= probes <= 15                       # backs off to one probe in 64 steps
-
-
-def test_tuned_do_not_draft_delays_the_first_probe():
-    from dflash_edge.runtime.policy import TUNED_OFF_BACKOFF, AdaptivePolicy
-    from dflash_edge.runtime.tuning import Tuned
-
-    def first_probe(verify_len: int) -> int:
-        tuned = Tuned(verify_len=verify_len, decode_ms=50.0, draft_ms=15.0, verify_ms={k: 60.0 for k in range(1, 8)},
-                      acceptance=[0.0] * 7, manifest_sha256="0" * 64)
-        policy = AdaptivePolicy(block_size=8, tuned=tuned)
-        simulate(policy, lambda i: 0.0, 40, decode_s=0.05)
-        return next(i for i, c in enumerate(policy.chosen) if c.probe)
-
-    assert first_probe(0) == TUNED_OFF_BACKOFF - 1                 # "do not draft": probing starts late
-    assert first_probe(0) > first_probe(3) == 0                     # a drafting choice probes at once
 
 
 # ---- tune and tuned.json -----------------------------------------------------------------------------------
