@@ -30,8 +30,8 @@ def draft_vocab_json(token_lists, always=()) -> str:
 
 
 def load_draft_vocab(drafter_dir: str | Path | None, size: int, vocab_size: int):
-    """Sorted int64 array of `size` token ids: the ranked ones of `drafter_dir`, then the lowest unranked ids."""
-    import numpy as np
+    """Sorted LongTensor of `size` token ids: the ranked ones of `drafter_dir`, then the lowest unranked ids."""
+    import torch
 
     if not 0 < size <= vocab_size:
         raise ModelFormatError(f"--draft-vocab {size} must be between 1 and the vocabulary size ({vocab_size}); "
@@ -45,4 +45,4 @@ def load_draft_vocab(drafter_dir: str | Path | None, size: int, vocab_size: int)
     if len(ranked) < size:  # pad with the lowest ids (BPE merge order, roughly frequency) not yet taken
         taken = set(ranked)
         ranked += [t for t in range(vocab_size) if t not in taken][:size - len(ranked)]
-    return np.array(sorted(ranked), dtype=np.int64)
+    return torch.tensor(sorted(ranked), dtype=torch.long)
