@@ -25,6 +25,7 @@ class GraphBuilder:
         self.graph, self.store = graph, store
         self.nodes, self.inits, self._n = [], [], 0
         self._consts: dict[tuple, str] = {}
+        self._names: set[str] = set()
         store.open_graph(graph)
 
     def op(self, op_type: str, inputs: list[str], outs: int | list[str] = 1, domain: str = "", **attrs) -> list[str]:
@@ -38,7 +39,11 @@ class GraphBuilder:
         return outs
 
     def init(self, name: str, make, shared: str | None = None) -> str:
-        """An initializer: `make` (array or function returning one) is only evaluated if `name` is not stored yet."""
+        """An initializer: `make` (array or function returning one) is only evaluated if `name` is not stored yet;
+        a name this graph already holds is referenced again (one initializer per name)."""
+        if name in self._names:
+            return name
+        self._names.add(name)
         self.inits.append(self.store.tensor(self.graph, name, make, shared))
         return name
 
