@@ -50,7 +50,7 @@ def stream_layers(build: Callable[[], nn.Module], ckpt: Checkpoint, layers: str,
     names = check_names(model, ckpt, ignore)
     for name in names:
         if not name.startswith(f"{layers}."):
-            _set(model, name, ckpt.get(name).to(dtype))
+            _set(model, name, _read(ckpt, name, dtype))
     for i, layer in enumerate(model.get_submodule(layers)):
         own = [n for n in names if n.startswith(f"{layers}.{i}.")]
         layer.register_forward_pre_hook(_loader(model, ckpt, own, dtype))
@@ -61,8 +61,14 @@ def stream_layers(build: Callable[[], nn.Module], ckpt: Checkpoint, layers: str,
 def _loader(model: nn.Module, ckpt: Checkpoint, names: list[str], dtype: torch.dtype):
     def load(*_):
         for name in names:
-            _set(model, name, ckpt.get(name).to(dtype))
+            _set(model, name, _read(ckpt, name, dtype))
     return load
+
+
+def _read(ckpt: Checkpoint, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """One tensor read into private memory (np.fromfile, not a memory map: touched pages of a mapped shard
+    would stay resident for as long as its handle is open)."""
+    return torch.from_numpy(ckpt.array(name)).to(dtype)
 
 
 def _dropper(model: nn.Module, ckpt: Checkpoint, names: list[str]):
