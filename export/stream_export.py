@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from dflash_edge.runtime import bundle as bundle_mod
-from dflash_edge.runtime.errors import DflashEdgeError
 
 from .publish import publish_dir
 
@@ -32,14 +31,13 @@ def _check(opts, tc, dc) -> None:
 
 def export_streamed(opts, out: Path, steps, meter) -> Path:
     """Export `opts` to `out` (published atomically); per-stage peak RSS in `meter`."""
-    from .exporter import (DATA_FILES, EXPORTER_VERSION, PARITY_PROMPT, _check_only_named_files, _copy_tokenizer,
-                           _graph_entry, _manifest, fused_supported)  # noqa: F401
+    from .exporter import _check_only_named_files, _copy_tokenizer, _graph_entry, _manifest, fused_supported
     from .fused_graph import OPSET_FUSED
     from .fused_stream import build_fused_target
     from .onnx_export import OPSET
     from .portable_drafter import build_drafter
     from .portable_target import build_target
-    from .sources import open_sources, reference
+    from .sources import open_sources
     from .weight_store import WeightStore
 
     timings, t0 = {}, time.perf_counter()
