@@ -38,6 +38,7 @@ class ExportOptions:
     draft_vocab: int = 0                 # >0: the drafter's LM head over this many frequent tokens (draft_vocab.py)
     memory_check: bool = True            # refuse up front when the estimated peak memory exceeds what is available
     fused: bool = True                   # also write `target_fused` (GroupQueryAttention) where the model allows
+    stream: bool = False                 # write the graphs node by node from the checkpoint (stream_export.py)
 
 
 def _check_options(opts: ExportOptions, target, drafter) -> None:
@@ -113,6 +114,10 @@ def export_bundle(opts: ExportOptions, progress=None) -> Path:
     steps = tqdm(total=5, desc="export", unit="step", disable=progress is False, file=sys.stderr)
     run = _Run(opts, out, steps, MemoryMeter())
     try:
+        if opts.stream:
+            from .stream_export import export_streamed
+
+            return export_streamed(opts, out, steps, run.meter)
         return run.go()
     finally:
         steps.close()

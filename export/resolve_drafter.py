@@ -17,8 +17,18 @@ def pick_mask_token(tokenizer) -> int:
     return tokenizer.tokenizer.get_vocab_size() - 1
 
 
+RANDOM_WARNING = ("WARNING: no trained drafter for this target: using a RANDOMLY INITIALISED drafter. Output is "
+                  "still lossless, but almost no draft tokens will be accepted (no speed-up). Train one with "
+                  "`dflash-edge train` or pass --draft DIR.")
+
+
 def random_drafter(target, tokenizer, num_layers: int = 1, block_size: int = 16, seed: int = 0):
-    cfg = DraftConfig.for_target(target.config, num_layers=num_layers, block_size=block_size,
+    return random_drafter_for(target.config, tokenizer, num_layers, block_size, seed)
+
+
+def random_drafter_for(target_config, tokenizer, num_layers: int = 1, block_size: int = 16, seed: int = 0):
+    """A randomly initialised drafter sized to a target config (no target model needed)."""
+    cfg = DraftConfig.for_target(target_config, num_layers=num_layers, block_size=block_size,
                                  mask_token_id=pick_mask_token(tokenizer))
     return new_drafter(cfg, seed=seed)
 
@@ -33,9 +43,7 @@ def resolve_drafter(spec: str | None, target, tokenizer):
             return _tagged(load_drafter(path, target_config=target.config), str(path))
         spec = "random"
     if spec == "random":
-        print("WARNING: no trained drafter for this target: using a RANDOMLY INITIALISED drafter. Output is "
-              "still lossless, but almost no draft tokens will be accepted (no speed-up). Train one with "
-              "`dflash-edge train` or pass --draft DIR.", file=sys.stderr)
+        print(RANDOM_WARNING, file=sys.stderr)
         return _tagged(random_drafter(target, tokenizer), "random")
     return _tagged(load_drafter(spec, target_config=target.config), str(spec))
 

@@ -54,25 +54,29 @@ def test_existing_output_needs_force(tiny_checkpoints, tmp_path):
     assert _export(tmp_path, ckpt, 4, force=True) == out
 
 
-def test_interrupted_export_leaves_nothing(tiny_checkpoints, tmp_path, monkeypatch):
-    from dflash_edge.export import parity
+@pytest.mark.parametrize("stream", [False, True])
+def test_interrupted_export_leaves_nothing(tiny_checkpoints, tmp_path, monkeypatch, stream):
+    from dflash_edge.export import parity, parity_stream
 
     def boom(*a, **k):
         raise KeyboardInterrupt
     monkeypatch.setattr(parity, "check_graphs", boom)
+    monkeypatch.setattr(parity_stream, "check_graphs", boom)
     with pytest.raises(KeyboardInterrupt):
-        _export(tmp_path, tiny_checkpoints["qwen3"][1], 4)
+        _export(tmp_path, tiny_checkpoints["qwen3"][1], 4, stream=stream)
     assert not (tmp_path / "bundle4").exists() and not list(tmp_path.glob(".bundle4*"))
 
 
-def test_parity_failure_names_graph_and_output(tiny_checkpoints, tmp_path, monkeypatch):
-    from dflash_edge.export import parity
+@pytest.mark.parametrize("stream", [False, True])
+def test_parity_failure_names_graph_and_output(tiny_checkpoints, tmp_path, monkeypatch, stream):
+    from dflash_edge.export import parity, parity_stream
 
     strict = parity.Tolerance(logits=0.0, hidden=0.0, kv=0.0)
-    real = parity.check_graphs
-    monkeypatch.setattr(parity, "check_graphs", lambda *a, **k: real(*a, tol=strict))
+    for module in (parity, parity_stream):
+        real = module.check_graphs
+        monkeypatch.setattr(module, "check_graphs", lambda *a, real=real, **k: real(*a, **{**k, "tol": strict}))
     with pytest.raises(parity.ParityError, match=r"graph 'target' output 'logits': max abs diff .* > 0 vs torch"):
-        _export(tmp_path, tiny_checkpoints["qwen3"][1], 4)
+        _export(tmp_path, tiny_checkpoints["qwen3"][1], 4, stream=stream)
 
 
 @pytest.mark.parametrize("kw,message", [

@@ -16,14 +16,18 @@ from .config import TargetConfig
 FAMILIES = ("llama", "qwen2", "qwen3")
 
 
+def family_spec(cfg: TargetConfig):
+    """The family's `AttentionSpec` for `cfg` (torch-free: the streamed graphs read it too)."""
+    if cfg.model_type not in FAMILIES:
+        raise ModelFormatError(f"model_type {cfg.model_type!r} is not supported; supported: {', '.join(FAMILIES)}")
+    return importlib.import_module(f"{__name__}.{cfg.model_type}").attention_spec(cfg)
+
+
 def build_target(cfg: TargetConfig):
     """A randomly initialised TargetModel for `cfg` (weights are loaded by `load_target`)."""
     from .target import TargetModel
 
-    if cfg.model_type not in FAMILIES:
-        raise ModelFormatError(f"model_type {cfg.model_type!r} is not supported; supported: {', '.join(FAMILIES)}")
-    family = importlib.import_module(f"{__name__}.{cfg.model_type}")
-    return TargetModel(cfg, family.attention_spec(cfg))
+    return TargetModel(cfg, family_spec(cfg))
 
 
 def load_target(path: str | Path, dtype=None):

@@ -2,7 +2,8 @@
 
 Either one `model.safetensors` or shards listed in `model.safetensors.index.json` (what
 `save_pretrained` writes above its shard size). Only headers are read up front; `get(name)` reads one
-tensor in the checkpoint's own dtype, so loading never holds a second full copy of the model.
+tensor in the checkpoint's own dtype, so loading never holds a second full copy of the model;
+`array(name)` reads one as float32 numpy without torch (the streamed export).
 
 >>> ckpt = Checkpoint.open("Qwen3-8B/")                        # doctest: +SKIP
 >>> ckpt.shape("model.embed_tokens.weight"), ckpt.dtype("model.norm.weight")   # doctest: +SKIP
@@ -19,6 +20,7 @@ from dflash_edge.runtime.errors import ModelFormatError
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 FLOAT_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+_NUMPY = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}        # read as; BF16 widened to float32
 # config.json's torch_dtype (transformers >= 5: `dtype`) -> safetensors dtype
 CONFIG_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
@@ -28,6 +30,7 @@ class _Entry:
     shard: Path
     dtype: str
     shape: tuple[int, ...]
+    offset: int = 0          # byte offset of the tensor's data in its shard
 
 
 class Checkpoint:
@@ -74,6 +77,29 @@ class Checkpoint:
             self._handles[entry.shard] = safe_open(str(entry.shard), framework="pt")
         return self._handles[entry.shard].get_tensor(name)
 
+    def array(self, name: str, shape: tuple[int, ...] | None = None):
+        """One tensor as float32 numpy (bf16 / fp16 widened exactly), read from its shard without torch.
+
+        `shape`: what the caller expects; a different shape raises ModelFormatError naming the tensor.
+        """
+        import numpy as np
+
+        if name not in self.entries:
+            raise ModelFormatError(f"{self.root}: tensor {name} is missing — the weights do not match config.json")
+        e = self.entries[name]
+        if shape is not None and tuple(shape) != e.shape:
+            raise ModelFormatError(f"{self.root}: misshaped tensor {name}: file {e.shape} vs model {tuple(shape)} "
+                                   f"— the weights do not match config.json")
+        if e.dtype not in _NUMPY:
+            raise ModelFormatError(f"{self.root}: tensor {name} is {e.dtype}; only float checkpoints are supported")
+        raw = np.fromfile(e.shard, dtype=_NUMPY[e.dtype], count=_numel(e.shape), offset=e.offset)
+        if e.dtype == "BF16":                        # bf16 is the top half of a float32: widen exactly
+            wide = raw.astype(np.uint32)
+            del raw
+            wide <<= 16
+            return wide.view(np.float32).reshape(e.shape)
+        return raw.astype(np.float32, copy=False).reshape(e.shape)
+
     def close(self) -> None:
         self._handles.clear()
 
@@ -86,6 +112,23 @@ class Checkpoint:
             hint = (f"config.json declares torch_dtype {declared!r}; fix torch_dtype or re-save the weights in it"
                     if want else "quantised checkpoints are not supported: use the float (bf16/fp16/fp32) release")
             raise ModelFormatError(f"{self.root}: tensor dtype does not match: {_preview(bad)}; {hint}")
+
+
+def check_shapes(expected: dict[str, tuple[int, ...]], ckpt: Checkpoint, ignore: tuple[str, ...] = ()) -> list[str]:
+    """The names to load of `expected` (name -> shape); missing, misshaped and unexpected tensors in one error.
+
+    torch-free: the streamed export checks a checkpoint with it before reading any weight (models/names.py).
+    """
+    have = set(ckpt.names())
+    missing = sorted(set(expected) - have)
+    unexpected = sorted(have - set(expected) - set(ignore))
+    misshaped = [f"{k}: file {ckpt.shape(k)} vs model {shape}" for k, shape in expected.items()
+                 if k in have and ckpt.shape(k) != shape]
+    problems = [f"{what} tensors {_preview(items)}" for what, items in
+                (("missing", missing), ("misshaped", misshaped), ("unexpected", unexpected)) if items]
+    if problems:
+        raise ModelFormatError(f"{ckpt.root}: " + "; ".join(problems) + " — the weights do not match config.json")
+    return list(expected)
 
 
 def _indexed_entries(root: Path) -> dict[str, _Entry]:
@@ -113,15 +156,24 @@ def _shard_entries(path: Path) -> dict[str, _Entry]:
     from safetensors import SafetensorError, safe_open
 
     try:
-        with safe_open(str(path), framework="pt") as f:
-            out = {}
-            for name in f.keys():
-                sl = f.get_slice(name)
-                out[name] = _Entry(path, sl.get_dtype(), tuple(sl.get_shape()))
-            return out
-    except (SafetensorError, OSError, ValueError) as err:
+        with safe_open(str(path), framework="numpy") as f:       # validates the file; torch is not needed
+            names = list(f.keys())
+        offsets = _data_offsets(path)
+        return {n: _Entry(path, offsets[n][0], offsets[n][1], offsets[n][2]) for n in names}
+    except (SafetensorError, OSError, ValueError, KeyError) as err:
         raise ModelFormatError(f"{path} is not a readable safetensors file ({err}); it may be truncated: "
                                f"re-create or re-download it") from err
+
+
+def _data_offsets(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
+    """name -> (dtype, shape, absolute data offset) from a safetensors header (8-byte length + JSON)."""
+    import struct
+
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return {n: (h["dtype"], tuple(h["shape"]), 8 + length + h["data_offsets"][0]) for n, h in header.items()}
 
 
 def _numel(shape) -> int:

@@ -7,13 +7,13 @@ same modules serve the torch reference loop and the ONNX export.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_edge.runtime.errors import ModelFormatError
+from .rope import ROPE_TYPES, rope_inv_freq, rope_tables  # noqa: F401  (re-exported)
+from .spec import AttentionSpec
 
 
 class RMSNorm(nn.Module):
@@ -30,73 +30,14 @@ class RMSNorm(nn.Module):
 
 
 # ---------------------------------------------------------------- RoPE
-def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
-    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
-    old_len = s["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-    return torch.where(medium, smoothed, scaled)
-
-
-def _yarn(dim: int, base: float, s: dict, max_pos: int) -> tuple[torch.Tensor, float]:
-    factor = s["factor"]
-    old_len = s.get("original_max_position_embeddings") or max_pos
-
-    def mscale(scale, m=1.0):
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    attn = s.get("attention_factor")
-    if attn is None:
-        m, m_all = s.get("mscale"), s.get("mscale_all_dim")
-        attn = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
-
-    def correction_dim(rotations):
-        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low, high = correction_dim(s.get("beta_fast", 32)), correction_dim(s.get("beta_slow", 1))
-    if s.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    high = high + 0.001 if low == high else high
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
-    extrapolate = 1 - ramp
-    inv_freq = (1 / (factor * pos_freqs)) * (1 - extrapolate) + (1 / pos_freqs) * extrapolate
-    return inv_freq, attn
-
-
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None, max_pos: int) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and the attention (cos/sin) scale for the rope type a config declares."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if kind == "default":
-        return inv_freq, 1.0
-    if kind == "linear":
-        return inv_freq / scaling["factor"], 1.0
-    if kind == "llama3":
-        return _llama3_inv_freq(inv_freq, scaling), 1.0
-    if kind == "yarn":
-        return _yarn(head_dim, theta, scaling, max_pos)
-    raise ModelFormatError(f"rope_scaling type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
-
-
 class RotaryTable(nn.Module):
     """cos/sin for every position up to `max_pos`, precomputed once (indexed, never recomputed)."""
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_pos: int):
         super().__init__()
-        with torch.device("cpu"):    # computed, never loaded: real values even when the model is built on "meta"
-            inv_freq, scale = rope_inv_freq(head_dim, theta, scaling, max_pos)
-            freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)  # [P, D/2]
-            emb = torch.cat([freqs, freqs], dim=-1)                                    # [P, D]
-        self.register_buffer("cos", emb.cos() * scale, persistent=False)
-        self.register_buffer("sin", emb.sin() * scale, persistent=False)
+        cos, sin = rope_tables(head_dim, theta, scaling, max_pos)   # numpy (models/rope.py), on the CPU even
+        self.register_buffer("cos", torch.from_numpy(cos), persistent=False)   # when the model is built on "meta"
+        self.register_buffer("sin", torch.from_numpy(sin), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[positions], self.sin[positions]                            # [T, D] each
@@ -112,19 +53,6 @@ def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torc
 
 
 # ---------------------------------------------------------------- attention + MLP
-@dataclass(frozen=True)
-class AttentionSpec:
-    """What differs between families' attention blocks (the rest is shared)."""
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    qkv_bias: bool = False
-    o_bias: bool = False
-    qk_norm: bool = False
-
-
 class Attention(nn.Module):
     def __init__(self, s: AttentionSpec):
         super().__init__()

@@ -1,5 +1,5 @@
 """Llama family (SmolLM2, Llama 3.x): optional bias on all four attention projections."""
-from .layers import AttentionSpec
+from .spec import AttentionSpec
 
 
 def attention_spec(cfg) -> AttentionSpec:

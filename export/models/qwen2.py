@@ -1,5 +1,5 @@
 """Qwen2 / Qwen2.5 family: q/k/v projections always carry a bias, o_proj never does."""
-from .layers import AttentionSpec
+from .spec import AttentionSpec
 
 
 def attention_spec(cfg) -> AttentionSpec:

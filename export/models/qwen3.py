@@ -1,5 +1,5 @@
 """Qwen3 family (and DFlash drafters): per-head RMSNorm on queries and keys before RoPE."""
-from .layers import AttentionSpec
+from .spec import AttentionSpec
 
 
 def attention_spec(cfg) -> AttentionSpec:

@@ -2,7 +2,8 @@
 
 The module is built on the meta device (no memory, no random init), every name and shape is checked
 against the checkpoint's headers before any data is read, then each parameter is read, cast to the
-requested dtype and set: peak memory is the model plus one tensor.
+requested dtype and set: peak memory is the model plus one tensor. `stream_layers` goes further: a
+layer's weights are read when it runs and dropped after it, so only one layer is ever in memory.
 
 >>> model = load_streamed(lambda: TargetModel(cfg, spec), Checkpoint.open(path), torch.float32)  # doctest: +SKIP
 """
@@ -13,24 +14,17 @@ from typing import Callable
 import torch
 from torch import nn
 
-from dflash_edge.runtime.errors import ModelFormatError
-
-from .checkpoint import Checkpoint, _preview
+from .checkpoint import Checkpoint, check_shapes
 
 
 def check_names(module: nn.Module, ckpt: Checkpoint, ignore: tuple[str, ...] = ()) -> list[str]:
     """The names to load; missing, misshaped and unexpected tensors are all listed in one error."""
-    expected = {k: tuple(v.shape) for k, v in module.state_dict().items() if k not in ignore}
-    have = set(ckpt.names())
-    missing = sorted(set(expected) - have)
-    unexpected = sorted(have - set(expected) - set(ignore))
-    misshaped = [f"{k}: file {ckpt.shape(k)} vs model {shape}" for k, shape in expected.items()
-                 if k in have and ckpt.shape(k) != shape]
-    problems = [f"{what} tensors {_preview(items)}" for what, items in
-                (("missing", missing), ("misshaped", misshaped), ("unexpected", unexpected)) if items]
-    if problems:
-        raise ModelFormatError(f"{ckpt.root}: " + "; ".join(problems) + " — the weights do not match config.json")
-    return list(expected)
+    return check_shapes({k: tuple(v.shape) for k, v in module.state_dict().items() if k not in ignore}, ckpt, ignore)
+
+
+def _set(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    owner, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(owner), attr, nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
 
 
 def load_streamed(build: Callable[[], nn.Module], ckpt: Checkpoint, dtype: torch.dtype,
@@ -39,11 +33,49 @@ def load_streamed(build: Callable[[], nn.Module], ckpt: Checkpoint, dtype: torch
     with torch.device("meta"):
         model = build()
     for name in check_names(model, ckpt, ignore):
-        owner, _, attr = name.rpartition(".")
-        tensor = ckpt.get(name).to(dtype)           # no copy when the checkpoint is already in `dtype`
-        setattr(model.get_submodule(owner), attr, nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
+        _set(model, name, ckpt.get(name).to(dtype))     # no copy when the checkpoint is already in `dtype`
     ckpt.close()
     return model
+
+
+def stream_layers(build: Callable[[], nn.Module], ckpt: Checkpoint, layers: str, dtype: torch.dtype = torch.float32,
+                  ignore: tuple[str, ...] = ()) -> nn.Module:
+    """`build()` on the meta device with every tensor outside `layers` (a ModuleList's name) loaded, and
+    each layer's own read when it runs (forward pre-hook) and dropped back to meta after it (forward hook).
+
+    >>> model = stream_layers(lambda: TargetModel(cfg, spec), ckpt, "model.layers")   # doctest: +SKIP
+    """
+    with torch.device("meta"):
+        model = build()
+    names = check_names(model, ckpt, ignore)
+    for name in names:
+        if not name.startswith(f"{layers}."):
+            _set(model, name, _read(ckpt, name, dtype))
+    for i, layer in enumerate(model.get_submodule(layers)):
+        own = [n for n in names if n.startswith(f"{layers}.{i}.")]
+        layer.register_forward_pre_hook(_loader(model, ckpt, own, dtype))
+        layer.register_forward_hook(_dropper(model, ckpt, own))
+    return model
+
+
+def _loader(model: nn.Module, ckpt: Checkpoint, names: list[str], dtype: torch.dtype):
+    def load(*_):
+        for name in names:
+            _set(model, name, _read(ckpt, name, dtype))
+    return load
+
+
+def _read(ckpt: Checkpoint, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """One tensor read into private memory (np.fromfile, not a memory map: touched pages of a mapped shard
+    would stay resident for as long as its handle is open)."""
+    return torch.from_numpy(ckpt.array(name)).to(dtype)
+
+
+def _dropper(model: nn.Module, ckpt: Checkpoint, names: list[str]):
+    def drop(*_):
+        for name in names:
+            _set(model, name, torch.empty(ckpt.shape(name), device="meta"))
+    return drop
 
 
 def still_meta(model: nn.Module) -> list[str]:

@@ -1,0 +1,77 @@
+"""One ONNX graph written node by node with `onnx.helper`; its weights go straight to a `WeightStore`.
+
+The graph's inputs and outputs come from `runtime/io_tables.py` (names, dtypes, shapes with symbols), so a
+written graph has exactly the I/O contract the runtime, the TensorRT profiles and the tests expect.
+
+>>> g = GraphBuilder("drafter", store)                                   # doctest: +SKIP
+>>> y = g.op("MatMul", ["x", g.init("w.T", lambda: w.T)])[0]            # doctest: +SKIP
+>>> g.save(Path("b/drafter.onnx"), dims, opsets={"": 17})               # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from dflash_edge.runtime.io_tables import GRAPHS, expand_specs
+
+from .weight_store import ONNX_DTYPES, WeightStore
+
+
+class GraphBuilder:
+    """Nodes + initializers of graph `graph`; every helper returns output names."""
+
+    def __init__(self, graph: str, store: WeightStore):
+        self.graph, self.store = graph, store
+        self.nodes, self.inits, self._n = [], [], 0
+        self._consts: dict[tuple, str] = {}
+        self._names: set[str] = set()
+        store.open_graph(graph)
+
+    def op(self, op_type: str, inputs: list[str], outs: int | list[str] = 1, domain: str = "", **attrs) -> list[str]:
+        """Append a node; `outs`: how many outputs to name automatically, or their names. `attrs`: ONNX attributes."""
+        from onnx import helper
+
+        self._n += 1
+        if isinstance(outs, int):
+            outs = [f"{op_type}_{self._n}_{k}" for k in range(outs)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=f"{op_type}_{self._n}", domain=domain, **attrs))
+        return outs
+
+    def init(self, name: str, make, shared: str | None = None) -> str:
+        """An initializer: `make` (array or function returning one) is only evaluated if `name` is not stored yet;
+        a name this graph already holds is referenced again (one initializer per name)."""
+        if name in self._names:
+            return name
+        self._names.add(name)
+        self.inits.append(self.store.tensor(self.graph, name, make, shared))
+        return name
+
+    def const(self, values, dtype=np.int64) -> str:
+        """A small constant (shape vector, axes, scalar when `values` is a number), created once per value."""
+        array = np.asarray(values, dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._consts:
+            self._consts[key] = self.init(f"const_{len(self._consts)}", array)
+        return self._consts[key]
+
+    def scalar(self, value: float) -> str:
+        return self.const(value, np.float32)
+
+    def save(self, out: Path, dims: dict[str, int], opsets: dict[str, int]) -> Path:
+        """Write the graph (I/O from io_tables, fixed symbols resolved from `dims`) to `out`; weights are already stored."""
+        import onnx
+        from onnx import helper
+
+        spec = GRAPHS[self.graph]
+
+        def value_info(side):            # dynamic symbols (T, S, C, Smax) stay named dims
+            return [helper.make_tensor_value_info(t.name, ONNX_DTYPES["float32" if t.dtype == "kv" else t.dtype],
+                                                  [int(d) if d.isdigit() else dims.get(d, d) for d in t.shape])
+                    for t in expand_specs(spec[side], dims)]
+
+        graph = helper.make_graph(self.nodes, self.graph, value_info("inputs"), value_info("outputs"), self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
+                                  producer_name="dflash-edge")
+        onnx.save_model(model, str(out))
+        return out

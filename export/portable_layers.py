@@ -1,0 +1,170 @@
+"""The decoder blocks of the portable graphs (standard ONNX ops, opset 17: what TensorRT parses), written
+node by node. Each block mirrors its torch reference in `models/layers.py` op for op (RMSNorm as
+Pow/ReduceMean/Sqrt/Div, rotate-half RoPE, GQA as grouped MatMuls, SwiGLU), so onnxruntime fuses them
+the same way (SimplifiedLayerNormalization, FusedMatMul, QuickGelu) and parity holds to float rounding.
+
+Weights are read one tensor at a time from a checkpoint (`models/checkpoint.Checkpoint.array`) by their
+Hugging Face names under a prefix (`model.layers.3` for a target, `layers.3` for a z-lab drafter); what
+differs per family comes from its `AttentionSpec` (biases, per-head q/k norm), never from the file name.
+
+>>> x = decoder_layer(g, x, Layer(ckpt, "model.layers.0", spec, intermediate), rope, past, mask)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .graph_builder import GraphBuilder
+from .models.spec import AttentionSpec
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Where one decoder layer's weights are (checkpoint + name prefix) and what its attention looks like."""
+    ckpt: object
+    prefix: str
+    spec: AttentionSpec
+
+
+@dataclass(frozen=True)
+class Rope:
+    """cos / sin rows [T, D] for the queries and for the keys (the drafter's keys also cover its context)."""
+    cos_q: str
+    sin_q: str
+    cos_kv: str
+    sin_kv: str
+
+
+def weight_t(g: GraphBuilder, ckpt, name: str, shared: str | None = None) -> str:
+    """Initializer `name.T`: checkpoint weight `name` [out, in] transposed to [in, out] (MatMul's B)."""
+    return g.init(f"{name}.T", lambda: ckpt.array(name).T, shared)
+
+
+def linear(g: GraphBuilder, x: str, ckpt, name: str, bias: bool) -> str:
+    """x @ W^T (+ b), W = `name.weight`: [.., in] -> [.., out]."""
+    y = g.op("MatMul", [x, weight_t(g, ckpt, f"{name}.weight")])[0]
+    if bias:
+        y = g.op("Add", [y, g.init(f"{name}.bias", lambda: ckpt.array(f"{name}.bias"))])[0]
+    return y
+
+
+def rms_norm(g: GraphBuilder, x: str, ckpt, name: str, eps: float) -> str:
+    """weight * x / sqrt(mean(x^2) + eps) over the last axis, as models/layers.RMSNorm is exported."""
+    mean = g.op("ReduceMean", [g.op("Pow", [x, g.scalar(2.0)])[0]], axes=[-1], keepdims=1)[0]
+    inv = g.op("Div", [g.scalar(1.0), g.op("Sqrt", [g.op("Add", [mean, g.scalar(eps)])[0]])[0]])[0]
+    normed = g.op("Mul", [x, inv])[0]
+    return g.op("Mul", [g.init(f"{name}.weight", lambda: ckpt.array(f"{name}.weight")), normed])[0]
+
+
+def apply_rope(g: GraphBuilder, x: str, cos: str, sin: str, head_dim: int) -> str:
+    """x * cos + rotate_half(x) * sin on [1, heads, T, D] with cos/sin [T, D]."""
+    half, axis = g.const([head_dim // 2]), g.const([-1])
+    x2 = g.op("Slice", [x, half, g.const([head_dim]), axis])[0]                   # [1, h, T, D/2]
+    x1 = g.op("Slice", [x, g.const([0]), half, axis])[0]
+    rotated = g.op("Concat", [g.op("Neg", [x2])[0], x1], axis=-1)[0]              # [1, h, T, D]
+    return g.op("Add", [g.op("Mul", [x, cos])[0], g.op("Mul", [rotated, sin])[0]])[0]
+
+
+def heads(g: GraphBuilder, x: str, layer: Layer, proj: str, num: int, norm: str | None) -> str:
+    """Projection `proj` of x [1, T, H] split into heads [1, num, T, D] (per-head RMSNorm `norm` if the family has it)."""
+    s = layer.spec
+    name = f"{layer.prefix}.self_attn.{proj}"
+    t = g.op("Reshape", [linear(g, x, layer.ckpt, name, s.qkv_bias), g.const([0, 0, num, s.head_dim])])[0]  # [1, T, n, D]
+    if norm and s.qk_norm:
+        t = rms_norm(g, t, layer.ckpt, f"{layer.prefix}.self_attn.{norm}", s.rms_norm_eps)
+    return g.op("Transpose", [t], perm=[0, 2, 1, 3])[0]                          # [1, n, T, D]
+
+
+def attention(g: GraphBuilder, h: str, kv_in: str, layer: Layer, rope: Rope, past: tuple[str, str],
+              mask: str | None) -> tuple[str, str, str]:
+    """Queries from h [1, T, H], new keys/values from kv_in [1, Tkv, H], attending to [past ; new].
+
+    Returns (o_proj output [1, T, H], new K [1, Hkv, Tkv, D], new V). `mask`: additive [rep*T, S + Tkv]
+    (the causal mask tiled over the query heads of one KV head), or None (all keys visible).
+    """
+    s = layer.spec
+    q = apply_rope(g, heads(g, h, layer, "q_proj", s.num_heads, "q_norm"), rope.cos_q, rope.sin_q, s.head_dim)
+    k_new = apply_rope(g, heads(g, kv_in, layer, "k_proj", s.num_kv_heads, "k_norm"), rope.cos_kv, rope.sin_kv,
+                       s.head_dim)                                              # [1, Hkv, Tkv, D]
+    v_new = heads(g, kv_in, layer, "v_proj", s.num_kv_heads, None)
+    k = g.op("Concat", [past[0], k_new], axis=2)[0]                               # [1, Hkv, S + Tkv, D]
+    v = g.op("Concat", [past[1], v_new], axis=2)[0]
+    grouped = g.op("Reshape", [q, g.const([1, s.num_kv_heads, -1, s.head_dim])])[0]   # [1, Hkv, rep*T, D]
+    scores = g.op("MatMul", [grouped, g.op("Transpose", [k], perm=[0, 1, 3, 2])[0]])[0]   # [1, Hkv, rep*T, S']
+    scores = g.op("Div", [scores, g.scalar(math.sqrt(s.head_dim))])[0]
+    if mask is not None:
+        scores = g.op("Add", [scores, mask])[0]
+    out = g.op("MatMul", [g.op("Softmax", [scores], axis=-1)[0], v])[0]           # [1, Hkv, rep*T, D]
+    out = g.op("Reshape", [out, g.const([1, s.num_heads, -1, s.head_dim])])[0]    # [1, Hq, T, D]
+    out = g.op("Transpose", [out], perm=[0, 2, 1, 3])[0]                          # [1, T, Hq, D]
+    out = g.op("Reshape", [out, g.const([0, 0, s.num_heads * s.head_dim])])[0]    # [1, T, Hq*D]
+    return linear(g, out, layer.ckpt, f"{layer.prefix}.self_attn.o_proj", s.o_bias), k_new, v_new
+
+
+def mlp(g: GraphBuilder, h: str, layer: Layer) -> str:
+    """down(silu(gate(h)) * up(h)); silu as x * Sigmoid(x) (onnxruntime fuses it)."""
+    name = f"{layer.prefix}.mlp"
+    gate = linear(g, h, layer.ckpt, f"{name}.gate_proj", False)                 # [1, T, I]
+    silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])[0]])[0]
+    up = linear(g, h, layer.ckpt, f"{name}.up_proj", False)
+    return linear(g, g.op("Mul", [silu, up])[0], layer.ckpt, f"{name}.down_proj", False)   # [1, T, H]
+
+
+def decoder_layer(g: GraphBuilder, x: str, layer: Layer, rope: Rope, past: tuple[str, str], mask: str | None,
+                  ctx: str | None = None) -> tuple[str, str, str]:
+    """Pre-norm decoder layer (models/layers.DecoderLayer): (x out [1, T, H], new K, new V).
+
+    `ctx` (drafter only): context features [1, C, H] placed before the layer's own key/value input.
+    """
+    eps = layer.spec.rms_norm_eps
+    h = rms_norm(g, x, layer.ckpt, f"{layer.prefix}.input_layernorm", eps)
+    kv_in = h if ctx is None else g.op("Concat", [ctx, h], axis=1)[0]            # [1, C + T, H]
+    attn, k_new, v_new = attention(g, h, kv_in, layer, rope, past, mask)
+    x = g.op("Add", [x, attn])[0]
+    m = mlp(g, rms_norm(g, x, layer.ckpt, f"{layer.prefix}.post_attention_layernorm", eps), layer)
+    return g.op("Add", [x, m])[0], k_new, v_new
+
+
+def split_past(g: GraphBuilder, past: str, num_layers: int) -> list[str]:
+    """[S, L, Hkv, D] -> L tensors [1, Hkv, S, D] (one Transpose, one Split)."""
+    per_layer = g.op("Transpose", [past], perm=[1, 2, 0, 3])[0]                   # [L, Hkv, S, D]
+    if num_layers == 1:
+        return [per_layer]
+    return g.op("Split", [per_layer, g.const([1] * num_layers)], num_layers, axis=0)
+
+
+def stack_new(g: GraphBuilder, new: list[str], out: str) -> str:
+    """L tensors [1, Hkv, T, D] -> `out` [T, L, Hkv, D]."""
+    stacked = new[0] if len(new) == 1 else g.op("Concat", new, axis=0)[0]         # [L, Hkv, T, D]
+    return g.op("Transpose", [stacked], [out], perm=[2, 0, 1, 3])[0]
+
+
+def rope_rows(g: GraphBuilder, table: tuple[str, str], positions: str) -> tuple[str, str]:
+    """cos / sin rows [T, D] of the tables [P, D] at `positions` [T]."""
+    return g.op("Gather", [table[0], positions], axis=0)[0], g.op("Gather", [table[1], positions], axis=0)[0]
+
+
+def rope_table(g: GraphBuilder, name: str, cfg) -> tuple[str, str]:
+    """The config's RoPE tables as initializers [max_pos, D] (models/rope.py: the torch reference's own)."""
+    from .models.rope import rope_tables
+
+    tables = {}
+
+    def make(which):
+        if not tables:
+            tables["cos"], tables["sin"] = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
+                                                       cfg.max_position_embeddings)
+        return tables.pop(which)
+    return g.init(f"{name}.cos", lambda: make("cos")), g.init(f"{name}.sin", lambda: make("sin"))
+
+
+def int_range(g: GraphBuilder, length: str) -> str:
+    """0 .. length-1 (int64) for a 1-element length tensor [1]."""
+    n = g.op("Squeeze", [length, g.const([0])])[0]                                 # scalar
+    return g.op("Range", [g.const(0), n, g.const(1)])[0]
+
+
+def float_min() -> float:
+    return float(np.finfo(np.float32).min)

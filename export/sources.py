@@ -1,0 +1,134 @@
+"""What an export reads, opened lazily: the target and drafter checkpoints (headers only), their configs,
+the tokenizer and a reduced draft vocabulary, every tensor checked by name and shape before any is read.
+
+Also the torch reference for parity (`reference`): the torch models of export/models, built on the meta
+device with each decoder layer's weights read from the checkpoint when it runs and dropped after it, so
+parity never holds a whole model either.
+
+>>> src = open_sources(opts, scratch=Path("/tmp/x"))      # doctest: +SKIP
+>>> src.target_cfg.hidden_size, src.draft_cfg.target_layer_ids   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_edge.runtime.errors import ModelFormatError
+
+
+@dataclass
+class Sources:
+    target_dir: Path
+    target_cfg: object            # models.config.TargetConfig
+    target_ckpt: object           # models.checkpoint.Checkpoint
+    draft_cfg: object             # draft_config.DraftConfig
+    draft_ckpt: object
+    draft_source: str             # where the drafter came from (a directory, or "random")
+    tokenizer: object
+    vocab: object = None          # sorted int64 token ids of a reduced draft vocabulary, or None
+
+
+def open_sources(opts, scratch: Path) -> Sources:
+    """Configs, checkpoints (headers) and tokenizer for `opts` (ExportOptions); a random drafter is written to `scratch`."""
+    from dflash_edge.runtime.tokenizer import ChatTokenizer
+
+    from .fetch import resolve_target
+    from .memory import check_fits
+    from .models import family_spec
+    from .models.checkpoint import Checkpoint
+    from .models.config import TargetConfig
+    from .models.names import target_tensors
+    from .models.checkpoint import check_shapes
+
+    target_dir = resolve_target(None if opts.target in (None, "default") else opts.target)
+    tc = TargetConfig.from_json(target_dir)
+    ckpt = Checkpoint.open(target_dir)
+    ckpt.check_dtypes(tc.torch_dtype)
+    if opts.memory_check:          # before any weight is read: say so now, with the estimate
+        skip = ("lm_head.weight",) if tc.tie_word_embeddings else ()
+        check_fits(4 * ckpt.num_params(skip), f"{target_dir.name} (fp32)")
+    check_shapes(target_tensors(tc, family_spec(tc)), ckpt, ignore=("lm_head.weight",) if tc.tie_word_embeddings else ())
+    tok = ChatTokenizer.from_dir(target_dir)
+    draft_dir, source = drafter_dir(opts.draft, tc, tok, scratch)
+    dc, dckpt = open_drafter(draft_dir, tc)
+    vocab = None
+    if opts.draft_vocab:
+        from .draft_vocab import load_draft_vocab
+
+        vocab = load_draft_vocab(None if source == "random" else source, opts.draft_vocab, tc.vocab_size)
+    return Sources(target_dir, tc, ckpt, dc, dckpt, source, tok, vocab)
+
+
+def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple[Path, str]:
+    """(z-lab drafter folder, source label) for `spec`: a folder, 'default' (shipped) or 'random' (written to `scratch`)."""
+    if spec in (None, "default"):
+        from .default_drafter import default_drafter_path
+
+        path = default_drafter_path(target_cfg)
+        if path is not None:
+            return path, str(path)
+        spec = "random"
+    if spec == "random":
+        from .drafter import save_drafter
+        from .resolve_drafter import RANDOM_WARNING, random_drafter_for
+
+        print(RANDOM_WARNING, file=sys.stderr)
+        return save_drafter(random_drafter_for(target_cfg, tokenizer), Path(scratch) / "random-drafter"), "random"
+    return Path(spec).expanduser(), str(spec)
+
+
+def open_drafter(path: Path, target_cfg):
+    """(DraftConfig, Checkpoint) of a z-lab drafter folder, checked against the target and by tensor name/shape."""
+    from .draft_config import DraftConfig
+    from .models.checkpoint import Checkpoint
+    from .models.names import drafter_tensors
+    from .models.qwen3 import attention_spec
+    from .models.checkpoint import check_shapes
+
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise ModelFormatError(f"{cfg_file} not found: a DFlash drafter directory needs config.json + model.safetensors")
+    cfg = DraftConfig.from_dict(json.loads(cfg_file.read_text()))
+    cfg.check_fits(target_cfg)
+    ckpt = Checkpoint.open(path)
+    ckpt.check_dtypes(cfg.torch_dtype)
+    check_shapes(drafter_tensors(cfg, attention_spec(cfg)), ckpt)
+    return cfg, ckpt
+
+
+def reference(src: Sources, block: int):
+    """`inputs -> outputs` (graph -> one tuple per case, numpy) from the torch graph modules (graphs.py) over
+    layer-by-layer torch models: what parity compares the streamed graphs with."""
+    def run(inputs: dict) -> dict:
+        import torch
+
+        from .graphs import DrafterGraph, TargetGraph
+
+        target, drafter = _lazy_target(src), _lazy_drafter(src)
+        vocab = None if src.vocab is None else torch.as_tensor(src.vocab)
+        modules = {"target": TargetGraph(target, tuple(src.draft_cfg.target_layer_ids)),
+                   "drafter": DrafterGraph(target, drafter, vocab)}
+        with torch.no_grad():
+            return {g: [tuple(o.numpy() for o in modules[g](*map(torch.from_numpy, feeds))) for feeds in cases]
+                    for g, cases in inputs.items() if g in modules}
+    return run
+
+
+def _lazy_target(src: Sources):
+    from .models import build_target
+    from .models.weights import stream_layers
+
+    tied = src.target_cfg.tie_word_embeddings
+    model = stream_layers(lambda: build_target(src.target_cfg), src.target_ckpt, "model.layers",
+                          ignore=("lm_head.weight",) if tied else ())
+    model.tie_weights()
+    return model.eval()
+
+
+def _lazy_drafter(src: Sources):
+    from .drafter import DFlashDrafter
+    from .models.weights import stream_layers
+
+    return stream_layers(lambda: DFlashDrafter(src.draft_cfg), src.draft_ckpt, "layers").eval()
