@@ -61,7 +61,7 @@ def _check_out(src: Path, out: Path, force: bool) -> None:
 
 
 def _lower_graph(src: bundle_mod.Bundle, name: str, want: str, tmp: Path, settings: QuantSettings,
-                 index: TensorIndex, log=sys.stderr) -> dict:
+                 index: TensorIndex, log) -> dict:
     """Write graph `name` at `want` into `tmp` (tensors an earlier graph stored are referenced, see dedupe.py);
     returns its manifest entry. int4/int8 stream the weights tensor by tensor (stream.py); the rest load whole."""
     import onnx
@@ -123,8 +123,9 @@ def _ort_version() -> str:
     return onnxruntime.__version__
 
 
-def quantize_bundle(opts: QuantizeOptions, log=sys.stderr) -> Path:
+def quantize_bundle(opts: QuantizeOptions, log=None) -> Path:
     """Lower the bundle's graphs, write the quality report (unless `opts.report` is None), publish atomically."""
+    log = log or sys.stderr                     # looked up per call: a replaced sys.stderr is honoured
     from dflash_edge.runtime.publish import publish_dir
 
     from dflash_edge.runtime.memory import MemoryMeter
