@@ -19,7 +19,7 @@ from __future__ import annotations
 class PromptLookup:
     """An index of the n-grams of a growing token history: n-gram -> end of its latest earlier occurrence."""
 
-    def __init__(self, history: list[int], max_ngram: int = 4, min_ngram: int = 2):
+    def __init__(self, history: list[int], max_ngram: int = 4, min_ngram: int = 1):
         self.history: list[int] = []
         self.sizes = tuple(range(max_ngram, min_ngram - 1, -1))       # longest (most specific) first
         self.index: dict[tuple[int, ...], int] = {}

@@ -28,6 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 
+TUNED_OFF_BACKOFF = 16      # steps before the first drafter probe when `tune` chose "do not draft"
+
+
 @dataclass(frozen=True)
 class Choice:
     source: str          # "plain" | "drafter" | "lookup"
@@ -84,7 +87,9 @@ class AdaptivePolicy:
         self.decode_measured = False                                # in this generation (not only tuned)
         self.acc = {"drafter": Acceptance(self.kmax, drafter_prior, weight=8.0 if tuned else 2.0, decay=0.98)}
         self.pending: dict[str, tuple[int, list[int], int]] = {}    # source -> (first position, tokens, checked)
-        self.backoff = self.until_probe = 1
+        # A tuned "do not draft" says the drafter did not pay on the calibration prompts: probe it rarely
+        # from the start (a probe costs a draft pass, ~half a decode) instead of after 1, 2, 4, .. steps.
+        self.backoff = self.until_probe = TUNED_OFF_BACKOFF if tuned and not tuned.verify_len else 1
         self.chosen: list[Choice] = []
 
     # ---- the decision -----------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def test_lookup_matches_a_brute_force_search():
     from dflash_edge.runtime.lookup import PromptLookup
 
     def brute(h, limit):
-        for n in (4, 3, 2):
+        for n in (4, 3, 2, 1):
             if len(h) > n:
                 for end in range(len(h) - 1, n - 1, -1):          # latest earlier occurrence with a next token
                     if h[end - n:end] == h[-n:]:
@@ -219,6 +219,21 @@ def test_adaptive_policy_probes_a_useless_drafter_rarely():
     ks = simulate(policy, lambda i: 0.0, 400)
     probes = sum(c.probe for c in policy.chosen)
     assert sum(ks) == 0 and 3 <= probes <= 15                       # backs off to one probe in 64 steps
+
+
+def test_tuned_do_not_draft_delays_the_first_probe():
+    from dflash_edge.runtime.policy import TUNED_OFF_BACKOFF, AdaptivePolicy
+    from dflash_edge.runtime.tuning import Tuned
+
+    def first_probe(verify_len: int) -> int:
+        tuned = Tuned(verify_len=verify_len, decode_ms=50.0, draft_ms=15.0, verify_ms={k: 60.0 for k in range(1, 8)},
+                      acceptance=[0.0] * 7, manifest_sha256="0" * 64)
+        policy = AdaptivePolicy(block_size=8, tuned=tuned)
+        simulate(policy, lambda i: 0.0, 40, decode_s=0.05)
+        return next(i for i, c in enumerate(policy.chosen) if c.probe)
+
+    assert first_probe(0) == TUNED_OFF_BACKOFF - 1                 # "do not draft": probing starts late
+    assert first_probe(0) > first_probe(3) == 0                     # a drafting choice probes at once
 
 
 # ---- tune and tuned.json -----------------------------------------------------------------------------------

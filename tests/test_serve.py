@@ -217,7 +217,8 @@ def test_client_leaving_mid_stream_frees_the_slot(tiny_bundle, serve, gated):
     full = len(calls)
     expected(tb, MESSAGES[1], n=100)
     full = len(calls) - full                                     # target runs of the whole generation
-    assert full >= 40                                            # long enough to see it cut short
+    assert full >= 20                                            # long enough to see it cut short (lookup commits
+                                                                 # several tokens per run on this prompt)
     gate.clear()
     body = {"messages": MESSAGES[1], "max_tokens": 100, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{s.url}/v1/chat/completions", json=body, timeout=60) as r:
