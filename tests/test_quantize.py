@@ -340,19 +340,59 @@ def test_streamed_graphs_equal_the_whole_graph_quantisers(tiny_bundle, tmp_path,
     assert set(streamed.manifest["source"]["quantize_peak_rss_mb"]) == {"read", *whole.manifest["graphs"]}
 
 
-def test_streamed_tied_scales_stored_once_and_no_stray_files(tiny_bundle, tmp_path, prompts_file):
-    """The tied embedding's head and gather scales (the same bytes in two ranks; 1.5 KB at block 16) share
-    one range of the data file; every file in the bundle is named by the manifest."""
+def _tied_graph(folder, v=256, h=64):
+    """Gather(W) + Gemm(x, W, transB=1) (the exporter's tied head), W in `folder`/g.onnx.data; returns (path, W)."""
     import onnx
+    from onnx import TensorProto, helper, numpy_helper
 
+    w = np.random.default_rng(3).standard_normal((v, h)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["W", "ids"], ["emb"]), helper.make_node("Reshape", ["emb", "flat"], ["x"]),
+             helper.make_node("Gemm", ["x", "W"], ["logits"], transB=1)]
+    graph = helper.make_graph(nodes, "tied", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "T"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array([-1, h]), "flat")])
+    path = folder / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path),
+              save_as_external_data=True, location="g.onnx.data", size_threshold=1024)
+    return path, w
+
+
+def test_streamed_tied_embedding_stores_its_scales_once(tmp_path):
+    """Streamed, the tied table's head and gather scales (the same 4 KB in two ranks at block 16) share one
+    range of the new data file, which holds packed table + scales once; logits equal the in-memory path's."""
+    import onnx
+    import onnxruntime as ort
+
+    from dflash_edge.quantize.dedupe import TensorIndex
+    from dflash_edge.quantize.tensor_io import SourceTensors, Streamed, TensorSink
+    from dflash_edge.quantize.tied_embedding import quantize_tied_embedding
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "out").mkdir()
+    path, w = _tied_graph(tmp_path / "src")
+    model = onnx.load(str(path), load_external_data=False)
+    with SourceTensors(path.parent) as src, TensorSink(tmp_path / "out", "q.onnx.data", TensorIndex(tmp_path / "out")) as sink:
+        assert quantize_tied_embedding(model, 4, 16, 0, Streamed(src, sink)) == ["W"]
+        sink.copy_rest(model, src, {"flat"})
+    where = {i.name: tuple(e.value for e in i.external_data) for i in model.graph.initializer}
+    assert where["W_scales"] and where["W_scales"] == where["W_gather_scales"]
+    assert where["W_Q4"] != where["W_scales"]
+    packed, scales = 256 * 64 // 2, 256 * 64 // 16 * 4                              # bytes
+    assert packed + scales <= (tmp_path / "out" / "q.onnx.data").stat().st_size < packed + 2 * scales
+    onnx.save(model, str(tmp_path / "out" / "q.onnx"))
+    inline = onnx.load(str(path))
+    quantize_tied_embedding(inline, 4, 16, 0)
+    ids = {"ids": np.array([[0, 9, 255]])}
+    run = [ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, ids)[0]
+           for m in (str(tmp_path / "out" / "q.onnx"), inline.SerializeToString())]
+    np.testing.assert_array_equal(run[0], run[1])
+
+
+def test_streamed_bundle_holds_only_the_files_its_manifest_names(tiny_bundle, tmp_path, prompts_file):
     from dflash_edge.runtime.bundle import read_bundle
 
     b = read_bundle(quantize(tiny_bundle("llama", 8).path, tmp_path / "q", "int4", "int8",
-                             report=small_report(prompts_file), block_size=16))
-    model = onnx.load(str(b.graph_path("target")), load_external_data=False)
-    where = {i.name: tuple(e.value for e in i.external_data) for i in model.graph.initializer}
-    head = [n for n in where if n.endswith("_scales") and n.replace("_scales", "_gather_scales") in where]
-    assert head and all(where[n] == where[n.replace("_scales", "_gather_scales")] for n in head)
+                             report=small_report(prompts_file), block_size=16), verify=True)
     named = {f["path"] for g in b.manifest["graphs"].values() for f in g["files"]}
     named |= {"manifest.json", b.manifest["quality"]["path"], *(b.manifest["tokenizer"][k] for k in ("file", "config"))}
     assert {p.name for p in b.root.iterdir()} == named
