@@ -61,10 +61,12 @@ def _check_out(src: Path, out: Path, force: bool) -> None:
 
 
 def _lower_graph(src: bundle_mod.Bundle, name: str, want: str, tmp: Path, settings: QuantSettings,
-                 index: TensorIndex) -> dict:
+                 index: TensorIndex, log) -> dict:
     """Write graph `name` at `want` into `tmp` (tensors an earlier graph stored are referenced, see dedupe.py);
-    returns its manifest entry."""
-    from .graph_io import load_graph, save_graph
+    returns its manifest entry. int4/int8 stream the weights tensor by tensor (stream.py); the rest load whole."""
+    import onnx
+
+    from .stream import lower_graph, streamable
 
     entry = copy.deepcopy(src.manifest["graphs"][name])
     if want == entry["precision"]:                        # kept as it is: copy the files byte for byte
@@ -72,16 +74,32 @@ def _lower_graph(src: bundle_mod.Bundle, name: str, want: str, tmp: Path, settin
             shutil.copy2(src.root / f["path"], tmp / f["path"])
         return entry
     t = time.perf_counter()
-    model = load_graph(src.graph_path(name))
-    info = family(want).quantize(model, settings)
-    borrowed = index.share(model)
-    names = save_graph(model, tmp / entry["files"][0]["path"])
-    index.add(tmp / names[0])
-    entry["files"] = [bundle_mod.file_entry(tmp, n) for n in [*names, *borrowed]]
+    out = tmp / entry["files"][0]["path"]
+    model = onnx.load(str(src.graph_path(name)), load_external_data=False)
+    why = streamable(model, want, settings)
+    if why is None:
+        names, info = lower_graph(model, src.graph_path(name).parent, out, family(want).quantize, settings, index)
+    else:
+        print(f"quantize: {name} loaded whole ({why})", file=log)
+        del model
+        names, info = _lower_in_memory(src.graph_path(name), out, want, settings, index)
+    entry["files"] = [bundle_mod.file_entry(tmp, n) for n in names]
     entry["precision"] = want
     entry["quantization"] = {"from": "fp32", "tool": f"onnxruntime {_ort_version()}", "settings": settings.to_dict(),
                              **info, "seconds": round(time.perf_counter() - t, 1)}
     return entry
+
+
+def _lower_in_memory(path: Path, out: Path, want: str, settings: QuantSettings, index: TensorIndex):
+    """The graph loaded with its weights, lowered by onnxruntime's whole-graph tools, saved; (files, info)."""
+    from .graph_io import load_graph, save_graph
+
+    model = load_graph(path)
+    info = family(want).quantize(model, settings)
+    borrowed = index.share(model)
+    names = save_graph(model, out)
+    index.add(out.parent / names[0])
+    return [*names, *borrowed], info
 
 
 def _keep_shared(manifest: dict, old: dict) -> None:
@@ -105,11 +123,16 @@ def _ort_version() -> str:
     return onnxruntime.__version__
 
 
-def quantize_bundle(opts: QuantizeOptions, log=sys.stderr) -> Path:
+def quantize_bundle(opts: QuantizeOptions, log=None) -> Path:
     """Lower the bundle's graphs, write the quality report (unless `opts.report` is None), publish atomically."""
+    log = log or sys.stderr                     # looked up per call: a replaced sys.stderr is honoured
     from dflash_edge.runtime.publish import publish_dir
 
-    src = bundle_mod.read_bundle(opts.bundle, verify=True)      # a file failing its sha256 stops here
+    from dflash_edge.runtime.memory import MemoryMeter
+
+    meter = MemoryMeter()
+    with meter.stage("read"):
+        src = bundle_mod.read_bundle(opts.bundle, verify=True)      # a file failing its sha256 stops here
     out = Path(opts.out).expanduser()
     graphs = src.manifest["graphs"]
     for name, graph in graphs.items():
@@ -124,12 +147,15 @@ def quantize_bundle(opts: QuantizeOptions, log=sys.stderr) -> Path:
         index = TensorIndex(tmp)
         for name in graphs:
             print(f"quantize: {name} -> {wanted(opts, name)}", file=log)
-            manifest["graphs"][name] = _lower_graph(src, name, wanted(opts, name), tmp, opts.settings, index)
+            with meter.stage(name):
+                manifest["graphs"][name] = _lower_graph(src, name, wanted(opts, name), tmp, opts.settings, index, log)
         _keep_shared(manifest, src.manifest)
         for key in ("file", "config"):
             if src.manifest["tokenizer"].get(key):
                 shutil.copy2(src.root / src.manifest["tokenizer"][key], tmp / src.manifest["tokenizer"][key])
-        manifest.setdefault("source", {})["quantized_from"] = str(src.root.resolve())
+        source = manifest.setdefault("source", {})
+        source["quantized_from"] = str(src.root.resolve())
+        source["quantize_peak_rss_mb"] = meter.report_mb()       # per stage; the report's is not included
         bundle_mod.write_manifest(tmp, manifest)
         if opts.report is not None:
             from .quality import format_report, quality_report, write_report
@@ -144,7 +170,8 @@ def quantize_bundle(opts: QuantizeOptions, log=sys.stderr) -> Path:
         raise
     sizes = ", ".join(f"{n} {g['precision']} {sum(f['bytes'] for f in g['files']) / 1e6:.1f} MB"
                       for n, g in manifest["graphs"].items())
-    print(f"quantized {out} ({sizes})", file=log)
+    peaks = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in meter.peaks.items())
+    print(f"quantized {out} ({sizes}; peak RSS GB: {peaks})", file=log)
     return out
 
 

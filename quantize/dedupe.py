@@ -3,7 +3,9 @@
 The two target flavours (portable and fused) hold the same weights; quantised one after the other they
 give byte-identical MatMulNBits / GatherBlockQuantized tensors (round-to-nearest is deterministic). Before
 a graph is saved, `TensorIndex.share` points each initializer whose bytes an earlier graph already stored
-at that graph's data file, so only the tensors new to it go into its own `.onnx.data`.
+at that graph's data file, so only the tensors new to it go into its own `.onnx.data`. A streamed graph
+(stream.py) consults and fills `where` tensor by tensor as it writes, so identical tensors within one graph
+(the tied embedding's two scale tensors) are stored once too.
 
 >>> index = TensorIndex(Path("bundle-int4"))                    # doctest: +SKIP
 >>> index.add(Path("bundle-int4/target.onnx"))                  # doctest: +SKIP
@@ -38,7 +40,7 @@ class TensorIndex:
     def share(self, model, min_bytes: int = 1024) -> list[str]:
         """Turn `model`'s in-memory initializers already stored by an indexed graph into references to them;
         returns the files referenced (relative to the bundle)."""
-        import onnx
+        from dflash_edge.runtime.tensor_file import set_external
 
         used = set()
         for init in model.graph.initializer:
@@ -47,12 +49,6 @@ class TensorIndex:
             hit = self.where.get(hashlib.sha256(init.raw_data).digest())
             if hit is None:
                 continue
-            location, offset, length = hit
-            init.ClearField("raw_data")
-            init.data_location = onnx.TensorProto.EXTERNAL
-            del init.external_data[:]
-            for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
-                entry = init.external_data.add()
-                entry.key, entry.value = k, v
-            used.add(location)
+            set_external(init, *hit)
+            used.add(hit[0])
         return sorted(used)

@@ -1,8 +1,12 @@
-"""int4: weight-only 4-bit blocks (onnxruntime's MatMulNBitsQuantizer -> MatMulNBits) + the tied embedding.
+"""int4: weight-only 4-bit blocks (MatMul -> MatMulNBits, onnxruntime's quantiser) + the tied embedding.
 
 Every MatMul with a constant [K, N] weight becomes MatMulNBits (symmetric, `block_size` weights per
 scale along K, `accuracy_level` 4 = int8 activations: the fast CPU kernel). Activations are quantised
 per row and block, so a token's logits do not depend on the other tokens of its step (verify == decode).
+
+Streamed (`weights` given, tensor_io.py) each MatMul weight is quantised on its own by onnxruntime's
+block quantiser (matmul_nbits.py); in memory (`weights` None: the graph loaded with its data, the path
+`--algorithm hqq` takes) onnxruntime's MatMulNBitsQuantizer rewrites the whole graph.
 
 >>> info = quantize(model, QuantSettings())     # doctest: +SKIP
 """
@@ -12,8 +16,17 @@ from .precisions import QuantSettings
 from .tied_embedding import quantize_tied_embedding
 
 
-def quantize_matmuls(model, settings: QuantSettings, bits: int) -> int:
+def quantize_matmuls(model, settings: QuantSettings, bits: int, weights=None) -> int:
     """MatMul(x, const W) -> MatMulNBits(x, Wq, scales) in place; returns how many were replaced."""
+    if weights is not None:
+        from . import matmul_nbits
+
+        return matmul_nbits.quantize_matmuls(model, settings, bits, weights)
+    return quantize_matmuls_in_memory(model, settings, bits)
+
+
+def quantize_matmuls_in_memory(model, settings: QuantSettings, bits: int) -> int:
+    """onnxruntime's MatMulNBitsQuantizer over the whole (loaded) graph: RTN or HQQ."""
     import logging
 
     from onnx import helper
@@ -35,9 +48,10 @@ def quantize_matmuls(model, settings: QuantSettings, bits: int) -> int:
     return before - sum(n.op_type == "MatMul" for n in model.graph.node)
 
 
-def quantize(model, settings: QuantSettings) -> dict:
-    """Quantise `model` (an onnx ModelProto, weights loaded) to int4 in place; returns what was done."""
+def quantize(model, settings: QuantSettings, weights=None) -> dict:
+    """Quantise `model` to int4 in place, its data in the model (`weights` None) or streamed; returns what was done."""
     bits = 4 if settings.embedding_bits == 0 else settings.embedding_bits
-    tied = quantize_tied_embedding(model, bits, settings.block_size, settings.accuracy_level) if bits > 0 else []
-    return {"matmul_nbits": quantize_matmuls(model, settings, 4), "embedding": tied,
+    tied = quantize_tied_embedding(model, bits, settings.block_size, settings.accuracy_level, weights) \
+        if bits > 0 else []
+    return {"matmul_nbits": quantize_matmuls(model, settings, 4, weights), "embedding": tied,
             "embedding_bits": bits if tied else 32}

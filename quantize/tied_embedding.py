@@ -37,26 +37,34 @@ def _plain_gather(node, name: str) -> bool:
     return node.op_type == "Gather" and node.input[0] == name and _attr(node, "axis", 0) == 0
 
 
-def block_quantize(weight: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """[N, K] float32 -> (packed uint8 [N, K/bs, bs*bits/8], scales float32 [N, K/bs]), symmetric."""
-    from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
+def block_quantize(weight: np.ndarray, bits: int, block_size: int, rows: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    """[N, K] float -> (packed uint8 [N, K/bs, bs*bits/8], scales float32 [N, K/bs]), symmetric.
+
+    Each row's blocks depend on that row only, so `rows` rows at a time are transposed to onnxruntime's
+    [K, N] layout: the whole table is never copied (a 151936-row table is 622 MB of fp32).
+    """
+    from .matmul_nbits import pack_blocks
 
     n, k = weight.shape
-    k_blocks = k // block_size
-    packed = np.zeros((n, k_blocks, block_size * bits // 8), np.uint8)
-    scales = np.zeros((n, k_blocks), np.float32)
-    zero_points = np.zeros((n, (k_blocks * bits + 7) // 8), np.uint8)    # unused: symmetric
-    fn = {4: quantize_matmul_4bits, 8: quantize_matmul_8bits}[bits]
-    fn(packed, np.ascontiguousarray(weight.T), scales, zero_points, block_size, n, k, True)  # takes [K, N]
+    packed = np.zeros((n, k // block_size, block_size * bits // 8), np.uint8)
+    scales = np.zeros((n, k // block_size), np.float32)
+    for start in range(0, n, rows):
+        chunk = np.ascontiguousarray(weight[start:start + rows].T, dtype=np.float32)     # [K, rows]
+        packed[start:start + rows], scales[start:start + rows], _ = pack_blocks(chunk, bits, block_size, True)
     return packed, scales
 
 
-def quantize_tied_embedding(model, bits: int, block_size: int, accuracy_level: int) -> list[str]:
+def quantize_tied_embedding(model, bits: int, block_size: int, accuracy_level: int, weights=None) -> list[str]:
     """Replace every Gather / Gemm(transB) reading a [V, H] initializer by its block-quantised form.
 
+    `weights` reads the table and stores the new tensors (tensor_io.py; default: in the model itself).
     Returns the names of the initializers replaced (empty when the graph has none or H % block_size != 0).
     """
-    from onnx import helper, numpy_helper
+    from onnx import helper
+
+    from .tensor_io import InModel
+
+    weights = weights or InModel()
 
     graph = model.graph
     inits = {i.name: i for i in graph.initializer if len(i.dims) == 2}
@@ -68,11 +76,13 @@ def quantize_tied_embedding(model, bits: int, block_size: int, accuracy_level: i
         v, h = init.dims
         if not gathers or len(gathers) + len(heads) != len(users) or h % block_size:
             continue
-        packed, scales = block_quantize(numpy_helper.to_array(init).astype(np.float32), bits, block_size)
+        packed, scales = block_quantize(weights.array(init), bits, block_size)
+        weights.done(init)
         q, s_head, s_gather, width = f"{name}_Q{bits}", f"{name}_scales", f"{name}_gather_scales", f"{name}_width"
-        graph.initializer.extend([numpy_helper.from_array(packed, q), numpy_helper.from_array(scales, s_head),
-                                  numpy_helper.from_array(scales[:, :, None], s_gather),   # [V, H/bs, 1]
-                                  numpy_helper.from_array(np.array([h], np.int64), width)])
+        graph.initializer.extend([weights.put(packed, q), weights.put(scales, s_head),
+                                  weights.put(scales[:, :, None], s_gather),            # [V, H/bs, 1]
+                                  weights.put(np.array([h], np.int64), width)])
+        del packed, scales
         for node in gathers:
             out, ids, base = node.output[0], node.input[1], node.name or node.output[0]
             new = [helper.make_node("GatherBlockQuantized", [q, ids, s_gather], [out + "_blocks"], domain=MS,

@@ -302,6 +302,126 @@ def test_cli_errors_are_one_line_and_exit_2(tiny_bundle, tmp_path, capsys):
     assert "power of two" in capsys.readouterr().err
 
 
+# ---- streamed quantisation (issue 15): same graphs as onnxruntime's whole-graph quantiser ----------
+def _graph_parts(path):
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(path))                                     # with its data, wherever each tensor lies
+    inits = [(i.name, i.data_type, list(i.dims), numpy_helper.to_array(i).tobytes()) for i in m.graph.initializer]
+    return ([n.SerializeToString() for n in m.graph.node], inits, list(m.opset_import), list(m.graph.input),
+            list(m.graph.output))
+
+
+@pytest.mark.parametrize("variant,target,draft,settings", [
+    ("llama", "int4", "int8", {}), ("qwen3", "int4", "int4", {}),
+    ("qwen3", "int8", "int8", {"symmetric": False, "block_size": 16}), ("llama", "int4", "int4", {"embedding_bits": 8})])
+def test_streamed_graphs_equal_the_whole_graph_quantisers(tiny_bundle, tmp_path, monkeypatch, capsys,
+                                                          variant, target, draft, settings):
+    """Streamed (weights memory-mapped, quantised one tensor at a time) and loaded whole (onnxruntime's
+    MatMulNBitsQuantizer, the path before issue 15): the same nodes, attributes, opsets, I/O, initializer
+    names in the same order and byte-identical tensors, for the portable, fused and drafter graphs."""
+    import dflash_edge.quantize.graph_io as graph_io
+    import dflash_edge.quantize.stream as stream
+    from dflash_edge.runtime.bundle import read_bundle
+
+    src = tiny_bundle(variant, 8).path
+    monkeypatch.setattr(graph_io, "load_graph", lambda *a: pytest.fail("a streamed graph was loaded whole"))
+    streamed = read_bundle(quantize(src, tmp_path / "streamed", target, draft, **settings))
+    monkeypatch.undo()
+    assert "loaded whole" not in capsys.readouterr().err
+    monkeypatch.setattr(stream, "streamable", lambda *a: "forced for the test")
+    whole = read_bundle(quantize(src, tmp_path / "whole", target, draft, **settings))
+    assert "loaded whole (forced for the test)" in capsys.readouterr().err
+    for name, entry in whole.manifest["graphs"].items():
+        assert _graph_parts(streamed.graph_path(name)) == _graph_parts(whole.graph_path(name)), name
+        q_s, q_w = streamed.manifest["graphs"][name]["quantization"], entry["quantization"]
+        assert {**q_s, "seconds": 0} == {**q_w, "seconds": 0}
+    assert set(streamed.manifest["source"]["quantize_peak_rss_mb"]) == {"read", *whole.manifest["graphs"]}
+
+
+def _tied_graph(folder, v=256, h=64):
+    """Gather(W) + Gemm(x, W, transB=1) (the exporter's tied head), W in `folder`/g.onnx.data; returns (path, W)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(3).standard_normal((v, h)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["W", "ids"], ["emb"]), helper.make_node("Reshape", ["emb", "flat"], ["x"]),
+             helper.make_node("Gemm", ["x", "W"], ["logits"], transB=1)]
+    graph = helper.make_graph(nodes, "tied", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "T"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array([-1, h]), "flat")])
+    path = folder / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path),
+              save_as_external_data=True, location="g.onnx.data", size_threshold=1024)
+    return path, w
+
+
+def test_streamed_tied_embedding_stores_its_scales_once(tmp_path):
+    """Streamed, the tied table's head and gather scales (the same 4 KB in two ranks at block 16) share one
+    range of the new data file, which holds packed table + scales once; logits equal the in-memory path's."""
+    import onnx
+    import onnxruntime as ort
+
+    from dflash_edge.quantize.dedupe import TensorIndex
+    from dflash_edge.quantize.tensor_io import SourceTensors, Streamed, TensorSink
+    from dflash_edge.quantize.tied_embedding import quantize_tied_embedding
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "out").mkdir()
+    path, w = _tied_graph(tmp_path / "src")
+    model = onnx.load(str(path), load_external_data=False)
+    with SourceTensors(path.parent) as src, TensorSink(tmp_path / "out", "q.onnx.data", TensorIndex(tmp_path / "out")) as sink:
+        assert quantize_tied_embedding(model, 4, 16, 0, Streamed(src, sink)) == ["W"]
+        sink.copy_rest(model, src, {"flat"})
+    where = {i.name: tuple(e.value for e in i.external_data) for i in model.graph.initializer}
+    assert where["W_scales"] and where["W_scales"] == where["W_gather_scales"]
+    assert where["W_Q4"] != where["W_scales"]
+    packed, scales = 256 * 64 // 2, 256 * 64 // 16 * 4                              # bytes
+    assert packed + scales <= (tmp_path / "out" / "q.onnx.data").stat().st_size < packed + 2 * scales
+    onnx.save(model, str(tmp_path / "out" / "q.onnx"))
+    inline = onnx.load(str(path))
+    quantize_tied_embedding(inline, 4, 16, 0)
+    ids = {"ids": np.array([[0, 9, 255]])}
+    run = [ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, ids)[0]
+           for m in (str(tmp_path / "out" / "q.onnx"), inline.SerializeToString())]
+    np.testing.assert_array_equal(run[0], run[1])
+
+
+def test_streamed_bundle_holds_only_the_files_its_manifest_names(tiny_bundle, tmp_path, prompts_file):
+    from dflash_edge.runtime.bundle import read_bundle
+
+    b = read_bundle(quantize(tiny_bundle("llama", 8).path, tmp_path / "q", "int4", "int8",
+                             report=small_report(prompts_file), block_size=16), verify=True)
+    named = {f["path"] for g in b.manifest["graphs"].values() for f in g["files"]}
+    named |= {"manifest.json", b.manifest["quality"]["path"], *(b.manifest["tokenizer"][k] for k in ("file", "config"))}
+    assert {p.name for p in b.root.iterdir()} == named
+
+
+@pytest.mark.parametrize("k,bits,symmetric", [(64, 4, True), (40, 4, False), (48, 8, True), (40, 8, False)])
+def test_pack_blocks_equals_onnxruntimes_quantiser(k, bits, symmetric):
+    """One weight through matmul_nbits.pack_blocks == onnxruntime's DefaultWeightOnlyQuantizer, including a
+    last partial block along K and asymmetric zero points."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, DefaultWeightOnlyQuantizer
+
+    from dflash_edge.quantize.matmul_nbits import pack_blocks
+
+    w = np.random.default_rng(k + bits).standard_normal((k, 24)).astype(np.float32)      # [K, N]
+    ref = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=symmetric, bits=bits))
+    for mine, theirs in zip(pack_blocks(w, bits, 32, symmetric), ref.qbits_block_quant(w)):
+        assert mine.dtype == theirs.dtype and mine.shape == theirs.shape
+        np.testing.assert_array_equal(mine, theirs)
+
+
+def test_embedding_quantised_in_row_chunks_equals_whole_table():
+    from dflash_edge.quantize.tied_embedding import block_quantize
+
+    w = np.random.default_rng(1).standard_normal((100, 64)).astype(np.float32)
+    whole = block_quantize(w, 4, 32, rows=100)
+    for got, want in zip(block_quantize(w, 4, 32, rows=7), whole):
+        np.testing.assert_array_equal(got, want)
+
+
 # ---- tier 2: the default model at int4 -------------------------------------------------------------
 @pytest.mark.tier2
 def test_smollm2_int4_speculative_equals_plain(smollm2_dir, tmp_path_factory):
