@@ -23,10 +23,9 @@ def add_arguments(p) -> None:
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime-vs-torch parity check")
     p.add_argument("--no-fused", action="store_true",
                    help="write only the portable target graph (no GroupQueryAttention `target_fused` flavour)")
-    p.add_argument("--stream", action="store_true",
-                   help="write the graphs node by node from the checkpoint's shards instead of tracing them with "
-                        "torch.onnx.export (peak memory about the exported weights; fp32 bundles: not yet with "
-                        "--precision fp16)")
+    p.add_argument("--torch-export", action="store_true",
+                   help="trace the graphs with torch.onnx.export (the first writer; peak memory ~2.4-5x the "
+                        "exported weights) instead of writing them node by node from the checkpoint's shards")
     p.add_argument("--no-memory-check", action="store_true",
                    help="start even when the estimated peak memory exceeds what is available")
     p.add_argument("--precision", default=None, choices=PRECISIONS,
@@ -52,7 +51,7 @@ def run(args) -> int:
     opts = ExportOptions(out=args.out, target=args.target, draft=args.draft, block_size=args.block_size,
                          max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
                          verify=not args.no_verify, draft_vocab=args.draft_vocab, fused=not args.no_fused,
-                         memory_check=not args.no_memory_check, stream=args.stream)
+                         memory_check=not args.no_memory_check, stream=not args.torch_export)
     if args.precision == "fp32":
         export_bundle(opts)
     else:

@@ -38,7 +38,7 @@ class ExportOptions:
     draft_vocab: int = 0                 # >0: the drafter's LM head over this many frequent tokens (draft_vocab.py)
     memory_check: bool = True            # refuse up front when the estimated peak memory exceeds what is available
     fused: bool = True                   # also write `target_fused` (GroupQueryAttention) where the model allows
-    stream: bool = False                 # write the graphs node by node from the checkpoint (stream_export.py)
+    stream: bool = True                  # write the graphs node by node from the checkpoint (stream_export.py)
 
 
 def _check_options(opts: ExportOptions, target, drafter) -> None:

@@ -1,4 +1,4 @@
-"""`--stream`: the bundle written node by node from the checkpoints, never building a torch model for export.
+"""The default export writer: the bundle written node by node from the checkpoints, never building a torch model for export.
 
 Every weight is read from its shard, converted and appended to the graph's external-data file, then
 dropped (export/weight_store.py); the graphs come from portable_target / portable_drafter / fused_stream
