@@ -15,9 +15,9 @@ from pathlib import Path
 from dflash_edge.runtime import bundle as bundle_mod
 from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.runtime.io_tables import FLAVOURS, io_manifest, model_dims
+from dflash_edge.runtime.memory import MemoryMeter
 
 from .external_data import SharedData
-from .memory import MemoryMeter
 from .publish import publish_dir
 
 EXPORTER_VERSION = "0.1.0"

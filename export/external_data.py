@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-INLINE_BELOW = 1024          # bytes: smaller tensors stay in the .onnx file
-ALIGN = 4096                 # offsets on page boundaries: onnxruntime maps aligned external data instead of copying
+from dflash_edge.runtime.tensor_file import ALIGN, INLINE_BELOW, append_aligned  # noqa: F401  (the layout, shared)
+
 SHARED_FILE = "shared.onnx.data"
 
 
@@ -127,16 +127,6 @@ def _set_inline(tensor, blob: bytes) -> None:
     _clear_data(tensor)
     tensor.data_location = onnx.TensorProto.DEFAULT
     tensor.raw_data = blob
-
-
-def append_aligned(f, blob: bytes) -> int:
-    """Write `blob` at the next ALIGN boundary of file `f` (open for appending); returns its offset."""
-    pad = -f.tell() % ALIGN
-    if pad:
-        f.write(b"\0" * pad)
-    offset = f.tell()
-    f.write(blob)
-    return offset
 
 
 def _sha(blob) -> str:

@@ -16,7 +16,7 @@ import numpy as np
 
 
 
-from .parity import ParityError, Tolerance  # noqa: F401  (one error class and one tolerance for both paths)
+from .parity import ParityError, Tolerance, _compare  # noqa: F401  (one error, tolerance and comparison for both paths)
 
 
 @dataclass(frozen=True)
@@ -115,24 +115,3 @@ def check_graphs(paths: dict, probe: Probe, reference, tol: Tolerance = Toleranc
         _compare("target_fused", _OUTPUTS["target"], g, w, tol, report)
     return report
 
-
-def _compare(graph: str, names, got, want, tol: Tolerance, report: dict) -> None:
-    for name, g, w in zip(names, got, want):
-        w = np.asarray(w)
-        if g.dtype == np.int64:
-            agree = float((g == w).mean())
-            report[f"{graph}.{name}.agreement"] = min(agree, report.get(f"{graph}.{name}.agreement", 1.0))
-            if agree < tol.argmax_agreement:
-                raise ParityError(f"graph {graph!r} output {name!r}: argmax agrees on {agree:.1%} of positions "
-                                  f"(need {tol.argmax_agreement:.0%})")
-            continue
-        diff = float(np.abs(g.astype(np.float32) - w).max())
-        report[f"{graph}.{name}.max_abs_diff"] = max(diff, report.get(f"{graph}.{name}.max_abs_diff", 0.0))
-        if name == "logits":
-            limit = tol.logits
-        else:   # relative: scaled by the largest reference magnitude
-            scale = float(np.abs(w).max()) or 1.0
-            limit = (tol.hidden if name == "hidden" else tol.kv) * scale
-            report[f"{graph}.{name}.max_abs"] = max(scale, report.get(f"{graph}.{name}.max_abs", 0.0))
-        if not diff <= limit:
-            raise ParityError(f"graph {graph!r} output {name!r}: max abs diff {diff:.3g} > {limit:.3g} vs torch")
