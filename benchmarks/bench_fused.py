@@ -5,10 +5,11 @@ prefix of `max(--contexts)` positions, then times single steps at each context, 
 round-robin so machine noise hits every case alike; medians reported, plus each context's ratio to
 the smallest one. One extra case, `fused_copy`, runs the fused graph with `present_*` bound to a
 SECOND buffer instead of the past one: onnxruntime must then copy the prefix, which shows what sharing
-the buffer saves.
+the buffer saves. `--also LABEL=BUNDLE` (repeatable) adds another bundle's fused target to the same
+round-robin, e.g. the same model with an int8 KV cache (`quantize --kv-cache int8`).
 
     python benchmarks/bench_fused.py BUNDLE [--contexts 64,1024,1800] [--repeats 15] [--threads 0]
-                                           [--verify] [--json OUT]
+                                           [--verify] [--also LABEL=BUNDLE ...] [--json OUT]
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _unshared_step(gen):
     from dflash_edge.runtime.kv import HostStep, LayerKV
 
     tgt, d = gen.target, gen.target.dims
-    other = LayerKV(tgt.kv.capacity, d["L"], d["Hkv"], d["D"], gen.bundle.kv_dtype)
+    other = LayerKV(tgt.kv.capacity, d["L"], d["Hkv"], d["D"], tgt.kv.key.dtype)
     step = HostStep(tgt.runner, "target_fused", {**d, "T": 1}, tgt.HOST)
     for i in range(d["L"]):
         for kind, past, present in (("key", tgt.kv.key, other.key), ("value", tgt.kv.value, other.value)):
@@ -48,11 +49,14 @@ def _unshared_step(gen):
     return run, other
 
 
-def measure(bundle: str, contexts: list[int], repeats: int, threads: int, verify: bool) -> dict:
+def measure(bundle: str, contexts: list[int], repeats: int, threads: int, verify: bool,
+            also: dict[str, str] | None = None) -> dict:
     longest = max(contexts)
     prefix = [(7 * i) % 1000 + 10 for i in range(longest)]
     gens = {"portable": _filled(bundle, "target", threads, prefix), "fused": _filled(bundle, "target_fused", threads,
                                                                                      prefix)}
+    for label, other in (also or {}).items():
+        gens[f"fused[{label}]"] = _filled(other, "target_fused", threads, prefix)
     block = gens["fused"].block_size
     unshared, _keep = _unshared_step(gens["fused"])
     cases = {}
@@ -74,7 +78,7 @@ def measure(bundle: str, contexts: list[int], repeats: int, threads: int, verify
     med = {k: round(statistics.median(v), 2) for k, v in times.items()}
     base = min(contexts)
     ratios = {k: round(v / med[k.split("@")[0] + f"@{base}"], 3) for k, v in med.items()}
-    return {"bundle": bundle, "contexts": contexts, "repeats": repeats, "threads": threads, "median_ms": med,
+    return {"bundle": bundle, "also": also or {}, "contexts": contexts, "repeats": repeats, "threads": threads, "median_ms": med,
             f"ratio_vs_{base}": ratios}
 
 
@@ -85,9 +89,13 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--verify", action="store_true", help="also time verify steps (T = block size)")
+    p.add_argument("--also", action="append", default=[], metavar="LABEL=BUNDLE",
+                   help="also time this bundle's fused target (repeatable)")
     p.add_argument("--json", help="write the result here too")
     args = p.parse_args(argv)
-    out = measure(args.bundle, [int(c) for c in args.contexts.split(",")], args.repeats, args.threads, args.verify)
+    also = dict(a.split("=", 1) for a in args.also)
+    out = measure(args.bundle, [int(c) for c in args.contexts.split(",")], args.repeats, args.threads, args.verify,
+                  also)
     text = json.dumps(out, indent=1)
     print(text)
     if args.json:

@@ -31,6 +31,8 @@ def add_arguments(p) -> None:
     p.add_argument("--precision", default=None, choices=PRECISIONS,
                    help="then quantise target and drafter to this precision (`dflash-edge quantize`, with its "
                         "report); default fp32, or the plan's choice with --device")
+    p.add_argument("--kv-cache", default="fp32", choices=("fp32", "int8"),
+                   help="the fused target's KV cache (int8: `dflash-edge quantize --kv-cache int8` after export)")
     p.add_argument("--device", default=None, help="plan for this device profile (`dflash-edge devices`): take the "
                                                   "precision and max context that fit, or refuse naming what would fit")
 
@@ -52,12 +54,12 @@ def run(args) -> int:
                          max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
                          verify=not args.no_verify, draft_vocab=args.draft_vocab, fused=not args.no_fused,
                          memory_check=not args.no_memory_check, stream=not args.torch_export)
-    if args.precision == "fp32":
+    if args.precision == "fp32" and args.kv_cache == "fp32":
         export_bundle(opts)
     else:
         from dflash_edge.quantize.bundle_quant import export_quantized
 
-        export_quantized(export_bundle, opts, args.precision)
+        export_quantized(export_bundle, opts, args.precision, kv_cache=args.kv_cache)
     return 0
 
 

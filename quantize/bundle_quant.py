@@ -20,6 +20,7 @@ from pathlib import Path
 from dflash_edge.runtime import bundle as bundle_mod
 
 from .dedupe import TensorIndex
+from .kv_cache import check_kv_cache, graph_kv_cache, quantize_cache
 from .precisions import QuantizeError, QuantSettings, check_lowering, check_precision
 from .quality import ReportOptions
 
@@ -36,6 +37,7 @@ class QuantizeOptions:
     force: bool = False
     settings: QuantSettings = field(default_factory=QuantSettings)
     report: ReportOptions | None = field(default_factory=ReportOptions)   # None: no quality report
+    kv_cache: str = "fp32"               # the fused target's cache: "int8" quantises it (kv_cache.py)
 
 
 def family(precision: str):
@@ -137,6 +139,10 @@ def quantize_bundle(opts: QuantizeOptions, log=None) -> Path:
     graphs = src.manifest["graphs"]
     for name, graph in graphs.items():
         check_lowering(name, graph["precision"], wanted(opts, name))
+    cache_now = graph_kv_cache(graphs.get("target_fused", {}))
+    if check_kv_cache(opts.kv_cache) != cache_now and cache_now == "int8":
+        raise QuantizeError("the fused target's KV cache is already int8: cannot raise it to fp32; quantise the "
+                            "fp32 bundle instead, or pass --kv-cache int8 to keep it")
     _check_out(src.root, out, opts.force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
@@ -157,6 +163,15 @@ def quantize_bundle(opts: QuantizeOptions, log=None) -> Path:
         source["quantized_from"] = str(src.root.resolve())
         source["quantize_peak_rss_mb"] = meter.report_mb()       # per stage; the report's is not included
         bundle_mod.write_manifest(tmp, manifest)
+        if opts.kv_cache != cache_now:
+            print("quantize: target_fused KV cache -> int8 (calibrating its scales)", file=log)
+            from .quality import load_prompts
+
+            with meter.stage("kv_cache"):
+                manifest["graphs"]["target_fused"] = quantize_cache(
+                    tmp, manifest, load_prompts(opts.report.prompts if opts.report else None),
+                    threads=opts.report.threads if opts.report else 0)
+            bundle_mod.write_manifest(tmp, manifest)
         if opts.report is not None:
             from .quality import format_report, quality_report, write_report
 
@@ -175,7 +190,8 @@ def quantize_bundle(opts: QuantizeOptions, log=None) -> Path:
     return out
 
 
-def export_quantized(export, opts, precision: str, report: ReportOptions | None = None) -> Path:
+def export_quantized(export, opts, precision: str, report: ReportOptions | None = None,
+                     kv_cache: str = "fp32") -> Path:
     """`export --precision`: `export(opts)` an fp32 bundle into a temp folder, quantise it into `opts.out`.
 
     `export` is `dflash_edge.export.exporter.export_bundle`, passed in (quantize/ does not import export/);
@@ -192,6 +208,6 @@ def export_quantized(export, opts, precision: str, report: ReportOptions | None 
     try:
         fp32 = export(dataclasses.replace(opts, out=tmp / "fp32", force=True))
         return quantize_bundle(QuantizeOptions(fp32, out, target=precision, draft=precision, force=opts.force,
-                                               report=report or ReportOptions()))
+                                               report=report or ReportOptions(), kv_cache=kv_cache))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

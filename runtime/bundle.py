@@ -33,7 +33,8 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
     "kv_cache": ("layout", "dtype", "slack"),
     "tokenizer": ("file", "config", "checksums"),
     "graph": ("files", "precision", "io", "static_shapes", "opset", "flavour",   # flavour: io_tables.FLAVOURS
-              "quantization"),                        # quantization: tool, settings, what was lowered
+              "quantization", "kv_cache"),            # quantization: tool, settings, what was lowered;
+    #                                                   kv_cache: the graph's own cache (quantize/kv_cache.py)
     "source": None,
     "shared_weights": None,
     "engines": None,
@@ -41,6 +42,7 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
 OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset", "draft_vocab_size", "flavour",
             "quality", "quantization",
             "checksum", "checksums"}     # older bundles lack the manifest's and the tokenizer files' sha256
+OPTIONAL_IN = {"graph": {"kv_cache"}}   # optional in that section only (the top-level kv_cache is required)
 KV_LAYOUT = "S,L,Hkv,D"
 
 
@@ -68,6 +70,15 @@ class Bundle:
     @property
     def kv_dtype(self) -> str:
         return self.manifest["kv_cache"]["dtype"]
+
+    def graph_kv_dtype(self, name: str) -> str:
+        """The cache dtype graph `name` runs with: its own `kv_cache` entry (an int8 fused target), else the bundle's."""
+        return self.manifest["graphs"][name].get("kv_cache", {}).get("dtype", self.kv_dtype)
+
+    def graph_pad_rows(self, name: str) -> int | None:
+        """Zero rows graph `name` appends to attention's input when its manifest says (0 for an int8 fused
+        target); None: the graph's own default (kv.py: 1 for the fp32-cache fused target)."""
+        return self.manifest["graphs"][name].get("kv_cache", {}).get("pad_rows")
 
     def graph_path(self, name: str) -> Path:
         return self.root / self.manifest["graphs"][name]["files"][0]["path"]
@@ -133,7 +144,7 @@ def _check_keys(section: str, data: dict, where: str) -> None:
     if unknown:
         raise BundleError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(allowed)} "
                           f"(was the bundle written by a newer dflash-edge? re-export it)")
-    missing = sorted(set(allowed) - set(data) - OPTIONAL)
+    missing = sorted(set(allowed) - set(data) - OPTIONAL - OPTIONAL_IN.get(section, set()))
     if missing:
         raise BundleError(f"{where}: missing key(s) {missing}; re-export the bundle")
 

@@ -176,7 +176,8 @@ class Generator:
         capacity = b.max_context + max(b.manifest["kv_cache"]["slack"], b.block_size, chunk)
         ranges = symbol_ranges(b.manifest)                          # the shapes the graphs are built for
         profiles = trt_profiles(b) if provider == "tensorrt" else {}
-        name = target_graph or pick_graph(b.manifest["graphs"], "target", provider, b.kv_dtype)  # fused where it runs
+        kv_dtypes = {g: b.graph_kv_dtype(g) for g in b.manifest["graphs"]}    # an int8 fused target: its own
+        name = target_graph or pick_graph(b.manifest["graphs"], "target", provider, kv_dtypes)  # fused where it runs
         if name not in b.manifest["graphs"] or name not in TARGET_MODELS:
             raise BundleError(f"target_graph={name!r}: {b.root} has no such target graph; it has "
                               f"{', '.join(n for n in b.manifest['graphs'] if n in TARGET_MODELS)}")
@@ -187,7 +188,7 @@ class Generator:
             return open_graph(b.graph_path(graph), replace(config, fp16=fp16), profiles.get(graph), shared.get(graph))
 
         target = TARGET_MODELS[name](session(name), dims, capacity, (*range(1, b.block_size + 1), chunk),
-                                     b.kv_dtype)                                  # T = k + 1 for k = 0..B-1
+                                     kv_dtypes[name], pad_rows=b.graph_pad_rows(name))  # T = k + 1, k = 0..B-1
         drafter = DraftModel(session("drafter"), dims, capacity,
                              target.hidden, b.model["mask_token_id"], b.kv_dtype, max_ctx_rows=ranges["C"][2])
         return cls(b, ChatTokenizer.from_dir(b.root), target, drafter, read_tuned(b) if use_tuned else None)
@@ -444,6 +445,6 @@ def _chunk_starts(n: int, size: int) -> list[int]:
 
 def _check_io_tables(b: Bundle) -> None:
     for name in b.manifest["graphs"]:                  # graphs this version has no table for are not used
-        if name in GRAPHS and b.manifest["graphs"][name]["io"] != io_manifest(name, b.kv_dtype):
+        if name in GRAPHS and b.manifest["graphs"][name]["io"] != io_manifest(name, b.graph_kv_dtype(name)):
             raise BundleError(f"{b.root}: graph {name!r} declares inputs/outputs that this runtime does not "
                               f"implement; re-export the bundle with this dflash-edge version")

@@ -93,9 +93,10 @@ class Flavour:
     providers: dict[str, tuple[str, ...]] | None = None   # None: every provider, every dtype
 
 
-# onnxruntime registers GroupQueryAttention for float32 on CPU but only float16/bfloat16 on CUDA.
+# onnxruntime registers GroupQueryAttention for float32 on CPU (with an fp32, fp16 or int8 cache) but only
+# float16/bfloat16 on CUDA.
 FLAVOURS = {"target": Flavour("target", "portable"), "drafter": Flavour("drafter", "portable"),
-            "target_fused": Flavour("target", "fused", {"cpu": ("float32", "float16"),
+            "target_fused": Flavour("target", "fused", {"cpu": ("float32", "float16", "int8"),
                                                         "cuda": ("float16", "bfloat16")})}
 
 
@@ -104,16 +105,21 @@ def portable_graphs(names) -> list[str]:
     return [n for n in names if n not in FLAVOURS or FLAVOURS[n].kind == "portable"]
 
 
-def pick_graph(names, role: str, provider: str, kv_dtype: str) -> str:
+def pick_graph(names, role: str, provider: str, kv_dtype) -> str:
     """The graph of `names` that plays `role` on `provider`: a fused flavour where it runs, else the portable one.
+
+    `kv_dtype`: the cache dtype of every graph (a str), or a mapping graph name -> its own.
 
     >>> pick_graph(["target", "target_fused", "drafter"], "target", "cpu", "float32")
     'target_fused'
     >>> pick_graph(["target", "target_fused", "drafter"], "target", "tensorrt", "float32")
     'target'
+    >>> pick_graph(["target", "target_fused"], "target", "cuda", {"target": "float32", "target_fused": "int8"})
+    'target'
     """
+    dtype = (lambda n: kv_dtype) if isinstance(kv_dtype, str) else kv_dtype.__getitem__   # noqa: E731
     fused = [n for n in names if n in FLAVOURS and FLAVOURS[n].role == role and FLAVOURS[n].kind == "fused"
-             and kv_dtype in (FLAVOURS[n].providers or {}).get(provider, ())]
+             and dtype(n) in (FLAVOURS[n].providers or {}).get(provider, ())]
     return fused[0] if fused else role
 
 

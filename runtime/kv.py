@@ -140,9 +140,12 @@ class TargetModel:
 
     GRAPH = "target"
     HOST = ("input_ids", "start", "logits", "next_ids")
+    PAD_ROWS = 0
 
-    def __init__(self, runner, dims: dict[str, int], capacity: int, step_sizes: tuple[int, ...], kv_dtype: str):
+    def __init__(self, runner, dims: dict[str, int], capacity: int, step_sizes: tuple[int, ...], kv_dtype: str,
+                 pad_rows: int | None = None):
         self.runner, self.dims = runner, dims
+        self.pad_rows = self.PAD_ROWS if pad_rows is None else pad_rows
         self.kv = self._new_cache(capacity, kv_dtype)
         self.hidden = DeviceBuffer(capacity, (dims["N"],), np.float32, runner.device, runner.device_id, lead=(1,))
         self.steps: dict[int, HostStep] = {}
@@ -175,7 +178,11 @@ class TargetModel:
 
 
 class FusedTargetModel(TargetModel):
-    """`target_fused`: GroupQueryAttention over `LayerKV` (bound once per step; only lengths change)."""
+    """`target_fused`: GroupQueryAttention over `LayerKV` (bound once per step; only lengths change).
+
+    The cache is fp32 (or the bundle's dtype), or int8 with per-channel scales inside the graph
+    (`quantize --kv-cache int8`): the buffers are then int8 and the runtime never reads them.
+    """
 
     GRAPH = "target_fused"
     HOST = ("input_ids", "seqlens_k", "total_sequence_length", "logits", "next_ids")
@@ -189,10 +196,12 @@ class FusedTargetModel(TargetModel):
         self.kv.bind(step.binding)
         return step
 
-    PAD_ROWS = 1    # the graph appends one zero row to attention's input (export/fused_graph.py): its K/V slot
+    # pad_rows: zero rows the graph appends to attention's input, whose K/V take the slots after the live
+    # ones (1 with an fp32 cache, export/fused_stream.py; 0 with an int8 cache, quantize/kv_cache.py)
+    PAD_ROWS = 1
 
     def _place(self, step: HostStep, size: int, start: int) -> None:
-        end = start + size + self.PAD_ROWS
+        end = start + size + self.pad_rows
         if not (0 <= start and end <= self.kv.capacity):
             raise IndexError(f"positions [{start}:{end}] outside the preallocated cache of {self.kv.capacity}")
         step["seqlens_k"][0] = start + size - 1                     # GQA: total length - 1
