@@ -20,7 +20,7 @@ from pathlib import Path
 from dflash_edge.runtime import bundle as bundle_mod
 
 from .dedupe import TensorIndex
-from .kv_cache import check_kv_cache, graph_kv_cache, quantize_cache
+from .kv_cache import check_request, quantize_cache
 from .precisions import QuantizeError, QuantSettings, check_lowering, check_precision
 from .quality import ReportOptions
 
@@ -139,10 +139,7 @@ def quantize_bundle(opts: QuantizeOptions, log=None) -> Path:
     graphs = src.manifest["graphs"]
     for name, graph in graphs.items():
         check_lowering(name, graph["precision"], wanted(opts, name))
-    cache_now = graph_kv_cache(graphs.get("target_fused", {}))
-    if check_kv_cache(opts.kv_cache) != cache_now and cache_now == "int8":
-        raise QuantizeError("the fused target's KV cache is already int8: cannot raise it to fp32; quantise the "
-                            "fp32 bundle instead, or pass --kv-cache int8 to keep it")
+    quantize_kv = check_request(graphs, opts.target, opts.kv_cache)       # before minutes of lowering
     _check_out(src.root, out, opts.force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
@@ -163,7 +160,7 @@ def quantize_bundle(opts: QuantizeOptions, log=None) -> Path:
         source["quantized_from"] = str(src.root.resolve())
         source["quantize_peak_rss_mb"] = meter.report_mb()       # per stage; the report's is not included
         bundle_mod.write_manifest(tmp, manifest)
-        if opts.kv_cache != cache_now:
+        if quantize_kv:
             print("quantize: target_fused KV cache -> int8 (calibrating its scales)", file=log)
             from .quality import load_prompts
 

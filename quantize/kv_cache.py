@@ -22,7 +22,7 @@ from .precisions import QuantizeError
 
 KV_CACHES = ("fp32", "int8")
 GQA = "GroupQueryAttention"
-MARGIN = 1.0          # scale = margin * max|x| / 127 over the calibration text (measured: docs/BENCHMARKS.md)
+MARGIN = 1.25         # scale = margin * max|x| / 127 over the calibration text (0.8 / 1.0 / 1.25 measured: docs/BENCHMARKS.md)
 
 
 def check_kv_cache(name: str) -> str:
@@ -34,6 +34,23 @@ def check_kv_cache(name: str) -> str:
 def graph_kv_cache(entry: dict) -> str:
     """The cache a manifest graph entry runs with: "int8" when quantised, else "fp32" (the bundle's dtype)."""
     return "int8" if entry.get("kv_cache", {}).get("dtype") == "int8" else "fp32"
+
+
+def check_request(graphs: dict, target_precision: str, kv_cache: str) -> bool:
+    """Whether the fused target's cache must be quantised; a QuantizeError (naming the fix) when it cannot be."""
+    have, want = graph_kv_cache(graphs.get("target_fused", {})), check_kv_cache(kv_cache)
+    if want == have:
+        return False
+    if have == "int8":
+        raise QuantizeError("the fused target's KV cache is already int8: cannot raise it to fp32; quantise the "
+                            "fp32 bundle instead, or pass --kv-cache int8 to keep it")
+    if "target_fused" not in graphs:
+        raise QuantizeError("--kv-cache int8 quantises the fused target's cache (GroupQueryAttention), and this "
+                            "bundle has none (head_dim not a multiple of 16, or exported with --no-fused)")
+    if target_precision == "fp16":
+        raise QuantizeError("--kv-cache int8 needs an fp32, int8 or int4 target: the fp16 fused graph casts its "
+                            "cache at the graph's edge (it is meant for GPU providers); pick another --target")
+    return True
 
 
 def calibrate(gen, texts: list[list[int]], margin: float = MARGIN) -> tuple[np.ndarray, np.ndarray]:
@@ -153,10 +170,7 @@ def quantize_cache(root, manifest: dict, prompts: list[str], *, count: int = 16,
     from dflash_edge.runtime.bundle import file_entry, read_bundle
 
     root, t = Path(root), time.perf_counter()
-    entry = manifest["graphs"].get("target_fused")
-    if entry is None:
-        raise QuantizeError("--kv-cache int8 quantises the fused target's cache (GroupQueryAttention), and this "
-                            "bundle has none (head_dim not a multiple of 16, or exported with --no-fused)")
+    entry = manifest["graphs"]["target_fused"]                  # check_request ran first
     gen = Generator.load(read_bundle(root, verify=False), target_graph="target_fused", threads=threads,
                          use_tuned=False)
     texts = calibration_texts(gen, prompts, count, new_tokens)

@@ -134,6 +134,8 @@ def quality_report(reference: str | Path, quantized: str | Path, opts: ReportOpt
             **_text_metrics(ref, quant, texts),
             **_speeds(ref, quant, texts, opts, plain_ref_ms),
             "bytes": {"graphs": sizes, "total": total, "ratio": total["quantized"] / total["reference"]},
+            "kv_cache": {k: {"graph": g.target.GRAPH, "dtype": g.target.kv.key.dtype.name}   # what each target ran
+                         for k, g in (("reference", ref), ("quantized", quant))},
             "options": asdict(opts)}
 
 
@@ -152,6 +154,8 @@ def format_report(r: dict) -> str:
     mb = {k: v / 1e6 for k, v in r["bytes"]["total"].items()}
     rows = [("", "reference", "quantized"),
             ("bytes (MB)", f"{mb['reference']:.1f}", f"{mb['quantized']:.1f} ({r['bytes']['ratio']:.0%})"),
+            *([("KV cache", r["kv_cache"]["reference"]["dtype"], r["kv_cache"]["quantized"]["dtype"])]
+              if "kv_cache" in r else []),
             ("perplexity", f"{ppl['reference']:.3f}", f"{ppl['quantized']:.3f}"),
             ("acceptance length", f"{tau['reference']:.3f}", f"{tau['quantized']:.3f}"),
             ("plain ms/token", f"{plain['reference']:.1f}", f"{plain['quantized']:.1f}"),

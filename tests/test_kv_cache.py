@@ -127,6 +127,8 @@ def test_manifest_graph_and_hashes(kv8, tiny_bundle):
     assert gqa and all({a.name for a in n.attribute} >= {"k_quant_type", "kv_cache_bit_width"} for n in gqa)
     report = json.loads((b.root / "quality.json").read_text())
     assert report["speculative_equals_plain"] is True and 0 <= report["top1_agreement"] <= 1
+    assert report["kv_cache"] == {"reference": {"graph": "target_fused", "dtype": "float32"},
+                                  "quantized": {"graph": "target_fused", "dtype": "int8"}}
 
 
 def test_tensorrt_and_cuda_keep_the_portable_target(kv8):
@@ -187,4 +189,13 @@ def test_interrupted_calibration_leaves_nothing_bundle_like(tiny_bundle, tmp_pat
     monkeypatch.setattr(kv_cache, "calibrate", boom)
     with pytest.raises(KeyboardInterrupt):
         quantize(tiny_bundle("qwen3", 8).path, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+
+def test_fp16_target_is_refused_up_front(tiny_bundle, tmp_path):
+    from dflash_edge.quantize.precisions import QuantizeError
+
+    with pytest.raises(QuantizeError, match="fp16"):
+        quantize(tiny_bundle("qwen3", 8).path, tmp_path / "out", "fp16", "fp16")
     assert list(tmp_path.iterdir()) == []
