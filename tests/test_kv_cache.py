@@ -199,3 +199,20 @@ def test_fp16_target_is_refused_up_front(tiny_bundle, tmp_path):
     with pytest.raises(QuantizeError, match="fp16"):
         quantize(tiny_bundle("qwen3", 8).path, tmp_path / "out", "fp16", "fp16")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_export_kv_cache_int8_is_export_then_quantise(tiny_bundle, tmp_path, prompts_file):
+    from dflash_edge.export.exporter import ExportOptions, export_bundle
+    from dflash_edge.quantize.bundle_quant import export_quantized
+    from dflash_edge.quantize.quality import ReportOptions
+    from dflash_edge.runtime import Generator
+
+    root = tiny_bundle("qwen3", 8).path.parent
+    opts = ExportOptions(out=tmp_path / "kv8", target=str(root / "target"), draft=str(root / "drafter"),
+                         block_size=8, max_context=128, prefill_chunk=8, verify=False)
+    report = ReportOptions(positions=24, max_new_tokens=12, accept_prompts=1, prompts=prompts_file, threads=1)
+    out = export_quantized(export_bundle, opts, "fp32", report=report, kv_cache="int8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kv8"]                       # no fp32 leftovers
+    gen = Generator.load(out, threads=1)
+    assert gen.target.kv.key.array.dtype == np.int8
+    assert {g["precision"] for g in gen.bundle.manifest["graphs"].values()} == {"fp32"}
