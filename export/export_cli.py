@@ -31,7 +31,9 @@ def add_arguments(p) -> None:
     p.add_argument("--precision", default=None, choices=PRECISIONS,
                    help="then quantise target and drafter to this precision (`dflash-edge quantize`, with its "
                         "report); default fp32, or the plan's choice with --device")
-    p.add_argument("--kv-cache", default="fp32", choices=("fp32", "int8"),
+    from dflash_edge.quantize.kv_cache import KV_CACHES
+
+    p.add_argument("--kv-cache", default="fp32", choices=KV_CACHES,
                    help="the fused target's KV cache (int8: `dflash-edge quantize --kv-cache int8` after export)")
     p.add_argument("--device", default=None, help="plan for this device profile (`dflash-edge devices`): take the "
                                                   "precision and max context that fit, or refuse naming what would fit")

@@ -187,7 +187,9 @@ class Generator:
             fp16 = b.manifest["graphs"][graph]["precision"] == "fp16"
             return open_graph(b.graph_path(graph), replace(config, fp16=fp16), profiles.get(graph), shared.get(graph))
 
-        target = TARGET_MODELS[name](session(name), dims, capacity, (*range(1, b.block_size + 1), chunk),
+        runner = session(name)
+        _check_cache_dtype(b, name, runner, kv_dtypes[name])
+        target = TARGET_MODELS[name](runner, dims, capacity, (*range(1, b.block_size + 1), chunk),
                                      kv_dtypes[name], pad_rows=b.graph_pad_rows(name))  # T = k + 1, k = 0..B-1
         drafter = DraftModel(session("drafter"), dims, capacity,
                              target.hidden, b.model["mask_token_id"], b.kv_dtype, max_ctx_rows=ranges["C"][2])
@@ -448,3 +450,12 @@ def _check_io_tables(b: Bundle) -> None:
         if name in GRAPHS and b.manifest["graphs"][name]["io"] != io_manifest(name, b.graph_kv_dtype(name)):
             raise BundleError(f"{b.root}: graph {name!r} declares inputs/outputs that this runtime does not "
                               f"implement; re-export the bundle with this dflash-edge version")
+
+
+def _check_cache_dtype(b: Bundle, name: str, runner, dtype: str) -> None:
+    """The graph file's cache inputs must have the dtype its manifest entry promises (int8 vs fp32 cache)."""
+    have = {i.name: i.type for i in runner.session.get_inputs()}
+    cache = have.get("past_key.0", have.get("past_key"))
+    if cache is not None and cache != f"tensor({'float' if dtype == 'float32' else dtype})":
+        raise BundleError(f"{b.root}: graph {name!r} has a {cache} KV cache but its manifest entry says {dtype}; "
+                          f"the manifest does not match the graph: re-export or re-quantise the bundle")

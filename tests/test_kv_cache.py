@@ -216,3 +216,20 @@ def test_export_kv_cache_int8_is_export_then_quantise(tiny_bundle, tmp_path, pro
     gen = Generator.load(out, threads=1)
     assert gen.target.kv.key.array.dtype == np.int8
     assert {g["precision"] for g in gen.bundle.manifest["graphs"].values()} == {"fp32"}
+
+
+def test_manifest_cache_dtype_that_the_graph_does_not_have(kv8, tmp_path):
+    import shutil
+
+    from dflash_edge.runtime import Generator
+    from dflash_edge.runtime.bundle import BundleError
+    from dflash_edge.runtime.io_tables import io_manifest
+
+    bad = tmp_path / "b"
+    shutil.copytree(kv8("fp32"), bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    manifest["graphs"]["target_fused"]["kv_cache"]["dtype"] = "float16"            # the graph's cache is int8
+    manifest["graphs"]["target_fused"]["io"] = io_manifest("target_fused", "float16")   # consistent with it
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="does not match"):
+        Generator.load(bad, verify=False)
