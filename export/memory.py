@@ -3,13 +3,15 @@
 The per-stage meter (`MemoryMeter`: peak RSS at the end of each stage, into the manifest's
 `source.peak_rss_mb`) is runtime/memory.py's, shared with quantize/.
 
->>> check_fits(2_400_000_000, "Qwen3-0.6B")      # doctest: +SKIP  (on a machine with < 6.6 GB available)
+On a machine with less than 6.6 GB available:
+
+>>> check_fits(2_400_000_000, "Qwen3-0.6B")      # doctest: +SKIP
 InsufficientMemoryError: exporting Qwen3-0.6B needs about 6.6 GB of memory ...
 """
 from __future__ import annotations
 
 from dflash_edge.runtime.errors import DflashEdgeError
-from dflash_edge.runtime.memory import rss_bytes
+from dflash_edge.runtime.memory import proc_kb_field, rss_bytes
 
 # Fitted to two measured torch-path exports (docs/BENCHMARKS.md, issue 15): peak RSS ~ 1.9 x the target's
 # fp32 bytes + 2.0 GB (SmolLM2-135M: 0.54 GB -> 3.0 GB; Qwen3-0.6B dims: 2.39 GB -> 6.5 GB).
@@ -23,14 +25,7 @@ class InsufficientMemoryError(DflashEdgeError):
 
 def available_bytes() -> int | None:
     """MemAvailable from /proc/meminfo (None where unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
+    return proc_kb_field("/proc/meminfo", "MemAvailable")
 
 
 def check_fits(weight_bytes: int, what: str) -> float:

@@ -24,15 +24,23 @@ def rss_bytes() -> int:
         return 0
 
 
-def peak_rss_bytes() -> int:
-    """VmHWM from /proc/self/status (Linux), else ru_maxrss."""
+def proc_kb_field(path: str, key: str) -> int | None:
+    """Bytes of the `key:` line of a Linux /proc file given in kB (e.g. VmHWM, MemAvailable); None elsewhere."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{key}:"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError):
         pass
+    return None
+
+
+def peak_rss_bytes() -> int:
+    """VmHWM from /proc/self/status (Linux), else ru_maxrss."""
+    peak = proc_kb_field("/proc/self/status", "VmHWM")
+    if peak is not None:
+        return peak
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
