@@ -11,8 +11,10 @@ Scales come from the bundle's own fused target run with its fp32 cache over held
 |K| / |V| per layer and channel (post-rotary K, as the cache holds it) times `margin`, over 127.
 Losslessness stays against the bundle's own target: decode and verify read the same int8 cache.
 
->>> k, v = calibrate(gen, texts)                       # doctest: +SKIP   [L, Hkv*D] each
->>> info = int8_cache_graph(model, k, v)               # doctest: +SKIP   rewrites the proto in place
+`calibrate` returns two [L, Hkv * D] arrays; `int8_cache_graph` rewrites the proto in place:
+
+>>> k, v = calibrate(gen, texts)                       # doctest: +SKIP
+>>> info = int8_cache_graph(model, k, v)               # doctest: +SKIP
 """
 from __future__ import annotations
 
