@@ -170,6 +170,7 @@ def quantize_cache(root, manifest: dict, prompts: list[str], *, count: int = 16,
 
     from dflash_edge.runtime import Generator
     from dflash_edge.runtime.bundle import file_entry, read_bundle
+    from dflash_edge.runtime.io_tables import io_manifest
 
     root, t = Path(root), time.perf_counter()
     entry = manifest["graphs"]["target_fused"]                  # check_request ran first
@@ -184,8 +185,6 @@ def quantize_cache(root, manifest: dict, prompts: list[str], *, count: int = 16,
     tmp = path.with_name(path.name + ".tmp")
     onnx.save(model, str(tmp))
     tmp.replace(path)
-    from dflash_edge.runtime.io_tables import io_manifest
-
     return {**entry, "files": [file_entry(root, entry["files"][0]["path"]), *entry["files"][1:]],
             "io": io_manifest("target_fused", "int8"),
             "kv_cache": {**info, "margin": margin, "calibration": {"prompts": len(texts),
