@@ -25,7 +25,7 @@ from bench_runtime import OracleDrafter  # noqa: E402
 
 def sweep_hit(gen, real, prompts: list[str], hit: float, ks: list[int], max_new_tokens: int, tune_budget: float,
               step_ms: dict, repeats: int = 1) -> dict:
-    from dflash_edge.runtime.tune_cli import acceptance
+    from dflash_edge.cli.tune import acceptance
     from dflash_edge.runtime.tuning import Tuned, choose_verify_len, manifest_digest, monotone, survival
 
     gen.drafter, gen.tuned = real, None
@@ -70,8 +70,8 @@ def sweep_hit(gen, real, prompts: list[str], hit: float, ks: list[int], max_new_
 
 def main(argv=None) -> int:
     from dflash_edge.runtime import Generator
-    from dflash_edge.runtime.bench_cli import load_prompts
-    from dflash_edge.runtime.tune_cli import step_times
+    from dflash_edge.data import read_prompts as load_prompts
+    from dflash_edge.cli.tune import step_times
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle")

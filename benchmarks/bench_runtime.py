@@ -91,7 +91,7 @@ class OracleDrafter:
 
 def oracle_sweep(bundle: str, hits: list[float], limit: int, max_new_tokens: int, threads: int) -> dict:
     from dflash_edge.runtime import Generator
-    from dflash_edge.runtime.bench_cli import load_prompts
+    from dflash_edge.data import read_prompts as load_prompts
 
     gen = Generator.load(bundle, threads=threads, verify=False)
     real = gen.drafter

@@ -34,8 +34,8 @@ def main() -> int:
     from dflash_edge.devices.detect import detect_cpu
     from dflash_edge.devices.planner import plan
     from dflash_edge.runtime import Generator
-    from dflash_edge.runtime.bench_cli import load_prompts
-    from dflash_edge.runtime.devices_cli import bundle_request
+    from dflash_edge.data import read_prompts as load_prompts
+    from dflash_edge.cli.devices import bundle_request
 
     gen = Generator.load(args.bundle, provider="cpu")
     for use in (True, False):

@@ -11,10 +11,10 @@ import statistics
 
 import torch
 
-from dflash_edge.export.fetch import fetch_default_model
-from dflash_edge.export.models import load_target
-from dflash_edge.export.reference_loop import GenerationConfig, speculative_generate, target_generate
-from dflash_edge.export.resolve_drafter import resolve_drafter
+from dflash_edge.models.fetch import fetch_default_model
+from dflash_edge.models import load_target
+from dflash_edge.models.reference_loop import GenerationConfig, speculative_generate, target_generate
+from dflash_edge.models.resolve_drafter import resolve_drafter
 from dflash_edge.runtime.tokenizer import ChatTokenizer
 
 PROMPTS = ["Why is the sky blue?", "Write a Python function that checks whether a number is prime.",

@@ -23,7 +23,7 @@ import httpx
 import uvicorn
 
 from dflash_edge.runtime import Generator
-from dflash_edge.runtime.bench_cli import load_prompts
+from dflash_edge.data import read_prompts as load_prompts
 from dflash_edge.serve.app import ServerOptions, build_app
 
 HOST = "127.0.0.1"

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from dflash_edge.runtime import Generator
-from dflash_edge.runtime.bench_cli import load_prompts
+from dflash_edge.data import read_prompts as load_prompts
 
 MODES = [                                   # (temperature, use_draft, stop, close after the first piece)
     (0.0, True, None, False), (0.7, True, None, False), (0.0, False, None, False),

@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    from dflash_edge.runtime.bench_cli import load_prompts
+    from dflash_edge.data import read_prompts as load_prompts
 
     runners = {}
     for spec in args.ours:

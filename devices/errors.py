@@ -1,16 +1,12 @@
-"""The user-facing error base, on the lowest floor that raises one (devices/, floor 1).
+"""Errors of the device room (floor 1: it imports nothing of ours, so it has its own base).
 
-`runtime/errors.py` re-exports `DflashEdgeError`, so every stage and the CLI share this one hierarchy.
+The CLI prints these, like runtime's `DflashEdgeError`, as one line without a traceback.
 """
 
 
-class DflashEdgeError(Exception):
-    """Base for errors the CLI prints without a traceback."""
-
-
-class DeviceError(DflashEdgeError, ValueError):
+class DeviceError(ValueError):
     """An unknown device or preset, a malformed profile, or a plan request that cannot be met."""
 
 
-class MeterError(DflashEdgeError, OSError):
+class MeterError(OSError):
     """A power meter that cannot be read (absent, not permitted, or gone mid-run)."""

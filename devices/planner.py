@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .errors import DeviceError
-from .models import DraftDims, ModelDims
+from .dims import DraftDims, ModelDims
 from .profiles import DeviceProfile, class_factors
 
 GB = 1e9

@@ -14,12 +14,12 @@ __version__ = "0.1.0"
 
 # public name -> "module:attribute"; modules are imported on first use so `import dflash_edge` stays instant.
 _LAZY = {
-    "fetch_default_model": "dflash_edge.export.fetch:fetch_default_model",
-    "import_gguf": "dflash_edge.export.gguf_import:import_gguf",
-    "load_target": "dflash_edge.export.models:load_target",
-    "load_drafter": "dflash_edge.export.drafter:load_drafter",
-    "speculative_generate": "dflash_edge.export.reference_loop:speculative_generate",
-    "target_generate": "dflash_edge.export.reference_loop:target_generate",
+    "fetch_default_model": "dflash_edge.models.fetch:fetch_default_model",
+    "import_gguf": "dflash_edge.models.gguf_import:import_gguf",
+    "load_target": "dflash_edge.models:load_target",
+    "load_drafter": "dflash_edge.models.drafter:load_drafter",
+    "speculative_generate": "dflash_edge.models.reference_loop:speculative_generate",
+    "target_generate": "dflash_edge.models.reference_loop:target_generate",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

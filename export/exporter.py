@@ -18,7 +18,7 @@ from dflash_edge.runtime.io_tables import FLAVOURS, io_manifest, model_dims
 from dflash_edge.runtime.memory import MemoryMeter
 
 from .external_data import SharedData
-from .publish import publish_dir
+from dflash_edge.runtime.publish import publish_dir
 
 EXPORTER_VERSION = "0.1.0"
 SAMPLE_SIZES = {"S": 5, "C": 3}          # dynamic dims' sizes while tracing (any value > 1 works)
@@ -136,7 +136,7 @@ class _Run:
         import torch
 
         from .fused_graph import OPSET_FUSED, build_fused_target
-        from .graphs import DrafterGraph, TargetGraph
+        from dflash_edge.models.graphs import DrafterGraph, TargetGraph
         from .onnx_export import OPSET, export_graph
         from .parity import check_graphs, reference_cases
 
@@ -200,7 +200,7 @@ class _Run:
                        "drafter_random_init": draft_source == "random", "parity": report, "target_fused": fused_note,
                        "export_seconds": {k: round(v, 2) for k, v in timings.items()},
                        "peak_rss_mb": self.meter.report_mb(), "rss_after_stage_mb": self.meter.after_mb()}
-            from .trt_readiness import bundle_trt_readiness
+            from dflash_edge.engines.readiness import bundle_trt_readiness
             sources["trt_readiness"] = bundle_trt_readiness(tmp)
             bundle_mod.write_manifest(tmp, _manifest(tc, dc, tok_files, graphs, opts, sources, shared_entries))
             _check_only_named_files(tmp, graphs, tok_files)
@@ -217,12 +217,12 @@ class _Run:
         return self.out
 
     def _load(self):
-        from .fetch import resolve_target
-        from .memory import check_fits
-        from .models import load_target
-        from .models.checkpoint import Checkpoint
-        from .models.config import TargetConfig
-        from .resolve_drafter import resolve_drafter
+        from dflash_edge.models.fetch import resolve_target
+        from .fits import check_fits
+        from dflash_edge.models import load_target
+        from dflash_edge.models.checkpoint import Checkpoint
+        from dflash_edge.models.config import TargetConfig
+        from dflash_edge.models.resolve_drafter import resolve_drafter
         from dflash_edge.runtime.tokenizer import ChatTokenizer
 
         opts = self.opts
@@ -237,7 +237,7 @@ class _Run:
         _check_options(opts, target, drafter)
         vocab = None
         if opts.draft_vocab:
-            from .draft_vocab import load_draft_vocab
+            from dflash_edge.models.draft_vocab import load_draft_vocab
 
             source = getattr(drafter, "source", "random")
             vocab = load_draft_vocab(None if source == "random" else source, opts.draft_vocab, target.config.vocab_size)

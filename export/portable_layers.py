@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .graph_builder import GraphBuilder
-from .models.spec import AttentionSpec
+from dflash_edge.models.spec import AttentionSpec
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def rope_rows(g: GraphBuilder, table: tuple[str, str], positions: str) -> tuple[
 
 def rope_table(g: GraphBuilder, name: str, cfg) -> tuple[str, str]:
     """The config's RoPE tables as initializers [max_pos, D] (models/rope.py: the torch reference's own)."""
-    from .models.rope import rope_tables
+    from dflash_edge.models.rope import rope_tables
 
     tables = {}
 

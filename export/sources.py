@@ -34,13 +34,13 @@ def open_sources(opts, scratch: Path) -> Sources:
     """Configs, checkpoints (headers) and tokenizer for `opts` (ExportOptions); a random drafter is written to `scratch`."""
     from dflash_edge.runtime.tokenizer import ChatTokenizer
 
-    from .fetch import resolve_target
-    from .memory import check_fits
-    from .models import family_spec
-    from .models.checkpoint import Checkpoint
-    from .models.config import TargetConfig
-    from .models.names import target_tensors
-    from .models.checkpoint import check_shapes
+    from dflash_edge.models.fetch import resolve_target
+    from .fits import check_fits
+    from dflash_edge.models import family_spec
+    from dflash_edge.models.checkpoint import Checkpoint
+    from dflash_edge.models.config import TargetConfig
+    from dflash_edge.models.names import target_tensors
+    from dflash_edge.models.checkpoint import check_shapes
 
     target_dir = resolve_target(None if opts.target in (None, "default") else opts.target)
     tc = TargetConfig.from_json(target_dir)
@@ -55,7 +55,7 @@ def open_sources(opts, scratch: Path) -> Sources:
     dc, dckpt = open_drafter(draft_dir, tc)
     vocab = None
     if opts.draft_vocab:
-        from .draft_vocab import load_draft_vocab
+        from dflash_edge.models.draft_vocab import load_draft_vocab
 
         vocab = load_draft_vocab(None if source == "random" else source, opts.draft_vocab, tc.vocab_size)
     return Sources(target_dir, tc, ckpt, dc, dckpt, source, tok, vocab)
@@ -64,15 +64,15 @@ def open_sources(opts, scratch: Path) -> Sources:
 def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple[Path, str]:
     """(z-lab drafter folder, source label) for `spec`: a folder, 'default' (shipped) or 'random' (written to `scratch`)."""
     if spec in (None, "default"):
-        from .default_drafter import default_drafter_path
+        from dflash_edge.models.resolve_drafter import default_drafter_path
 
         path = default_drafter_path(target_cfg)
         if path is not None:
             return path, str(path)
         spec = "random"
     if spec == "random":
-        from .drafter import save_drafter
-        from .resolve_drafter import RANDOM_WARNING, random_drafter_for
+        from dflash_edge.models.drafter import save_drafter
+        from dflash_edge.models.resolve_drafter import RANDOM_WARNING, random_drafter_for
 
         print(RANDOM_WARNING, file=sys.stderr)
         return save_drafter(random_drafter_for(target_cfg, tokenizer), Path(scratch) / "random-drafter"), "random"
@@ -81,11 +81,11 @@ def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple
 
 def open_drafter(path: Path, target_cfg):
     """(DraftConfig, Checkpoint) of a z-lab drafter folder, checked against the target and by tensor name/shape."""
-    from .draft_config import DraftConfig
-    from .models.checkpoint import Checkpoint
-    from .models.names import drafter_tensors
-    from .models.qwen3 import attention_spec
-    from .models.checkpoint import check_shapes
+    from dflash_edge.models.draft_config import DraftConfig
+    from dflash_edge.models.checkpoint import Checkpoint
+    from dflash_edge.models.names import drafter_tensors
+    from dflash_edge.models.qwen3 import attention_spec
+    from dflash_edge.models.checkpoint import check_shapes
 
     cfg_file = path / "config.json"
     if not cfg_file.exists():
@@ -104,7 +104,7 @@ def reference(src: Sources, block: int):
     def run(inputs: dict) -> dict:
         import torch
 
-        from .graphs import DrafterGraph, TargetGraph
+        from dflash_edge.models.graphs import DrafterGraph, TargetGraph
 
         target, drafter = _lazy_target(src), _lazy_drafter(src)
         vocab = None if src.vocab is None else torch.as_tensor(src.vocab)
@@ -117,8 +117,8 @@ def reference(src: Sources, block: int):
 
 
 def _lazy_target(src: Sources):
-    from .models import build_target
-    from .models.weights import stream_layers
+    from dflash_edge.models import build_target
+    from dflash_edge.models.weights import stream_layers
 
     tied = src.target_cfg.tie_word_embeddings
     model = stream_layers(lambda: build_target(src.target_cfg), src.target_ckpt, "model.layers",
@@ -128,7 +128,7 @@ def _lazy_target(src: Sources):
 
 
 def _lazy_drafter(src: Sources):
-    from .drafter import DFlashDrafter
-    from .models.weights import stream_layers
+    from dflash_edge.models.drafter import DFlashDrafter
+    from dflash_edge.models.weights import stream_layers
 
     return stream_layers(lambda: DFlashDrafter(src.draft_cfg), src.draft_ckpt, "layers").eval()

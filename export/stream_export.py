@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dflash_edge.runtime import bundle as bundle_mod
 
-from .publish import publish_dir
+from dflash_edge.runtime.publish import publish_dir
 
 
 def _check(opts, tc, dc) -> None:
@@ -33,7 +33,7 @@ def export_streamed(opts, out: Path, steps, meter) -> Path:
     """Export `opts` to `out` (published atomically); per-stage peak RSS in `meter`."""
     from .exporter import _check_only_named_files, _copy_tokenizer, _graph_entry, _manifest, fused_supported
     from .fused_graph import OPSET_FUSED
-    from .fused_stream import build_fused_target
+    from .fused_target import build_fused_target
     from .onnx_export import OPSET
     from .portable_drafter import build_drafter
     from .portable_target import build_target
@@ -88,7 +88,7 @@ def export_streamed(opts, out: Path, steps, meter) -> Path:
                    "target_fused": fused_note, "writer": "stream",
                    "export_seconds": {k: round(v, 2) for k, v in timings.items()},
                    "peak_rss_mb": meter.report_mb(), "rss_after_stage_mb": meter.after_mb()}
-        from .trt_readiness import bundle_trt_readiness
+        from dflash_edge.engines.readiness import bundle_trt_readiness
         sources["trt_readiness"] = bundle_trt_readiness(tmp)
         bundle_mod.write_manifest(tmp, _manifest(tc, dc, tok_files, graphs, opts, sources, shared_entries))
         _check_only_named_files(tmp, graphs, tok_files)

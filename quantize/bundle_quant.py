@@ -20,7 +20,7 @@ from pathlib import Path
 from dflash_edge.runtime import bundle as bundle_mod
 
 from .dedupe import TensorIndex
-from .kv_cache import check_request, quantize_cache
+from .int8_cache import check_request, quantize_cache
 from .precisions import QuantizeError, QuantSettings, check_lowering, check_precision
 from .quality import ReportOptions
 

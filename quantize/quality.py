@@ -1,6 +1,6 @@
 """Quality report of a quantised bundle against its fp32 reference (JSON in the bundle, a table for humans).
 
-Text: held-out prompts (`train/data/heldout_prompts.jsonl` unless `prompts` names a JSONL with "prompt"
+Text: held-out prompts (the shipped set `heldout`, dflash_edge.data, unless `prompts` names another set or a JSONL with "prompt"
 fields), each followed by the reference (fp32) target's own greedy reply, teacher-forced through both
 targets in prefill-sized chunks. Measured on the reply positions:
   top1_agreement  share of positions where both targets' argmax agree
@@ -27,19 +27,20 @@ class ReportOptions:
     positions: int = 2048           # teacher-forced reply positions (at least; whole replies)
     max_new_tokens: int = 128       # per reference reply
     accept_prompts: int = 8         # prompts for acceptance length and speed
-    prompts: str | None = None      # JSONL with "prompt" fields (default: the held-out training prompts)
+    prompts: str | None = None      # JSONL with "prompt" fields or a shipped set (default: "heldout")
     threads: int = 0                # onnxruntime intra-op threads (0: one per CPU)
 
 
-def default_prompts_file() -> Path:
-    from importlib import resources
-
-    return Path(str(resources.files("dflash_edge.train").joinpath("data", "heldout_prompts.jsonl")))
-
-
 def load_prompts(path: str | Path | None) -> list[str]:
-    path = Path(path) if path else default_prompts_file()
-    return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+    """Prompt texts of a JSONL file or a shipped prompt set (default: the held-out prompts, package data)."""
+    from dflash_edge.data import read_prompts
+
+    try:
+        return [row["prompt"] for row in read_prompts(path, default="heldout")]
+    except ValueError as err:
+        from .precisions import QuantizeError
+
+        raise QuantizeError(str(err)) from err
 
 
 def teacher_forced_logits(gen, ids: list[int], rows: slice) -> np.ndarray:
@@ -128,7 +129,7 @@ def quality_report(reference: str | Path, quantized: str | Path, opts: ReportOpt
              for name, g in quant.bundle.manifest["graphs"].items()}
     total = {k: sum(s[k] for s in sizes.values()) for k in ("reference", "quantized")}
     return {"reference_bundle": str(Path(reference).resolve()),
-            "text": {"prompts_file": str(Path(opts.prompts) if opts.prompts else default_prompts_file()),
+            "text": {"prompts_file": str(opts.prompts or "heldout"),
                      "prompts": len(texts), "replies": "the reference target's greedy replies",
                      "max_new_tokens": opts.max_new_tokens},
             **_text_metrics(ref, quant, texts),

@@ -1,8 +1,12 @@
 """User-facing errors. Every message names the bad thing (file, key, value) and says the fix.
 
-Lives on the lowest floor that raises them so every stage (and the CLI) can share one hierarchy.
+`DflashEdgeError` is the base of every error the CLI prints without a traceback. devices/ (floor 1, below
+this one) has its own `DeviceError`; the CLI treats both alike (cli/__init__.py: USER_ERRORS).
 """
-from dflash_edge.devices.errors import DflashEdgeError  # noqa: F401  (the base lives on floor 1, devices/)
+
+
+class DflashEdgeError(Exception):
+    """Base for errors the CLI prints without a traceback."""
 
 
 class ModelFormatError(DflashEdgeError, ValueError):

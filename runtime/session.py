@@ -41,13 +41,6 @@ class SessionConfig:
     fp16: bool = False                        # the graph is fp16 (manifest precision): TensorRT builds fp16 kernels
 
 
-def add_thread_args(p) -> None:
-    """`--threads` and `--no-spin`, the same on every command that loads a bundle (run, bench, tune, serve)."""
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per usable CPU)")
-    p.add_argument("--no-spin", dest="spin", action="store_false",
-                   help="intra-op threads sleep between ops instead of spinning (for cores shared with other work)")
-
-
 def available_providers() -> list[str]:
     """Our provider names whose onnxruntime execution provider is present in this install."""
     import onnxruntime as ort

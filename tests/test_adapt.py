@@ -304,7 +304,7 @@ def test_adaptive_policy_probes_a_useless_drafter_rarely():
 # ---- tune and tuned.json -----------------------------------------------------------------------------------
 def test_tune_picks_plain_for_a_useless_drafter_and_long_k_for_an_oracle(bundle_copy, oracle):
     from dflash_edge.runtime import Generator
-    from dflash_edge.runtime.tune_cli import tune
+    from dflash_edge.cli.tune import tune
     from dflash_edge.runtime.tuning import read_tuned, write_tuned
 
     gen = Generator.load(bundle_copy)
@@ -423,9 +423,9 @@ def test_bench_reports_arms_per_category(tiny_bundle, tmp_path, capsys):
 def test_shipped_quoting_prompts():
     from pathlib import Path
 
-    from dflash_edge.runtime.bench_cli import load_prompts
+    from dflash_edge.data import read_prompts as load_prompts
 
-    rows = load_prompts(Path(__file__).parents[1] / "benchmarks" / "quote_prompts.jsonl")
+    rows = load_prompts("quote")
     assert len(rows) >= 8 and len({r["category"] for r in rows}) >= 4 and len({r["id"] for r in rows}) == len(rows)
     for r in rows:                                          # each quotes a block of input for the answer to reuse
         quoted = r["prompt"].split("\n", 1)[1]

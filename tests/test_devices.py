@@ -9,7 +9,7 @@ import pytest
 from dflash_edge.cli import main
 from dflash_edge.devices import detect as det
 from dflash_edge.devices.errors import DeviceError
-from dflash_edge.devices.models import ModelDims, dims_from_hf_config, preset
+from dflash_edge.devices.dims import ModelDims, dims_from_hf_config, preset
 from dflash_edge.devices.planner import (PlanRequest, alpha_for_tau, bytes_per_weight, memory_plan, plan, tau_at,
                                          target_step)
 from dflash_edge.devices.profiles import PROFILE_DIR, get_profile, load_profile_file, load_profiles
@@ -291,7 +291,7 @@ def test_plan_of_a_bundle_rejects_what_it_was_not_exported_for(tiny_bundle, extr
 
 
 def test_export_device_refuses_naming_what_would_fit(tmp_path):
-    from dflash_edge.export.device_plan import choose_for_device
+    from dflash_edge.cli.device_plan import choose_for_device
 
     cfg = {"model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,   # Qwen3-4B
            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
@@ -314,7 +314,7 @@ def test_export_device_refuses_naming_what_would_fit(tmp_path):
 def test_bundle_mlp_width_recovered_from_bytes(precision):
     from dataclasses import replace
 
-    from dflash_edge.runtime.devices_cli import _with_intermediate
+    from dflash_edge.cli.devices import _with_intermediate
 
     t, d, _ = preset("smollm2-135m")
     req = PlanRequest(t, d, cpu_profile(), precision, 2048)

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from dflash_edge.export.drafter import (DraftConfig, default_target_layer_ids, load_drafter, new_drafter,
+from dflash_edge.models.drafter import (DraftConfig, default_target_layer_ids, load_drafter, new_drafter,
                                         save_drafter)
 from dflash_edge.runtime.errors import ModelFormatError
 

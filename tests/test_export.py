@@ -4,9 +4,9 @@ import json
 import onnx
 import pytest
 
-from dflash_edge.export.drafter import DraftConfig, new_drafter, save_drafter
+from dflash_edge.models.drafter import DraftConfig, new_drafter, save_drafter
 from dflash_edge.export.exporter import ExportOptions, export_bundle
-from dflash_edge.export.models import load_target
+from dflash_edge.models import load_target
 from dflash_edge.runtime.bundle import BundleError, read_bundle, sha256_file
 from dflash_edge.runtime.errors import DflashEdgeError
 
@@ -153,8 +153,8 @@ def test_default_export_end_to_end(smollm2_dir, tmp_path):
 def test_reduced_draft_vocabulary_drafts_only_its_tokens_and_stays_lossless(tiny_checkpoints, tmp_path):
     import numpy as np
 
-    from dflash_edge.export.draft_vocab import DRAFT_VOCAB_FILE, draft_vocab_json, load_draft_vocab
-    from dflash_edge.export.reference_loop import GenerationConfig, target_generate
+    from dflash_edge.models.draft_vocab import DRAFT_VOCAB_FILE, draft_vocab_json, load_draft_vocab
+    from dflash_edge.models.reference_loop import GenerationConfig, target_generate
     from dflash_edge.runtime import Generator
 
     ckpt = tiny_checkpoints["qwen3"][1]

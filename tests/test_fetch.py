@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dflash_edge.export import fetch
-from dflash_edge.export.gguf_import import import_gguf
+from dflash_edge.models.gguf_import import import_gguf
 from dflash_edge.runtime.errors import DflashEdgeError, ModelFormatError
 
 gguf = pytest.importorskip("gguf")

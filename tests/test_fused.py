@@ -43,7 +43,7 @@ def fused_bundles(tmp_path_factory):
 
 
 def reference(tb, prompt, n):
-    from dflash_edge.export.reference_loop import GenerationConfig, target_generate
+    from dflash_edge.models.reference_loop import GenerationConfig, target_generate
 
     return target_generate(tb.target, prompt, GenerationConfig(max_new_tokens=n, max_context=MAX_CONTEXT,
                                                                     stop_token_ids=())).token_ids
@@ -137,8 +137,8 @@ def test_manifest_flavours_share_one_weights_file(fused_bundles):
 
 
 def test_tensorrt_sees_only_portable_graphs(fused_bundles):
-    from dflash_edge.export.engines import EngineOptions, build_engines
-    from dflash_edge.export.trt_readiness import bundle_trt_readiness
+    from dflash_edge.engines.build import EngineOptions, build_engines
+    from dflash_edge.engines.readiness import bundle_trt_readiness
     from dflash_edge.runtime.trt_profiles import trt_profiles
 
     tb, _ = fused_bundles("qwen3")

@@ -163,7 +163,7 @@ def test_raising_an_int8_cache_back_to_fp32(kv8, tmp_path):
 def test_rewriting_an_already_int8_graph(kv8):
     import onnx
 
-    from dflash_edge.quantize.kv_cache import int8_cache_graph
+    from dflash_edge.quantize.int8_cache import int8_cache_graph
     from dflash_edge.quantize.precisions import QuantizeError
 
     model = onnx.load(str(kv8("fp32") / "target_fused.onnx"), load_external_data=False)
@@ -181,7 +181,7 @@ def test_unknown_kv_cache_name_on_the_cli(tiny_bundle, tmp_path, capsys):
 
 
 def test_interrupted_calibration_leaves_nothing_bundle_like(tiny_bundle, tmp_path, monkeypatch):
-    import dflash_edge.quantize.kv_cache as kv_cache
+    import dflash_edge.quantize.int8_cache as kv_cache
 
     def boom(*args, **kwargs):
         raise KeyboardInterrupt

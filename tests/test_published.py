@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from published import reduced, write_target, write_zlab_drafter, zlab_config
-from dflash_edge.export.drafter import DraftConfig, load_drafter, new_drafter, save_drafter
-from dflash_edge.export.models import load_target
-from dflash_edge.export.models.checkpoint import Checkpoint
+from dflash_edge.models.drafter import DraftConfig, load_drafter, new_drafter, save_drafter
+from dflash_edge.models import load_target
+from dflash_edge.models.checkpoint import Checkpoint
 from dflash_edge.runtime.errors import ModelFormatError
 
 MODELS = ("Qwen3-4B", "Qwen3-8B", "Llama-3.1-8B")

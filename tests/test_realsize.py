@@ -95,14 +95,14 @@ def test_exporter_per_tensor_files_are_gathered_into_one(tmp_path):
 
 def test_too_large_for_memory_is_refused_before_loading(tmp_path, monkeypatch):
     from dflash_edge.export import memory
-    from dflash_edge.export.memory import InsufficientMemoryError
+    from dflash_edge.export.fits import InsufficientMemoryError
 
     cfg = reduced("Qwen3-4B")
     write_target(tmp_path / "t", cfg, shards=2)
     monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
     monkeypatch.setattr(memory, "rss_bytes", lambda: 0)
     loads = []
-    monkeypatch.setattr("dflash_edge.export.models.load_target", lambda *a, **k: loads.append(a))
+    monkeypatch.setattr("dflash_edge.models.load_target", lambda *a, **k: loads.append(a))
     with pytest.raises(InsufficientMemoryError, match=r"exporting t \(fp32\) needs about 2.0 GB .* but 0.0 GB is "
                                                       r"available.*--no-memory-check"):
         export_bundle(ExportOptions(out=tmp_path / "b", target=str(tmp_path / "t"), draft="random"), progress=False)

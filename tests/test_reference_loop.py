@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from dflash_edge.export import reference_loop
-from dflash_edge.export.drafter import DraftConfig, new_drafter
-from dflash_edge.export.models import load_target
-from dflash_edge.export.reference_loop import GenerationConfig, speculative_generate, target_generate
+from dflash_edge.models.drafter import DraftConfig, new_drafter
+from dflash_edge.models import load_target
+from dflash_edge.models.reference_loop import GenerationConfig, speculative_generate, target_generate
 from dflash_edge.runtime.errors import ContextOverflowError
 from dflash_edge.runtime.sampling import SamplingParams
 from tiny import check_two_token_distribution

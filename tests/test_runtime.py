@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
 
 def reference(tb, prompt, max_new_tokens=40, sampling=SamplingParams(), stop=None, max_context=MAX_CONTEXT,
               speculative=False):
-    from dflash_edge.export.reference_loop import GenerationConfig, speculative_generate, target_generate
+    from dflash_edge.models.reference_loop import GenerationConfig, speculative_generate, target_generate
 
     gen = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling, max_context=max_context,
                            stop_token_ids=stop)
@@ -351,7 +351,7 @@ def smollm2_bundle(smollm2_dir, tmp_path_factory):
 
 @pytest.mark.tier2
 def test_smollm2_greedy_equals_torch_reference(smollm2, smollm2_bundle):
-    from dflash_edge.export.reference_loop import GenerationConfig, target_generate
+    from dflash_edge.models.reference_loop import GenerationConfig, target_generate
     from dflash_edge.runtime import Generator
 
     gen = Generator.load(smollm2_bundle)
@@ -398,7 +398,7 @@ def test_bench_cli_report(tiny_bundle, tmp_path, capsys):
 
 
 def test_shipped_benchmark_prompts():
-    from dflash_edge.runtime.bench_cli import load_prompts
+    from dflash_edge.data import read_prompts as load_prompts
 
     rows = load_prompts(None)
     assert len(rows) >= 40 and len({r["prompt"] for r in rows}) == len(rows)

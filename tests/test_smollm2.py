@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from dflash_edge.export.reference_loop import GenerationConfig, speculative_generate, target_generate
-from dflash_edge.export.resolve_drafter import random_drafter
+from dflash_edge.models.reference_loop import GenerationConfig, speculative_generate, target_generate
+from dflash_edge.models.resolve_drafter import random_drafter
 from dflash_edge.runtime.tokenizer import ChatTokenizer
 
 pytestmark = pytest.mark.tier2

@@ -5,8 +5,8 @@ import onnxruntime as ort
 import pytest
 
 from dflash_edge.export.exporter import ExportOptions, export_bundle
-from dflash_edge.export.models import load_target
-from dflash_edge.export.reference_loop import GenerationConfig, target_generate
+from dflash_edge.models import load_target
+from dflash_edge.models.reference_loop import GenerationConfig, target_generate
 from dflash_edge.runtime import Generator
 from dflash_edge.runtime.bundle import read_bundle
 

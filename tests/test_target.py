@@ -5,7 +5,7 @@ import shutil
 import pytest
 import torch
 
-from dflash_edge.export.models import FAMILIES, load_target
+from dflash_edge.models import FAMILIES, load_target
 from dflash_edge.runtime.errors import ContextOverflowError, ModelFormatError
 from tiny import FAMILY_EXTRAS
 

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from dflash_edge.export.drafter import DraftConfig, load_drafter, new_drafter, save_drafter
-from dflash_edge.export.reference_loop import GenerationConfig, target_generate
+from dflash_edge.models.drafter import DraftConfig, load_drafter, new_drafter, save_drafter
+from dflash_edge.models.reference_loop import GenerationConfig, target_generate
 from dflash_edge.train.dataset import block_keep, make_batch
 from dflash_edge.train.evaluate import EvalSpec, reference_eval, replay_eval
 from dflash_edge.train.objective import block_hidden, decay_weights, simulated_tau

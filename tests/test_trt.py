@@ -9,10 +9,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from dflash_edge.cli import main as cli_main
-from dflash_edge.export.drafter import DraftConfig, new_drafter, save_drafter
+from dflash_edge.models.drafter import DraftConfig, new_drafter, save_drafter
 from dflash_edge.export.exporter import ExportOptions, export_bundle
-from dflash_edge.export.models import load_target
-from dflash_edge.export.trt_readiness import bundle_trt_readiness, check_trt_readiness
+from dflash_edge.models import load_target
+from dflash_edge.engines.readiness import bundle_trt_readiness, check_trt_readiness
 from dflash_edge.runtime.bundle import read_bundle, sha256_file
 from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.runtime.trt_profiles import trt_profiles
@@ -262,7 +262,7 @@ def _fake_tensorrt(calls, parse_ok=True):
 def test_build_engines_with_fake_tensorrt(tiny_bundles, tmp_path, monkeypatch, precision, flags):
     import shutil
 
-    from dflash_edge.export.engines import EngineOptions, build_engines
+    from dflash_edge.engines.build import EngineOptions, build_engines
 
     bundle_dir = shutil.copytree(tiny_bundles["qwen3", 8], tmp_path / "b")
     calls = {}
@@ -291,7 +291,7 @@ def test_build_engines_with_fake_tensorrt(tiny_bundles, tmp_path, monkeypatch, p
 def test_norm_chains_stay_fp32(tiny_bundles, tmp_path, monkeypatch):
     import shutil
 
-    from dflash_edge.export.engines import EngineOptions, build_engines
+    from dflash_edge.engines.build import EngineOptions, build_engines
 
     bundle_dir = shutil.copytree(tiny_bundles["qwen3", 4], tmp_path / "b")
     calls = {}
@@ -307,7 +307,7 @@ def test_norm_chains_stay_fp32(tiny_bundles, tmp_path, monkeypatch):
 
 
 def test_build_engines_reports_parser_errors(tiny_bundles, monkeypatch):
-    from dflash_edge.export.engines import EngineOptions, build_engines
+    from dflash_edge.engines.build import EngineOptions, build_engines
 
     monkeypatch.setitem(sys.modules, "tensorrt", _fake_tensorrt({}, parse_ok=False))
     with pytest.raises(DflashEdgeError, match=r"parser rejected .*target.onnx:\n  In node 7 \(Foo\)"):
@@ -348,7 +348,7 @@ def test_real_engines_match_onnxruntime(tiny_bundles, tmp_path):
 
     import onnxruntime as ort
 
-    from dflash_edge.export.engines import EngineOptions, build_engines
+    from dflash_edge.engines.build import EngineOptions, build_engines
     from dflash_edge.export.onnx_export import dummy_inputs
     from dflash_edge.runtime.io_tables import GRAPHS, model_dims
 

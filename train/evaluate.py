@@ -65,7 +65,7 @@ def format_report(rep: AcceptanceReport) -> str:
 def reference_eval(target, drafter, prompt_ids: list[list[int]], categories: list[str], spec: EvalSpec,
                    progress=None) -> AcceptanceReport:
     """Run `speculative_generate` (greedy) on every prompt; collect acceptance lengths per category."""
-    from dflash_edge.export.reference_loop import GenerationConfig, speculative_generate
+    from dflash_edge.models.reference_loop import GenerationConfig, speculative_generate
 
     rep = AcceptanceReport(spec.block_size)
     gen = GenerationConfig(max_new_tokens=spec.max_new_tokens, block_size=spec.block_size)

@@ -17,10 +17,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_edge.data import prompt_set_path
+
 from . import wordlists as W
 
 CATEGORIES = ("chat", "code", "math", "writing", "knowledge", "lists")
-HELDOUT_FILE = Path(__file__).parent / "data" / "heldout_prompts.jsonl"
+HELDOUT_FILE = prompt_set_path("heldout")          # package data (dflash_edge.data)
 
 
 @dataclass

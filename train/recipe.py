@@ -42,8 +42,8 @@ class RecipeConfig:
 
 
 def load_target_and_tokenizer(spec: str | None, dtype: str = "float32", device: str = "cpu"):
-    from dflash_edge.export.fetch import resolve_target
-    from dflash_edge.export.models import load_target
+    from dflash_edge.models.fetch import resolve_target
+    from dflash_edge.models import load_target
     from dflash_edge.runtime.tokenizer import ChatTokenizer
 
     from .hardware import resolve_dtype
@@ -168,8 +168,8 @@ def build_drafter(target, tok, cfg: RecipeConfig, samples=()):
     the embedding) a mask position's logits peak on the mask token itself and the first loss is ~118
     nats on SmolLM2; at 0.1 it is ~16, and greedy acceptance does not depend on the logit scale.
     """
-    from dflash_edge.export.drafter import DraftConfig, new_drafter
-    from dflash_edge.export.resolve_drafter import pick_mask_token
+    from dflash_edge.models.drafter import DraftConfig, new_drafter
+    from dflash_edge.models.resolve_drafter import pick_mask_token
 
     dcfg = DraftConfig.for_target(target.config, num_layers=cfg.layers, block_size=cfg.block_size,
                                   mask_token_id=pick_mask_token(tok), target_layer_ids=list(cfg.gen.capture))
@@ -213,7 +213,7 @@ class BestKeeper:
 
 
 def save_with_card(drafter, out: Path, cfg: RecipeConfig, result: dict, extra_files: dict | None = None) -> None:
-    from dflash_edge.export.drafter import save_drafter
+    from dflash_edge.models.drafter import save_drafter
 
     from .model_card import model_card
 
@@ -224,7 +224,7 @@ def save_with_card(drafter, out: Path, cfg: RecipeConfig, result: dict, extra_fi
 def run_recipe(cfg: RecipeConfig, resume: bool = False, log=print, data_only: bool = False) -> dict:
     """All stages (only the data ones with `data_only`); returns the best held-out result
     (replayed greedy τ and per-position rates)."""
-    from dflash_edge.export.draft_vocab import DRAFT_VOCAB_FILE, draft_vocab_json
+    from dflash_edge.models.draft_vocab import DRAFT_VOCAB_FILE, draft_vocab_json
 
     from .objective import frequent_tokens
     from .trainer import train_drafter

@@ -34,8 +34,8 @@ def next_token_logits(target, sample: Sample, capture: tuple[int, ...]) -> torch
     Row j predicts token `prompt_len + j`. Runs the target's layers above the deepest captured one
     over the whole sequence (causal), then the final norm and LM head on the response rows only.
     """
-    from dflash_edge.export.models.layers import causal_mask
-    from dflash_edge.export.models.target import lm_logits
+    from dflash_edge.models.layers import causal_mask
+    from dflash_edge.models.target import lm_logits
 
     cfg, dev = target.config, target.lm_head.weight.device
     deepest = max(capture)

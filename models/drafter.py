@@ -1,0 +1,143 @@
+"""The DFlash block-diffusion drafter in torch, in z-lab's checkpoint format (DESIGN.md §1).
+
+The drafter has no embedding or LM head: it borrows the target's. Per step it takes the target's
+hidden states at `target_layer_ids` for the newly committed tokens (context), projects them with
+`fc` + `hidden_norm`, caches their K/V in every layer, and denoises a block
+`[last token, MASK x (B-1)]` with non-causal attention over [cached context ; block].
+
+>>> drafter = load_drafter("my-drafter/", target_config=target.config)   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dflash_edge.runtime.errors import ModelFormatError
+
+from .draft_config import SMOLLM2_MASK_TOKEN, ZLAB_MODEL_CLASS, DraftConfig, default_target_layer_ids  # noqa: F401
+from .config import TargetConfig
+from .static_cache import StaticKVCache
+from .layers import DecoderLayer, RMSNorm, RotaryTable
+from .qwen3 import attention_spec
+from dflash_edge.runtime.publish import publish_dir
+
+class DFlashDrafter(nn.Module):
+    """Tensor names are z-lab's: `layers.{i}.…`, `norm`, `fc`, `hidden_norm` (no `model.` prefix)."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.config = cfg
+        n_ctx = len(cfg.target_layer_ids)
+        self.fc = nn.Linear(n_ctx * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(attention_spec(cfg), cfg.intermediate_size)
+                                    for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+
+    def new_cache(self, max_len: int) -> StaticKVCache:
+        c = self.config
+        return StaticKVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, dtype=self.fc.weight.dtype)
+
+    def step(self, block_embeds, block_positions, ctx_feats, ctx_positions, past_k, past_v):
+        """Pure forward: (normed block hidden [1, B, H], new context K list, new context V list).
+
+        `ctx_feats` [1, C, n_ids*H] are the target features of context positions not cached yet;
+        every block position attends to [cached context ; new context ; whole block] (no mask).
+        """
+        ctx = self.hidden_norm(self.fc(ctx_feats))                                  # [1, C, H]
+        num_ctx = ctx.shape[1]
+        rope_q = self.rope(block_positions)
+        rope_kv = self.rope(torch.cat([ctx_positions, block_positions]))
+        x = block_embeds                                                            # [1, B, H]
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer(x, rope_q, past_k[i], past_v[i], None, ctx=ctx, rope_kv=rope_kv)
+            new_k.append(k[:, :, :num_ctx])                                         # [1, Hkv, C, D]: block K/V dropped
+            new_v.append(v[:, :, :num_ctx])
+        return self.norm(x), new_k, new_v
+
+    def forward(self, block_embeds: torch.Tensor, ctx_feats: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        """Append the new context to `cache` and denoise the block placed right after it."""
+        num_ctx, block = ctx_feats.shape[1], block_embeds.shape[1]
+        cache.check_room(num_ctx)
+        start = cache.length
+        ctx_positions = torch.arange(start, start + num_ctx)
+        block_positions = torch.arange(start + num_ctx, start + num_ctx + block)
+        past = [cache.past(i) for i in range(self.config.num_hidden_layers)]
+        hidden, new_k, new_v = self.step(block_embeds, block_positions, ctx_feats, ctx_positions,
+                                         [p[0] for p in past], [p[1] for p in past])
+        for i, (k, v) in enumerate(zip(new_k, new_v)):
+            cache.write(i, k, v)
+        cache.advance(num_ctx)
+        return hidden
+
+
+def new_drafter(cfg: DraftConfig, seed: int = 0) -> DFlashDrafter:
+    """A randomly initialised drafter (small normal weights, unit norms)."""
+    torch.manual_seed(seed)
+    model = DFlashDrafter(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+    return model.eval()
+
+
+def load_drafter(path: str | Path, target_config: TargetConfig | None = None, dtype=torch.float32) -> DFlashDrafter:
+    """Load a z-lab-format drafter directory; with `target_config`, check that it fits that target."""
+    from .checkpoint import Checkpoint
+    from .weights import load_streamed
+
+    path = Path(path).expanduser()
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise ModelFormatError(f"{cfg_file} not found: a DFlash drafter directory needs config.json + model.safetensors")
+    cfg = DraftConfig.from_dict(json.loads(cfg_file.read_text()))
+    if target_config is not None:
+        cfg.check_fits(target_config)
+    ckpt = Checkpoint.open(path)
+    ckpt.check_dtypes(cfg.torch_dtype)
+    return load_streamed(lambda: DFlashDrafter(cfg), ckpt, dtype).to(dtype).eval()
+
+
+def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """`model.state_dict()` with every parametrized tensor replaced by its effective value.
+
+    (Training may reparametrise weights, e.g. `fc`'s input scaling; the file holds plain names.)
+    """
+    out = {}
+    for name, value in model.state_dict().items():
+        if ".parametrizations." not in name:
+            out[name] = value
+        elif name.endswith(".original"):
+            owner, tensor = name.removesuffix(".original").split(".parametrizations.")
+            out[f"{owner}.{tensor}"] = getattr(model.get_submodule(owner), tensor)
+    return out
+
+
+def save_drafter(model: DFlashDrafter, path: str | Path, dtype=torch.bfloat16, extra_files: dict | None = None) -> Path:
+    """Write config.json + model.safetensors atomically (temp dir, then rename over `path`)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        cfg = model.config.to_dict()
+        cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in plain_state_dict(model).items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        publish_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
