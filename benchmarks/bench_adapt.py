@@ -1,8 +1,8 @@
 """Is the tuned verify length right? Oracle drafters of several hit rates: tuned k vs every fixed k (issue 13).
 
-For each hit rate h the bundle's drafter is wrapped by bench_runtime's `OracleDrafter` (each draft
+For each hit rate h the bundle's drafter is wrapped by tests/oracle_drafter.py's `OracleDrafter` (each draft
 token replaced by the target's true next token with probability h), then:
-  1. tune: `tune_cli.step_times` + `tune_cli.acceptance` on the prompts, `choose_verify_len` -> tuned k
+  1. tune: `calibrate.step_times` + `calibrate.acceptance` on the prompts, `choose_verify_len` -> tuned k
   2. per prompt, interleaved (order rotating): plain decoding, always-draft with each fixed k, and the
      default arm (adaptive policy seeded by that tuned result)
 and reports the median speedup over plain of each, the best fixed k, and tuned / best.
@@ -19,17 +19,17 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_runtime import OracleDrafter  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from oracle_drafter import OracleDrafter  # noqa: E402  (the tests' oracle drafter: one implementation)
 
 
 def sweep_hit(gen, real, prompts: list[str], hit: float, ks: list[int], max_new_tokens: int, tune_budget: float,
               step_ms: dict, repeats: int = 1) -> dict:
-    from dflash_edge.cli.tune import acceptance
+    from dflash_edge.runtime.calibrate import acceptance
     from dflash_edge.runtime.tuning import Tuned, choose_verify_len, manifest_digest, monotone, survival
 
     gen.drafter, gen.tuned = real, None
-    plain = {p: gen.generate(p, max_new_tokens=max_new_tokens, use_draft=False).token_ids for p in prompts}
+    plain = {p: gen.generate(p, max_new_tokens=max_new_tokens, draft="none").token_ids for p in prompts}
 
     def install(i, p):
         gen.drafter = OracleDrafter(real, gen.encode(p) + plain[p], hit, seed=i)
@@ -46,7 +46,7 @@ def sweep_hit(gen, real, prompts: list[str], hit: float, ks: list[int], max_new_
     gen.tuned = Tuned(k_tuned, target_ms[0], step_ms["draft"], verify_ms, s, manifest_digest(gen.bundle.manifest))
 
     fixed = sorted(set(ks) | ({k_tuned} if k_tuned else set()))      # the tuned k is always among them
-    arms = [("plain", False, None)] + [(f"k{k}", True, k) for k in fixed] + [("default", "auto", None)]
+    arms = [("plain", "none", None)] + [(f"k{k}", "drafter", k) for k in fixed] + [("default", "auto", None)]
     speed: dict[str, list[float]] = {name: [] for name, _, _ in arms}
     for i, p in enumerate(prompts):                              # 2. interleaved arms, order rotating
         res: dict[str, list[float]] = {name: [] for name, _, _ in arms}
@@ -54,7 +54,7 @@ def sweep_hit(gen, real, prompts: list[str], hit: float, ks: list[int], max_new_
             shift = (i + rep) % len(arms)
             for name, use, k in arms[shift:] + arms[:shift]:
                 install(i, p)                                    # every arm sees the same oracle draws
-                r = gen.generate(p, max_new_tokens=max_new_tokens, use_draft=use, verify_len=k)
+                r = gen.generate(p, max_new_tokens=max_new_tokens, draft=use, verify_len=k)
                 assert r.token_ids == plain[p], (name, p)       # lossless, every arm
                 res[name].append(r.stats.decode_tokens_per_s)
         for name in res:                                         # median tok/s of the repeats, then the ratio
@@ -71,7 +71,7 @@ def sweep_hit(gen, real, prompts: list[str], hit: float, ks: list[int], max_new_
 def main(argv=None) -> int:
     from dflash_edge.runtime import Generator
     from dflash_edge.data import read_prompts as load_prompts
-    from dflash_edge.cli.tune import step_times
+    from dflash_edge.runtime.calibrate import step_times
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle")

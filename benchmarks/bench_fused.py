@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
+from pathlib import Path
+
+from timing import round_robin_ms
 
 
 def _filled(bundle: str, graph: str, threads: int, prefix: list[int]):
@@ -66,16 +67,7 @@ def measure(bundle: str, contexts: list[int], repeats: int, threads: int, verify
             if verify:
                 cases[f"{flavour}_verify@{ctx}"] = lambda g=gen, c=ctx: g.target.forward(block, c)
         cases[f"fused_copy_decode@{ctx}"] = lambda c=ctx: unshared(c)
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(2):                                     # warm-up
-        for fn in cases.values():
-            fn()
-    for _ in range(repeats):
-        for name, fn in cases.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - t) * 1e3)
-    med = {k: round(statistics.median(v), 2) for k, v in times.items()}
+    med = {k: round(v, 2) for k, v in round_robin_ms(cases, repeats).items()}
     base = min(contexts)
     ratios = {k: round(v / med[k.split("@")[0] + f"@{base}"], 3) for k, v in med.items()}
     return {"bundle": bundle, "also": also or {}, "contexts": contexts, "repeats": repeats, "threads": threads, "median_ms": med,
@@ -96,11 +88,9 @@ def main(argv=None) -> int:
     also = dict(a.split("=", 1) for a in args.also)
     out = measure(args.bundle, [int(c) for c in args.contexts.split(",")], args.repeats, args.threads, args.verify,
                   also)
-    text = json.dumps(out, indent=1)
-    print(text)
+    print(json.dumps(out, indent=1))
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

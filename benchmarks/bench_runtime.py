@@ -21,7 +21,11 @@ import argparse
 import json
 import statistics
 import sys
-import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from oracle_drafter import OracleDrafter  # noqa: E402  (the tests' oracle drafter: one implementation)
+from timing import round_robin_ms  # noqa: E402
 
 
 def measure(bundle: str, context: int, repeats: int, threads: int, spin: bool = False,
@@ -53,40 +57,12 @@ def measure(bundle: str, context: int, repeats: int, threads: int, spin: bool = 
     cases = {"decode": decode, "verify": verify, "draft": draft, "prefill": prefill}
     for t in extra_sizes:
         cases[f"target_T{t}"] = lambda t=t: tgt.forward(t, context)
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(2):                                     # warm-up
-        for fn in cases.values():
-            fn()
-    for _ in range(repeats):
-        for name, fn in cases.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-    med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    med = round_robin_ms(cases, repeats)
     return {"bundle": bundle, "target_graph": tgt.GRAPH, "context": context, "block_size": block,
             "prefill_chunk": chunk, "repeats": repeats,
             "threads": threads, "spin": spin, "median_ms": {k: round(v, 2) for k, v in med.items()},
             "verify_over_decode": round(med["verify"] / med["decode"], 3),
             "draft_plus_verify_over_decode": round((med["verify"] + med["draft"]) / med["decode"], 3)}
-
-
-class OracleDrafter:
-    """The bundle's drafter, its drafts overwritten by the true continuation with probability `hit`."""
-
-    def __init__(self, real, full_sequence, hit, seed=0):
-        import numpy as np
-
-        self.real, self.full, self.hit, self.rng = real, full_sequence, hit, np.random.default_rng(seed)
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-    def draft(self, last_token, ctx_end):
-        ids = self.real.draft(last_token, ctx_end).copy()
-        for k in range(1, len(ids) + 1):
-            if ctx_end + k < len(self.full) and self.rng.random() < self.hit:
-                ids[k - 1] = self.full[ctx_end + k]
-        return ids
 
 
 def oracle_sweep(bundle: str, hits: list[float], limit: int, max_new_tokens: int, threads: int) -> dict:
@@ -100,9 +76,9 @@ def oracle_sweep(bundle: str, hits: list[float], limit: int, max_new_tokens: int
     for i, row in enumerate(load_prompts(None, limit)):
         for hit in hits:
             gen.drafter = real
-            ar = gen.generate(row["prompt"], max_new_tokens=max_new_tokens, use_draft=False)
+            ar = gen.generate(row["prompt"], max_new_tokens=max_new_tokens, draft="none")
             gen.drafter = OracleDrafter(real, gen.encode(row["prompt"]) + ar.token_ids, hit, seed=i)
-            spec = gen.generate(row["prompt"], max_new_tokens=max_new_tokens, use_draft=True)
+            spec = gen.generate(row["prompt"], max_new_tokens=max_new_tokens, draft="drafter")
             assert spec.token_ids == ar.token_ids, row["id"]
             rows.append({"id": row["id"], "hit": hit, "tau": spec.stats.mean_acceptance_length,
                          "speedup": spec.stats.decode_tokens_per_s / ar.stats.decode_tokens_per_s,
@@ -140,18 +116,13 @@ def main(argv=None) -> int:
     if args.oracle_hits:
         hits = [float(h) for h in args.oracle_hits.split(",")]
         out = oracle_sweep(args.bundle, hits, args.limit, args.max_new_tokens, args.threads)
-        print(json.dumps(out["median_by_hit"], indent=2))
-        if args.json:
-            with open(args.json, "w") as f:
-                f.write(json.dumps(out, indent=2) + "\n")
-        return 0
-    out = measure(args.bundle, args.context, args.repeats, args.threads, args.spin,
-                  tuple(int(t) for t in args.sizes.split(",") if t))
-    text = json.dumps(out, indent=2)
-    print(text)
+        shown = out["median_by_hit"]
+    else:
+        shown = out = measure(args.bundle, args.context, args.repeats, args.threads, args.spin,
+                              tuple(int(t) for t in args.sizes.split(",") if t))
+    print(json.dumps(shown, indent=2))
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 

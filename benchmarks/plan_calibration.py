@@ -38,15 +38,15 @@ def main() -> int:
     from dflash_edge.cli.devices import bundle_request
 
     gen = Generator.load(args.bundle, provider="cpu")
-    for use in (True, False):
-        gen.generate("Hello", max_new_tokens=8, use_draft=use)
+    for use in ("drafter", "none"):
+        gen.generate("Hello", max_new_tokens=8, draft=use)
     measured, ar_ms, spec_ms, positions, taus = [], [], [], [], []
     for i, row in enumerate(load_prompts(None, args.limit)):
         measured.append(detect_once())
-        for use in ((False, True) if i % 2 == 0 else (True, False)):
-            s = gen.generate(row["prompt"], max_new_tokens=args.max_new_tokens, use_draft=use).stats
-            (spec_ms if use else ar_ms).append(s.step_ms)
-            if not use:
+        for use in (("none", "drafter") if i % 2 == 0 else ("drafter", "none")):
+            s = gen.generate(row["prompt"], max_new_tokens=args.max_new_tokens, draft=use).stats
+            (spec_ms if use == "drafter" else ar_ms).append(s.step_ms)
+            if use == "none":
                 positions.append(s.prompt_tokens + s.new_tokens // 2)
             else:
                 taus.append(s.mean_acceptance_length)

@@ -40,7 +40,7 @@ def replies(ref, positions: int, cache: Path) -> list:
     prompts = load_prompts(None)
     while sum(len(r) for _, r in texts) < positions and len(texts) < len(prompts):
         ids = ref.encode(prompts[len(texts)])
-        texts.append((ids, ref.generate_ids(ids, 128, use_draft=False).token_ids))
+        texts.append((ids, ref.generate_ids(ids, 128, draft="none").token_ids))
         cache.write_text(json.dumps(texts))
     out, n = [], 0
     for text in texts:
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
             quant = Generator.load(out, threads=args.threads, verify=False)
             m = quality._text_metrics(ref, quant, texts)
             ms = [1e3 * r.stats.decode_s / (r.stats.new_tokens - 1)
-                  for r in (quant.generate_ids(ids, 64, use_draft=False, stop_token_ids=()) for ids, _ in texts[:2])]
+                  for r in (quant.generate_ids(ids, 64, draft="none", stop_token_ids=()) for ids, _ in texts[:2])]
             mb = sum(f["bytes"] for f in manifest["graphs"]["target"]["files"]) / 1e6
             print(f"| {name} | `{setting}` | {m['top1_agreement']:.2%} | {m['perplexity']['quantized']:.3f} "
                   f"(fp32 {m['perplexity']['reference']:.3f}) | {m['positions']} | {mb:.1f} | "

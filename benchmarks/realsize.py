@@ -60,13 +60,13 @@ def run(bundle: Path, prompts: int, new_tokens: int, share: bool, provider: str)
     for i in range(prompts):
         ids = [int(x) for x in rng.integers(100, 4000, size=24)]
         timings = {}
-        for use in (False, True):                  # interleaved, side by side
+        for use in ("none", "drafter"):             # interleaved, side by side
             t = time.perf_counter()
-            res = gen.generate_ids(ids, max_new_tokens=new_tokens, use_draft=use, stop_token_ids=[])
+            res = gen.generate_ids(ids, max_new_tokens=new_tokens, draft=use, stop_token_ids=[])
             timings[use] = (time.perf_counter() - t, res)
-        plain, spec = timings[False][1], timings[True][1]
+        plain, spec = timings["none"][1], timings["drafter"][1]
         identical &= plain.token_ids == spec.token_ids
-        rows.append({"plain_s": timings[False][0], "spec_s": timings[True][0],
+        rows.append({"plain_s": timings["none"][0], "spec_s": timings["drafter"][0],
                      "tau": spec.stats.mean_acceptance_length, "tokens": len(plain.token_ids)})
     report = {
         "provider": provider, "share_weights": share, "lossless_greedy_identical": identical, "prompts": prompts,

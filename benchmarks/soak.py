@@ -20,9 +20,9 @@ from pathlib import Path
 from dflash_edge.runtime import Generator
 from dflash_edge.data import read_prompts as load_prompts
 
-MODES = [                                   # (temperature, use_draft, stop, close after the first piece)
-    (0.0, True, None, False), (0.7, True, None, False), (0.0, False, None, False),
-    (0.0, "auto", ["."], False), (1.0, True, ["\n"], False), (0.0, True, None, True),
+MODES = [                                   # (temperature, draft, stop, close after the first piece)
+    (0.0, "drafter", None, False), (0.7, "drafter", None, False), (0.0, "none", None, False),
+    (0.0, "auto", ["."], False), (1.0, "drafter", ["\n"], False), (0.0, "drafter", None, True),
 ]
 
 
@@ -38,9 +38,9 @@ def rss_mb() -> float:
 
 
 def one(gen, prompt: str, i: int, max_new_tokens: int) -> int:
-    temperature, use_draft, stop, close_early = MODES[i % len(MODES)]
+    temperature, draft, stop, close_early = MODES[i % len(MODES)]
     with gen.stream(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=i, stop=stop,
-                    use_draft=use_draft) as stream:
+                    draft=draft) as stream:
         for _ in stream:
             if close_early:
                 break

@@ -27,7 +27,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for key, gen in gens.items():
             ids = gen.encode("Write a short story about a robot learning to paint.")
-            res = gen.generate_ids(ids, args.tokens, use_draft=False, stop_token_ids=())
+            res = gen.generate_ids(ids, args.tokens, draft="none", stop_token_ids=())
             ms.setdefault(key, []).append(1000 / res.stats.decode_tokens_per_s)
     for (graph, spin), vals in ms.items():
         print(f"{graph:13s} spin={spin!s:5s} {statistics.median(vals):7.2f} ms/token")

@@ -1,6 +1,6 @@
 """Plain decode of our bundles vs onnxruntime-genai's models: ms/token, interleaved per prompt.
 
-Same prompts (benchmarks/prompts.jsonl), same chat template (our tokenizer encodes; genai gets the ids),
+Same prompts (the shipped set `bench`, data/prompts/bench.jsonl), same chat template (our tokenizer encodes; genai gets the ids),
 greedy, exactly --new-tokens tokens each (no early stop), the same intra-op thread count. genai runs in a
 worker process of its own venv's python (it needs no dflash-edge), talking JSON lines over stdin/stdout.
 ms/token = (last token - first token) / (new tokens - 1): prefill and the first token are excluded on both.
@@ -83,7 +83,7 @@ class OursRunner:
         self.gen = Generator.load(path, threads=threads, verify=False)
 
     def run(self, ids: list[int], new: int) -> dict:
-        res = self.gen.generate_ids(ids, new, use_draft=False, stop_token_ids=())
+        res = self.gen.generate_ids(ids, new, draft="none", stop_token_ids=())
         return {"tokens": res.token_ids, "ms_per_token": 1e3 * res.stats.decode_s / (new - 1)}
 
 

@@ -116,11 +116,14 @@ class NvmlMeter(Meter):
 
 
 class SampledMeter(Meter):
-    """Integrates a power source (watts) sampled every `interval_s` by a daemon thread (trapezoid rule)."""
+    """Integrates a power source (watts) sampled every `interval_s` by a daemon thread (trapezoid rule).
 
-    def __init__(self, interval_s: float = 0.05):
-        self.interval_s, self.energy, self.error = interval_s, 0.0, None
-        self.last = (time.perf_counter(), self.power_w())
+    `clock` (seconds, monotonic) times the samples; tests pass a scripted one.
+    """
+
+    def __init__(self, interval_s: float = 0.05, clock=time.perf_counter):
+        self.interval_s, self.energy, self.error, self.clock = interval_s, 0.0, None, clock
+        self.last = (clock(), self.power_w())
         self.lock, self.stop = threading.Lock(), threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -129,7 +132,7 @@ class SampledMeter(Meter):
         raise NotImplementedError
 
     def _sample(self) -> None:
-        watts, now = self.power_w(), time.perf_counter()
+        watts, now = self.power_w(), self.clock()
         with self.lock:
             t0, w0 = self.last
             self.energy += (now - t0) * (w0 + watts) / 2
@@ -178,12 +181,12 @@ class InaMeter(SampledMeter):
 
     name, scope = "ina3221", "Jetson module rails (VDD_IN where present, else the sum of the rails)"
 
-    def __init__(self, root: Path = HWMON, interval_s: float = 0.05):
+    def __init__(self, root: Path = HWMON, interval_s: float = 0.05, clock=time.perf_counter):
         self.dirs = [d for d in sorted(Path(root).glob("hwmon*"))
                      if (d / "name").exists() and (d / "name").read_text().strip() in INA_NAMES]
         if not self.dirs:
             raise MeterError(f"no INA3221 hwmon device under {root} (not a Jetson, or an L4T without the driver)")
-        super().__init__(interval_s)
+        super().__init__(interval_s, clock)
 
     def power_w(self) -> float:
         rails = {}
@@ -207,7 +210,7 @@ class TegrastatsMeter(SampledMeter):
 
     name, scope = "tegrastats", "Jetson module rails (VDD_IN where present, else the sum of the rails)"
 
-    def __init__(self, lines=None, interval_s: float = 0.1):
+    def __init__(self, lines=None, interval_s: float = 0.1, clock=time.perf_counter):
         self.proc = None
         if lines is None:
             try:
@@ -217,7 +220,7 @@ class TegrastatsMeter(SampledMeter):
                 raise MeterError(f"tegrastats cannot run ({err}); not a Jetson, or L4T tools are not on PATH") from err
             lines = self.proc.stdout
         self.lines = iter(lines)
-        super().__init__(interval_s=0)           # tegrastats paces itself: the sampler reads lines as they come
+        super().__init__(interval_s=0, clock=clock)   # tegrastats paces itself: the sampler reads lines as they come
 
     def power_w(self) -> float:
         for line in self.lines:

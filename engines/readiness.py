@@ -66,10 +66,10 @@ def check_trt_readiness(model, name: str | None = None) -> Report:
 
 
 def bundle_trt_readiness(bundle_dir: str | Path) -> dict:
-    """Check every graph of a bundle; returns a dict for the manifest (`source.trt_readiness`).
+    """Check every portable graph of a bundle: {tensorrt_version, table, ok, graphs: name -> summary}
+    (`dflash-edge export` prints it in one line).
 
-    Graphs come from `manifest.json` when present, otherwise every `*.onnx` in the directory (so the
-    exporter can call this on its temp dir before writing the manifest).
+    Graphs come from `manifest.json` when present, otherwise every `*.onnx` in the directory.
     """
     root = Path(bundle_dir)
     mpath = root / "manifest.json"

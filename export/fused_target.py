@@ -20,13 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .graph_builder import GraphBuilder
+from .graph_builder import MS, OPSET_FUSED, GraphBuilder
 from dflash_edge.models import family_spec
 from .portable_layers import Layer, linear, mlp
 from .portable_target import embedding, lm_head
-
-MS = "com.microsoft"
-OPSET_FUSED = 23              # RMSNormalization is standard from opset 23 (onnxruntime runs it as its fused kernel)
 
 
 def _norm_weight(g: GraphBuilder, ckpt, name: str) -> str:

@@ -17,6 +17,10 @@ from dflash_edge.runtime.io_tables import GRAPHS, expand_specs
 
 from .weight_store import ONNX_DTYPES, WeightStore
 
+OPSET = 17                    # the portable graphs: standard ONNX ops TensorRT parses
+OPSET_FUSED = 23              # target_fused: RMSNormalization is standard from opset 23 (onnxruntime's fused kernel)
+MS = "com.microsoft"          # onnxruntime's contrib-op domain (GroupQueryAttention, SkipSimplifiedLayerNormalization)
+
 
 class GraphBuilder:
     """Nodes + initializers of graph `graph`; every helper returns output names."""

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .graph_builder import GraphBuilder
+from .graph_builder import OPSET, GraphBuilder
 from dflash_edge.models.qwen3 import attention_spec
 from .portable_layers import Layer, Rope, decoder_layer, int_range, linear, rms_norm, rope_rows, rope_table, \
     split_past, stack_new, weight_t
-from .portable_target import OPSET, embedding
+from .portable_target import embedding
 
 
 def _head(g: GraphBuilder, flat: str, tc, target_ckpt, embed: str, vocab) -> str:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .graph_builder import GraphBuilder
+from .graph_builder import OPSET, GraphBuilder
 from dflash_edge.models import family_spec
 from .portable_layers import (Layer, Rope, decoder_layer, float_min, int_range, rms_norm, rope_rows, rope_table,
                               split_past, stack_new, weight_t)
 
-OPSET = 17
 EMBED = "model.embed_tokens.weight"
 
 

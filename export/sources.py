@@ -1,9 +1,11 @@
-"""What an export reads, opened lazily: the target and drafter checkpoints (headers only), their configs,
+"""What the exporter reads, opened lazily: the target and drafter checkpoints (headers only), their configs,
 the tokenizer and a reduced draft vocabulary, every tensor checked by name and shape before any is read.
+The graph writers (portable_target, fused_target, portable_drafter) then read one tensor at a time from
+these checkpoints: there is no other way into a bundle.
 
-Also the torch reference for parity (`reference`): the torch models of export/models, built on the meta
-device with each decoder layer's weights read from the checkpoint when it runs and dropped after it, so
-parity never holds a whole model either.
+Also parity's independent check (`reference`): the torch graph modules of models/graphs.py over the torch
+models of models/, built on the meta device with each decoder layer's weights read from the checkpoint
+when it runs and dropped after it, so parity never holds a whole model either.
 
 >>> src = open_sources(opts, scratch=Path("/tmp/x"))      # doctest: +SKIP
 >>> src.target_cfg.hidden_size, src.draft_cfg.target_layer_ids   # doctest: +SKIP
@@ -99,8 +101,9 @@ def open_drafter(path: Path, target_cfg):
 
 
 def reference(src: Sources, block: int):
-    """`inputs -> outputs` (graph -> one tuple per case, numpy) from the torch graph modules (graphs.py) over
-    layer-by-layer torch models: what parity compares the streamed graphs with."""
+    """`inputs -> outputs` (graph -> one tuple per case, numpy) from the torch graph modules (models/graphs.py)
+    over layer-by-layer torch models: what parity compares the written graphs with. The checkpoints of `src`
+    (a random drafter's in the export's scratch folder) must still exist when it runs."""
     def run(inputs: dict) -> dict:
         import torch
 

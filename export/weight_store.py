@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .external_data import ALIGN, INLINE_BELOW, SHARED_FILE, append_aligned  # noqa: F401  (ALIGN: re-exported)
+from dflash_edge.runtime.tensor_file import INLINE_BELOW, append_aligned
+
+SHARED_FILE = "shared.onnx.data"    # tensors several graphs hold (the target's embedding / LM head), once
 
 # graph -> its external-data file: the fused target reuses the portable target's weights file
 DATA_FILES = {"target": "target.onnx.data", "target_fused": "target.onnx.data", "drafter": "drafter.onnx.data"}

@@ -1,4 +1,6 @@
-"""Torch reference targets, one file per family; the file name is the config's `model_type`.
+"""What a checkpoint is (floor 3): configs, families as data (one file per family, the file name is the config's
+`model_type`), safetensors / GGUF readers, fetch, the torch reference models (target and z-lab drafter) and the
+reference loop that export's parity, train and the tests check against.
 
 >>> from dflash_edge.models import load_target      # doctest: +SKIP
 >>> target = load_target("~/.cache/dflash-edge/models/smollm2-135m-instruct")  # doctest: +SKIP

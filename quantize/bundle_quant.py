@@ -37,7 +37,7 @@ class QuantizeOptions:
     force: bool = False
     settings: QuantSettings = field(default_factory=QuantSettings)
     report: ReportOptions | None = field(default_factory=ReportOptions)   # None: no quality report
-    kv_cache: str = "fp32"               # the fused target's cache: "int8" quantises it (kv_cache.py)
+    kv_cache: str = "fp32"               # the fused target's cache: "int8" quantises it (int8_cache.py)
 
 
 def family(precision: str):
@@ -186,25 +186,3 @@ def quantize_bundle(opts: QuantizeOptions, log=None) -> Path:
     print(f"quantized {out} ({sizes}; peak RSS GB: {peaks})", file=log)
     return out
 
-
-def export_quantized(export, opts, precision: str, report: ReportOptions | None = None,
-                     kv_cache: str = "fp32") -> Path:
-    """`export --precision`: `export(opts)` an fp32 bundle into a temp folder, quantise it into `opts.out`.
-
-    `export` is `dflash_edge.export.exporter.export_bundle`, passed in (quantize/ does not import export/);
-    `report` defaults to the full quality report.
-    """
-    import dataclasses
-
-    check_precision(precision)
-    out = Path(opts.out).expanduser()
-    if out.exists() and not opts.force:
-        raise QuantizeError(f"{out} already exists; pass --force to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.fp32-", dir=out.parent))
-    try:
-        fp32 = export(dataclasses.replace(opts, out=tmp / "fp32", force=True))
-        return quantize_bundle(QuantizeOptions(fp32, out, target=precision, draft=precision, force=opts.force,
-                                               report=report or ReportOptions(), kv_cache=kv_cache))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

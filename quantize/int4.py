@@ -50,8 +50,13 @@ def quantize_matmuls_in_memory(model, settings: QuantSettings, bits: int) -> int
 
 def quantize(model, settings: QuantSettings, weights=None) -> dict:
     """Quantise `model` to int4 in place, its data in the model (`weights` None) or streamed; returns what was done."""
-    bits = 4 if settings.embedding_bits == 0 else settings.embedding_bits
-    tied = quantize_tied_embedding(model, bits, settings.block_size, settings.accuracy_level, weights) \
-        if bits > 0 else []
-    return {"matmul_nbits": quantize_matmuls(model, settings, 4, weights), "embedding": tied,
-            "embedding_bits": bits if tied else 32}
+    return quantize_nbits(model, settings, 4, weights)
+
+
+def quantize_nbits(model, settings: QuantSettings, bits: int, weights=None) -> dict:
+    """MatMul weights to `bits`-bit MatMulNBits blocks, the tied embedding to `settings.embedding_bits` (0: `bits`)."""
+    emb_bits = bits if settings.embedding_bits == 0 else settings.embedding_bits
+    tied = quantize_tied_embedding(model, emb_bits, settings.block_size, settings.accuracy_level, weights) \
+        if emb_bits > 0 else []
+    return {"matmul_nbits": quantize_matmuls(model, settings, bits, weights), "embedding": tied,
+            "embedding_bits": emb_bits if tied else 32}

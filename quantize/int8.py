@@ -11,15 +11,10 @@ activations per row and block (accuracy_level 4), keeping each token independent
 """
 from __future__ import annotations
 
-from .int4 import quantize_matmuls
+from .int4 import quantize_nbits
 from .precisions import QuantSettings
-from .tied_embedding import quantize_tied_embedding
 
 
 def quantize(model, settings: QuantSettings, weights=None) -> dict:
     """Quantise `model` to int8 in place, its data in the model (`weights` None) or streamed; returns what was done."""
-    bits = 8 if settings.embedding_bits == 0 else settings.embedding_bits
-    tied = quantize_tied_embedding(model, bits, settings.block_size, settings.accuracy_level, weights) \
-        if bits > 0 else []
-    return {"matmul_nbits": quantize_matmuls(model, settings, 8, weights), "embedding": tied,
-            "embedding_bits": bits if tied else 32}
+    return quantize_nbits(model, settings, 8, weights)

@@ -153,7 +153,7 @@ def calibration_texts(gen, prompts: list[str], count: int, new_tokens: int) -> l
     texts = []
     for prompt in prompts[-count:]:
         ids = gen.encode(prompt)
-        texts.append(ids + gen.generate_ids(ids, new_tokens, use_draft=False).token_ids)
+        texts.append(ids + gen.generate_ids(ids, new_tokens, draft="none").token_ids)
     return texts
 
 

@@ -91,11 +91,11 @@ def _speeds(ref, quant, texts, opts: ReportOptions, plain_ref_ms: list[float]) -
     plain_q, lossless = [], True
     for prompt, _ in texts[:opts.accept_prompts]:
         for key, gen in (("reference", ref), ("quantized", quant)):
-            res = gen.generate_ids(prompt, opts.max_new_tokens, use_draft=True)
+            res = gen.generate_ids(prompt, opts.max_new_tokens, draft="drafter")
             taus[key] += res.stats.acceptance_lengths
             spec_ms[key].append(_ms_per_token(res))
             if key == "quantized":
-                plain = gen.generate_ids(prompt, opts.max_new_tokens, use_draft=False)
+                plain = gen.generate_ids(prompt, opts.max_new_tokens, draft="none")
                 plain_q.append(_ms_per_token(plain))
                 lossless &= plain.token_ids == res.token_ids
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0   # noqa: E731
@@ -118,7 +118,7 @@ def quality_report(reference: str | Path, quantized: str | Path, opts: ReportOpt
         if positions >= opts.positions:
             break
         ids = ref.encode(prompt)
-        res = ref.generate_ids(ids, opts.max_new_tokens, use_draft=False)
+        res = ref.generate_ids(ids, opts.max_new_tokens, draft="none")
         texts.append((ids, res.token_ids))
         plain_ref_ms.append(_ms_per_token(res))
         positions += len(res.token_ids)

@@ -1,7 +1,7 @@
 """The embedding table [V, H] (and the LM head on the same initializer) in 4- or 8-bit blocks, stored once.
 
 The exporter's LM head is `Gemm(x, W, transB=1)` on the embedding `Gather`'s own initializer
-(`export/onnx_export.py:share_transposed_weights`). A [V, H] weight used with transB is MatMulNBits'
+(`export/portable_target.py:lm_head`). A [V, H] weight used with transB is MatMulNBits'
 [N, K] layout, so one packed tensor `[V, H/bs, bs*bits/8]` (onnxruntime's own block quantiser,
 symmetric, default zero point 2^(bits-1)) feeds both:
 

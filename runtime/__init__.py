@@ -10,6 +10,7 @@ import importlib
 # public name -> "module:attribute", imported on first use (importing the package stays instant)
 _LAZY = {
     "Generator": "generator:Generator",
+    "GenerationOptions": "validate:GenerationOptions",
     "GenerationResult": "generator:GenerationResult",
     "GenerationStats": "stats:GenerationStats",
     "SamplingParams": "sampling:SamplingParams",

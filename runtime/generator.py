@@ -1,19 +1,22 @@
-"""`Generator`: the DFlash draft -> verify -> accept -> advance loop over a bundle (numpy + onnxruntime).
+"""`Generator`: the DFlash loop over a bundle (numpy + onnxruntime).
 
-    prefill (chunks) -> [draft block -> verify block -> accept prefix + bonus -> move pos] -> ...
+    prefill (chunks) -> [choose -> propose -> verify -> accept -> advance] -> ...
 
-Every emitted token is the target's own choice at its position (`sampling.select_token`, keyed by
-absolute position, exactly as `export/reference_loop.py`), so output with the drafter equals output
-without it, token for token, greedy or sampled. Buffers are preallocated at load (`kv.py`).
+Each step the policy (policy.py) chooses a proposal source (proposals.py: none, the drafter, prompt lookup)
+and how many of its tokens the target verifies. Every emitted token is the target's own choice at its
+position (`sampling.select_token`, keyed by absolute position, exactly as `models/reference_loop.py`), so the
+output is the same whatever was proposed, token for token, greedy or sampled. Buffers are preallocated at
+load (`kv.py`); text assembly is `text.py`; the options and their checks are `validate.GenerationOptions`.
 
 >>> gen = Generator.load("bundle/")                                     # doctest: +SKIP
 >>> res = gen.generate("Why is the sky blue?", max_new_tokens=64)      # doctest: +SKIP
 >>> res.text, res.stats.mean_acceptance_length                          # doctest: +SKIP
+>>> gen.generate("Hi", GenerationOptions(draft="none", temperature=0.7))   # doctest: +SKIP
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -25,14 +28,16 @@ from .errors import ContextOverflowError, DflashEdgeError
 from .guard import GenerationGuard
 from .io_tables import GRAPHS, io_manifest, model_dims, pick_graph
 from .kv import TARGET_MODELS, DraftModel, TargetModel
-from .lookup import PromptLookup
-from .policy import AdaptivePolicy
+from .policy import make_policy
+from .proposals import (DrafterProposals, LookupProposals, NoProposals, ProposalSource, chosen_proposals,
+                        free_offers)
 from .sampling import SamplingParams, select_token
 from .session import SessionConfig, open_graph, shared_initializers
 from .stats import GenerationStats
+from .text import TextAssembler, text_pieces
 from .trt_profiles import symbol_ranges, trt_profiles
-from .tuning import Tuned, check_verify_len, read_tuned
-from .validate import GenerationArgs, InvalidArgumentError, check, check_token_ids, check_use_draft
+from .tuning import Tuned, read_tuned
+from .validate import GenerationOptions, InvalidArgumentError, check_prompt, check_token_ids
 
 
 class NonFiniteLogitsError(DflashEdgeError):
@@ -52,15 +57,11 @@ class GenerationResult:
 
 @dataclass
 class Request:
-    """One generation's inputs, resolved (prompt tokenized, sampling validated)."""
+    """One generation's inputs, resolved: prompt tokenized, options checked."""
 
     prompt_ids: list[int]
-    max_new_tokens: int = 128
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop: tuple[str, ...] = ()
-    use_draft: bool | str = "auto"  # "auto" (policy.py: per step, what pays), True (always draft), False (plain)
+    options: GenerationOptions
     t_call: float = 0.0             # perf_counter() when the call began (TTFT includes tokenizing)
-    verify_len: int | None = None   # drafts verified per step (1..B-1); None: tuned / adaptive (True: B-1)
 
 
 class Stream:
@@ -94,51 +95,6 @@ class Stream:
     def __del__(self):
         if getattr(self, "_pieces", None) is not None:
             self.close()
-
-
-class TextAssembler:
-    """Committed tokens -> text pieces: never half a character, cut at (and never showing) a stop string.
-
-    Decodes a short window of tokens (HF's prefix/read offsets) so a piece is only released once it
-    decodes to whole characters; with stop strings, the last len(stop)-1 characters wait until safe.
-    """
-
-    def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
-        self.tokenizer, self.stop = tokenizer, tuple(s for s in stop if s)
-        self.hold = max((len(s) for s in self.stop), default=1) - 1
-        self.tokens: list[int] = []
-        self.prefix = self.read = self.shown = 0
-        self.text, self.stopped = "", False
-
-    def add(self, token: int) -> str:
-        if self.stopped:
-            return ""
-        self.tokens.append(token)
-        before = self.tokenizer.decode(self.tokens[self.prefix:self.read])
-        now = self.tokenizer.decode(self.tokens[self.prefix:])
-        if len(now) > len(before) and not now.endswith("\ufffd"):   # a whole character more
-            self._append(now[len(before):])
-            self.prefix, self.read = self.read, len(self.tokens)
-        return self._release(final=False)
-
-    def finish(self) -> str:
-        if not self.stopped:
-            self._append(self.tokenizer.decode(self.tokens[self.prefix:])[len(
-                self.tokenizer.decode(self.tokens[self.prefix:self.read])):])
-            self.prefix = self.read = len(self.tokens)
-        return self._release(final=True)
-
-    def _append(self, new: str) -> None:
-        scan = max(len(self.text) - self.hold, 0)
-        self.text += new
-        hits = [i for i in (self.text.find(s, scan) for s in self.stop) if i >= 0]
-        if hits:
-            self.text, self.stopped = self.text[:min(hits)], True
-
-    def _release(self, final: bool) -> str:
-        end = len(self.text) if final or self.stopped else max(len(self.text) - self.hold, self.shown)
-        piece, self.shown = self.text[self.shown:end], end
-        return piece
 
 
 class Generator:
@@ -196,54 +152,63 @@ class Generator:
         return cls(b, ChatTokenizer.from_dir(b.root), target, drafter, read_tuned(b) if use_tuned else None)
 
     # ---- public API -------------------------------------------------------------------------------
-    def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0, stop=None, chat: bool = True,
-                 use_draft: bool | str = "auto", verify_len: int | None = None) -> GenerationResult:
+    def generate(self, prompt, options: GenerationOptions | None = None, **fields) -> GenerationResult:
         """Generate a reply to `prompt` (a string or a list of chat messages).
 
-        `use_draft`: "auto" (default) picks per step plain decoding, the drafter or a prompt lookup and the
-        verify length, by what is measured to be fastest here (`policy.py`, seeded by `tuned.json`); True
-        drafts every step, False decodes plainly (the baseline). `verify_len` (1..B-1) fixes the drafts
-        verified per step. The tokens are the same either way.
-        Arguments are checked up front (`validate.py`: InvalidArgumentError names the argument and range).
+        `options` (validate.GenerationOptions), or its fields by keyword (`max_new_tokens=64, draft="none"`):
+        the one set of defaults; `draft="auto"` (the default) picks per step plain decoding, the drafter or a
+        prompt lookup and the verify length by what is measured to pay. The tokens are the same either way.
+        Everything is checked up front (InvalidArgumentError names the field and its range).
         Threads: one generation runs at a time per Generator; other threads wait their turn and get the
         tokens a sequential run gives; a second call in the thread holding an open `stream()` raises
         GeneratorBusyError (`guard.py`).
+
+        >>> gen.generate("Hi", max_new_tokens=16, temperature=0.7, seed=1).text      # doctest: +SKIP
         """
-        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, use_draft,
-                             verify_len)
+        stream = self.stream(prompt, options, **fields)
         for _ in stream:
             pass
         return stream.result
 
-    def stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int = 0, stop=None, chat: bool = True,
-               use_draft: bool | str = "auto", verify_len: int | None = None) -> Stream:
+    def stream(self, prompt, options: GenerationOptions | None = None, **fields) -> Stream:
         """Like `generate`, yielding text pieces as tokens are committed (never half a character).
 
         The stream holds this Generator until exhausted or `close()`d (or used as `with gen.stream(...) as s`).
+
+        >>> for piece in gen.stream("Hi", max_new_tokens=16): print(piece, end="")    # doctest: +SKIP
         """
         t_call = time.perf_counter()
-        a = GenerationArgs(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, use_draft).checked()
-        req = Request(self.encode(a.prompt, a.chat), a.max_new_tokens,
-                      SamplingParams(a.temperature, a.top_k, a.top_p, a.seed), a.stop, a.use_draft, t_call, verify_len)
-        self._room(req)                                             # bad input fails here, not mid-iteration
+        opts = self._options(options, fields)
+        req = Request(self.encode(check_prompt(prompt), opts.chat), opts, t_call)
+        self._room(req.prompt_ids)                                  # bad input fails here, not mid-iteration
         return Stream(self._text_pieces(req), self._guard.acquire())
 
-    def generate_ids(self, prompt_ids: list[int], max_new_tokens: int = 128,
-                     sampling: SamplingParams = SamplingParams(), use_draft: bool | str = "auto",
-                     stop_token_ids=None, verify_len: int | None = None) -> GenerationResult:
-        """Token ids in, tokens out (no chat template); `stop_token_ids` overrides the eos ids."""
+    def generate_ids(self, prompt_ids: list[int], max_new_tokens: int | None = None,
+                     sampling: SamplingParams | None = None, *, options: GenerationOptions | None = None,
+                     stop_token_ids=None, **fields) -> GenerationResult:
+        """Token ids in, tokens out (no chat template, no stop strings); `stop_token_ids` overrides the eos ids.
+
+        `max_new_tokens` and `sampling` may be given positionally (shorthands for those option fields).
+
+        >>> gen.generate_ids([5, 17, 33], 40, draft="drafter", verify_len=4).token_ids   # doctest: +SKIP
+        """
+        t_call = time.perf_counter()
         vocab = self.bundle.model["vocab_size"]
-        req = Request(check_token_ids(prompt_ids, vocab), check("max_new_tokens", max_new_tokens), sampling, (),
-                      check_use_draft(use_draft), time.perf_counter(), verify_len)
-        if not isinstance(sampling, SamplingParams):
-            raise InvalidArgumentError("sampling", f"sampling={sampling!r}: expected a SamplingParams")
-        eos = None if stop_token_ids is None else frozenset(check_token_ids(stop_token_ids, vocab, "stop_token_ids"))
-        self._room(req)
+        ids = check_token_ids(prompt_ids, vocab)
+        opts = self._options(options, {**fields, **_shorthands(max_new_tokens, sampling)})
+        if opts.stop:
+            raise InvalidArgumentError("stop", f"stop={opts.stop!r}: stop strings are text; generate_ids stops at "
+                                               f"stop_token_ids (use generate() or stream() for stop strings)")
+        eos = self.eos if stop_token_ids is None else frozenset(check_token_ids(stop_token_ids, vocab,
+                                                                                "stop_token_ids"))
+        req = Request(ids, opts, t_call)
+        self._room(ids)
         hold = self._guard.acquire()
         try:
-            return self._collect(req, eos)
+            stats, tokens = GenerationStats(prompt_tokens=len(ids)), []
+            for committed in self._loop(req, stats, eos):
+                tokens += committed
+            return GenerationResult(self.tokenizer.decode(tokens), tokens, stats)
         finally:
             hold.release()
 
@@ -253,126 +218,76 @@ class Generator:
                 else self.tokenizer.encode(prompt)
         return self.tokenizer.encode_chat(list(prompt))
 
-    # ---- text ------------------------------------------------------------------------------------
-    def _text_pieces(self, req: Request) -> Iterator[str]:
-        stats, text = GenerationStats(prompt_tokens=len(req.prompt_ids)), TextAssembler(self.tokenizer, req.stop)
-        steps = self._loop(req, stats, self.eos)
-        tokens: list[int] = []
-        for committed in steps:
-            for token in committed:          # one at a time: a stop string ends the output at its token
-                tokens.append(token)
-                if piece := text.add(token):
-                    yield piece
-                if text.stopped:
-                    break
-            if text.stopped:
-                steps.close()
-                stats.finish_reason, stats.new_tokens = "stop", len(tokens)
-                break
-        if piece := text.finish():
-            yield piece
-        return GenerationResult(text.text, tokens, stats)
+    def _options(self, options: GenerationOptions | None, fields: dict) -> GenerationOptions:
+        """`options` with `fields` replaced, checked (verify_len against this bundle's block size)."""
+        return GenerationOptions.of(options, **fields).checked(block_size=self.block_size)
 
-    def _collect(self, req: Request, eos: frozenset[int] | None) -> GenerationResult:
-        stats, tokens = GenerationStats(prompt_tokens=len(req.prompt_ids)), []
-        for committed in self._loop(req, stats, self.eos if eos is None else eos):
-            tokens += committed
-        return GenerationResult(self.tokenizer.decode(tokens), tokens, stats)
+    def _text_pieces(self, req: Request) -> Iterator[str]:
+        stats, text = GenerationStats(prompt_tokens=len(req.prompt_ids)), TextAssembler(self.tokenizer, req.options.stop)
+        tokens = yield from text_pieces(self._loop(req, stats, self.eos), text)
+        if text.stopped:                                            # the text ended before the loop did
+            stats.finish_reason, stats.new_tokens = "stop", len(tokens)
+        return GenerationResult(text.text, tokens, stats)
 
     # ---- the loop ----------------------------------------------------------------------------------
     def _loop(self, req: Request, stats: GenerationStats, eos: frozenset[int]) -> Iterator[list[int]]:
-        """prefill -> [choose -> (draft | look up) -> verify -> accept -> advance]*; yields committed tokens."""
-        emit = Emitter(req.max_new_tokens, eos, room=self._room(req))
-        emit.push([self._prefill(req.prompt_ids, req.sampling)])
-        stats.ttft_s = time.perf_counter() - req.t_call
-        clock = _Clock(self, stats)
-        policy = AdaptivePolicy(self.block_size, self.tuned, req.verify_len) if req.use_draft == "auto" else None
-        lookup = PromptLookup(req.prompt_ids + emit.tokens) if policy else None   # token ids by position
+        """prefill -> [choose -> propose -> verify -> accept -> advance]*; yields the tokens committed."""
+        opts = req.options
+        sampling = SamplingParams(opts.temperature, opts.top_k, opts.top_p, opts.seed)
+        emit = Emitter(opts.max_new_tokens, eos, room=self._room(req.prompt_ids))
+        t = time.perf_counter()
+        emit.push([self._prefill(req.prompt_ids, sampling)])
+        stats.prefill_s, stats.ttft_s = time.perf_counter() - t, time.perf_counter() - req.t_call
+        clock, limit = _Clock(self, stats), self.block_size - 1
+        policy = make_policy(opts.draft, self.block_size, self.tuned, opts.verify_len)
+        history = req.prompt_ids + emit.tokens                      # token ids by absolute position
+        sources = self._sources(policy.sources, history)
         try:
             yield emit.tokens
             while not emit.reason:
-                if policy:
-                    tokens = self._adaptive_step(emit, req.sampling, policy, lookup, stats)
-                elif req.use_draft:
-                    tokens = self._speculative_step(emit.tokens[-1], req.sampling,
-                                                    req.verify_len or self.block_size - 1)
-                    stats.acceptance_lengths.append(len(tokens))
-                else:
-                    tokens = self._decode_step(emit.tokens[-1], req.sampling)
-                committed = emit.push(tokens)
-                if policy:
-                    lookup.extend(committed)
-                    policy.commit(lookup.history)
+                last, pos = emit.tokens[-1], self.target.kv.pos    # pos: position of `last` (not yet cached)
+                offers = free_offers(sources, last, pos, limit)    # prompt lookup (no model pass), none
+                choice = policy.pick(offers, room=emit.budget - len(emit.tokens))     # source, k (0: plain)
+                made = chosen_proposals(sources, offers, choice, last, pos, limit)   # + the drafter if needed
+                t = time.perf_counter()
+                tokens = self._verify(last, made[choice.source].tokens[:choice.k], sampling)   # verify + accept
+                seconds = time.perf_counter() - t
+                committed = emit.push(tokens)                       # advance (stop id, budget, context end)
+                history += committed
+                for source in sources.values():
+                    source.commit(committed)
+                policy.learn(choice, made, seconds, history)
+                stats.record_step(choice, len(tokens))
                 yield committed
         finally:
             clock.stop(emit)
 
-    def _adaptive_step(self, emit: Emitter, sampling: SamplingParams, policy: AdaptivePolicy, lookup: PromptLookup,
-                       stats: GenerationStats) -> list[int]:
-        """One step of what `policy` expects to be fastest; reports its times and proposals back."""
-        last, pos = emit.tokens[-1], self.target.kv.pos                # pos: position of `last` (not yet cached)
-        proposal = lookup.propose(self.block_size - 1)
-        choice = policy.choose(len(proposal), room=emit.budget - len(emit.tokens), lookup_match=lookup.matched)
-        policy.observe("lookup", pos + 1, proposal, lookup.matched)
-        draft_s, drafts = 0.0, None
-        if choice.source == "drafter" or choice.probe:
-            t = time.perf_counter()
-            drafts = self.drafter.draft(last, ctx_end=pos)             # [B-1] view
-            draft_s = time.perf_counter() - t
-            policy.observe("drafter", pos + 1, drafts.tolist())
-        t = time.perf_counter()
-        if choice.source == "plain":
-            tokens = self._decode_step(last, sampling)
-            stats.plain_steps += 1
-        else:
-            tokens = self._verify(last, drafts[:choice.k] if choice.source == "drafter" else proposal[:choice.k],
-                                  sampling)
-            (stats.acceptance_lengths if choice.source == "drafter" else stats.lookup_lengths).append(len(tokens))
-            stats.verify_lens.append(choice.k)
-        policy.step_done(choice, time.perf_counter() - t, draft_s)
-        stats.probe_steps += choice.probe
-        return tokens
-
-    def _speculative_step(self, last: int, sampling: SamplingParams, k: int) -> list[int]:
-        """Draft a block after `last`, verify its first k drafts in one target pass."""
-        drafts = self.drafter.draft(last, ctx_end=self.target.kv.pos)  # drafter first caches features [.. pos)
-        return self._verify(last, drafts[:k], sampling)
+    def _sources(self, names: tuple[str, ...], history: list[int]) -> dict[str, ProposalSource]:
+        """The proposal sources a policy uses, by name (proposals.py), fresh for one generation."""
+        make = {"plain": NoProposals, "drafter": lambda: DrafterProposals(self.drafter),
+                "lookup": lambda: LookupProposals(history)}
+        return {name: make[name]() for name in names}
 
     def _verify(self, last: int, proposals, sampling: SamplingParams) -> list[int]:
-        """Run `last` + k proposals through the target (T = k + 1); keep the agreeing prefix + a bonus token."""
+        """Run `last` + k proposals through the target (T = k + 1); keep the agreeing prefix + the target's next
+        token. k = 0 is a plain decode step."""
         start = self.target.kv.pos                                  # position of `last` (not yet cached)
         size = len(proposals) + 1
         step = self.target.steps[size]
         block = step["input_ids"][0]                                # [T]: last token, then T-1 proposals
         block[0] = last
-        block[1:] = proposals
+        if size > 1:
+            block[1:] = proposals
         self.target.forward(size, start)
         accepted, bonus = self._accept(step, block, start, sampling)
         self.target.kv.pos = start + accepted + 1                   # rollback: rejected rows are just ignored
-        return block[1:1 + accepted].tolist() + [bonus]
-
-    def _decode_step(self, last: int, sampling: SamplingParams) -> list[int]:
-        """Plain autoregressive step (the baseline): one token through the same target graph."""
-        pos = self.target.kv.pos
-        step = self.target.steps[1]
-        step["input_ids"][0, 0] = last
-        self.target.forward(1, pos)
-        self.target.kv.pos = pos + 1
-        return [self._select(step, 0, pos + 1, sampling)]
+        return block[1:1 + accepted].tolist() + [bonus] if accepted else [bonus]
 
     # ---- helpers -----------------------------------------------------------------------------------
-    def _room(self, req: Request) -> int:
+    def _room(self, prompt_ids: list[int]) -> int:
         """Tokens the context has left after the prompt (errors name the limit)."""
-        prompt_ids = req.prompt_ids
-        if req.use_draft not in (True, False, "auto"):
-            raise ValueError(f"use_draft={req.use_draft!r}: pass 'auto' (the default: per step, what is measured "
-                             f"to pay), True (always draft) or False (plain decoding)")
-        if req.verify_len is not None:
-            check_verify_len(req.verify_len, self.block_size)
-        if req.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={req.max_new_tokens}: ask for at least 1 token")
         if not prompt_ids:
-            raise ValueError("the prompt is empty: pass at least one token")
+            raise InvalidArgumentError("prompt", "the prompt is empty: pass at least one token")
         if len(prompt_ids) >= self.max_context:
             raise ContextOverflowError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
                                        f"{self.max_context}; shorten the prompt or re-export with a larger "
@@ -394,6 +309,8 @@ class Generator:
 
     def _accept(self, step, block: np.ndarray, start: int, sampling: SamplingParams) -> tuple[int, int]:
         """(number of drafts accepted, the target's token after them); row i predicts position start+1+i."""
+        if len(block) == 1:                                         # a plain decode step: nothing to accept
+            return 0, self._select(step, 0, start + 1, sampling)
         if sampling.greedy:
             target_ids = step["next_ids"][0]                        # [T] fused argmax: no vocab scan here
             match = block[1:] == target_ids[:-1]                    # [T-1]
@@ -435,6 +352,17 @@ class _Clock:
         (t_run, t_calls), (d_run, d_calls) = [(r.run_s - a, r.calls - c) for r, (a, c) in zip(self.runners, self.run0)]
         s.decode_run_s, s.draft_run_s, s.target_calls, s.draft_calls = t_run + d_run, d_run, t_calls, d_calls
         s.new_tokens, s.finish_reason = len(emit.tokens), s.finish_reason or emit.reason
+
+
+def _shorthands(max_new_tokens: int | None, sampling: SamplingParams | None) -> dict:
+    """generate_ids' positional `max_new_tokens` and `sampling` as GenerationOptions fields."""
+    fields = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
+    if sampling is None:
+        return fields
+    if not isinstance(sampling, SamplingParams):
+        raise InvalidArgumentError("sampling", f"sampling={sampling!r}: expected a SamplingParams")
+    return {**fields, "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "seed": sampling.seed}
 
 
 def _chunk_starts(n: int, size: int) -> list[int]:

@@ -2,7 +2,7 @@
 
 Shapes use named symbols. Dims fixed by the model (L, Hkv, D, V, H, N, B) are resolved from the
 manifest; the rest (T, S, C) vary per call and become dynamic axes / TensorRT profile ranges.
-From this table come: the exporter's dummy inputs, ONNX input/output names and dynamic axes, the
+From this table come: dummy inputs (`dummy_inputs`), ONNX input/output names and dynamic axes, the
 runtime's preallocated buffers and bindings, the TensorRT profiles and the manifest's I/O section.
 
 KV layout is sequence-major, `[S, L, Hkv, D]`: the live prefix of a preallocated `[S_max, L, Hkv, D]`
@@ -149,6 +149,31 @@ def resolve_shape(spec: TensorSpec, dims: dict[str, int]) -> tuple[int, ...]:
 
 def numpy_dtype(dtype: str, kv_dtype: str) -> str:
     return kv_dtype if dtype == KV else dtype
+
+
+def dummy_inputs(graph: str, dims: dict[str, int], kv_dtype: str = "float32", seed: int = 0) -> dict:
+    """Example feeds {name: numpy array} for a portable graph (`target`, `drafter`): every symbol resolved
+    from `dims` (give the dynamic ones, T / S / C, sizes too); `start` is S (the new positions follow the
+    past), ids are drawn from [0, V), floats from a standard normal.
+
+    >>> feeds = dummy_inputs("target", {"T": 2, "S": 3, "L": 1, "Hkv": 1, "D": 4, "V": 10})
+    >>> {n: a.shape for n, a in feeds.items()}
+    {'input_ids': (1, 2), 'start': (1,), 'past_key': (3, 1, 1, 4), 'past_value': (3, 1, 1, 4)}
+    >>> int(feeds["start"][0])
+    3
+    """
+    import numpy as np
+
+    rng, feeds = np.random.default_rng(seed), {}
+    for spec in expand_specs(GRAPHS[graph]["inputs"], dims):
+        shape, dtype = resolve_shape(spec, dims), numpy_dtype(spec.dtype, kv_dtype)
+        if spec.name == "start":
+            feeds[spec.name] = np.full(shape, dims["S"], dtype)
+        elif np.dtype(dtype).kind in "iu":
+            feeds[spec.name] = rng.integers(0, dims["V"], shape).astype(dtype)
+        else:
+            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
 
 
 def io_manifest(graph: str, kv_dtype: str) -> dict:

@@ -1,4 +1,8 @@
-"""The default `use_draft="auto"` policy: per step, plain decode or verify k proposals from one source.
+"""Policies: each step, which proposal source to verify and how many of its tokens (k = 0: a plain decode).
+
+A policy answers `pick(offers, room) -> Choice` and `learn(choice, made, seconds, history)` (`Policy`), and names
+the proposal sources it uses (proposals.py). `FixedPolicy` makes the same choice every step (`draft="none"`,
+`"drafter"`, `"lookup"`); `AdaptivePolicy` is the default (`draft="auto"`): per step, what is measured to pay.
 
 Each step the loop asks `choose` what to run: a plain decode, the drafter's first k drafts, or the first
 k tokens of a prompt-lookup proposal (lookup.py). The choice maximises expected tokens per second:
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -42,6 +47,53 @@ class Choice:
     source: str          # "plain" | "drafter" | "lookup"
     k: int = 0           # proposals verified (0 for plain)
     probe: bool = False  # also run the drafter, unverified, to measure its acceptance
+
+
+class Policy(Protocol):
+    sources: tuple[str, ...]            # the proposal sources it chooses among (proposals.py names)
+
+    def pick(self, offers: dict, room: int) -> Choice:
+        """The step to run, given the free sources' proposals (name -> proposals.Proposal) and the tokens the
+        output may still take."""
+
+    def learn(self, choice: Choice, made: dict, seconds: float, history: list[int]) -> None:
+        """What the step ran: every proposal made (name -> Proposal), the target pass's wall time, and the
+        committed token ids by absolute position (`history`, grown by this step's tokens)."""
+
+
+class FixedPolicy:
+    """The same choice every step: plain decoding, the drafter's first k drafts, or a prompt lookup's first k
+    tokens whenever it finds one (a plain step when it does not).
+
+    >>> FixedPolicy("drafter", 7).pick({}, room=100)
+    Choice(source='drafter', k=7, probe=False)
+    """
+
+    def __init__(self, source: str, k: int = 0):
+        self.choice = Choice(source, k if source != "plain" else 0)
+        self.sources = ("plain",) if source == "plain" else ("plain", source)
+
+    def pick(self, offers: dict, room: int) -> Choice:
+        if self.choice.source != "lookup":
+            return self.choice
+        k = min(self.choice.k, len(offers["lookup"].tokens), room - 1)
+        return Choice("lookup", k) if k > 0 else Choice("plain")
+
+    def learn(self, choice: Choice, made: dict, seconds: float, history: list[int]) -> None:
+        pass
+
+
+def make_policy(draft: str, block_size: int, tuned=None, verify_len: int | None = None) -> Policy:
+    """The policy of a `draft` mode (validate.DRAFT_MODES); `verify_len` fixes k (with "auto": caps the drafter's).
+
+    >>> make_policy("none", 8).pick({}, room=100)
+    Choice(source='plain', k=0, probe=False)
+    """
+    if draft == "auto":
+        return AdaptivePolicy(block_size, tuned, verify_len)
+    if draft == "none":
+        return FixedPolicy("plain")
+    return FixedPolicy(draft, verify_len or block_size - 1)
 
 
 class Acceptance:
@@ -105,6 +157,8 @@ class CopyAcceptance:
 class AdaptivePolicy:
     """Chooses each step's source and verify length from measured acceptance and step times."""
 
+    sources = ("plain", "lookup", "drafter")
+
     def __init__(self, block_size: int, tuned=None, verify_len: int | None = None, max_backoff: int = 64,
                  smoothing: float = 0.2):
         self.kmax = block_size - 1
@@ -132,6 +186,17 @@ class AdaptivePolicy:
         # from the start (a probe costs a draft pass, ~half a decode) instead of after 1, 2, 4, .. steps.
         self.backoff = self.until_probe = TUNED_OFF_BACKOFF if tuned and not tuned.verify_len else 1
         self.chosen: list[Choice] = []
+
+    # ---- the Policy interface (the loop's two calls) -------------------------------------------------------
+    def pick(self, offers: dict, room: int) -> Choice:
+        lookup = offers["lookup"]
+        return self.choose(len(lookup.tokens), room, lookup_match=lookup.agreement)
+
+    def learn(self, choice: Choice, made: dict, seconds: float, history: list[int]) -> None:
+        for proposal in made.values():                  # the lookup's, then the drafter's (made when run)
+            self.observe(proposal.source, proposal.first, proposal.tokens, proposal.agreement)
+        self.step_done(choice, seconds, sum(p.seconds for p in made.values()))
+        self.commit(history)
 
     # ---- the decision -----------------------------------------------------------------------------------
     def verify_s(self, k: np.ndarray | int):
@@ -195,7 +260,8 @@ class AdaptivePolicy:
         """A proposal ("drafter" or "lookup", the latter with its agreement `match`) for positions
         first_position.. (checked against the committed tokens as they come)."""
         if len(tokens):
-            self.pending[source] = (first_position, list(tokens), 0, match)
+            tokens = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)     # ids, not a reused view
+            self.pending[source] = (first_position, tokens, 0, match)
             (self.copy if source == "lookup" else self.drafter).new_proposal()
 
     def commit(self, history: list[int]) -> None:

@@ -1,7 +1,7 @@
 """Energy per token for `bench --power`: meter each generate call of each arm, or say why not.
 
-`MeteredGenerator` wraps a Generator: every `generate(..., use_draft=X)` call is bracketed by meter
-reads and charged to arm X. Joules cover the whole call (prefill included) and whatever else the
+`MeteredGenerator` wraps a Generator: every `generate(..., draft=X)` call is bracketed by meter
+reads and charged to arm X's name (ARM_NAMES). Joules cover the whole call (prefill included) and whatever else the
 meter's scope sees; they are measurements, never estimates. A meter that fails mid-run nulls its
 fields with the reason; the bench itself carries on.
 
@@ -15,7 +15,9 @@ import time
 
 from dflash_edge.devices.errors import MeterError
 
-ARM_NAMES = {False: "plain", "auto": "speculative", True: "always"}   # use_draft -> arm (bench: plain, default, always)
+from .validate import GenerationOptions
+
+ARM_NAMES = {"none": "plain", "auto": "speculative", "drafter": "always"}   # draft -> arm (bench: plain, default, always)
 
 
 def open_power_meter(enabled: bool):
@@ -31,22 +33,25 @@ def open_power_meter(enabled: bool):
 
 
 class MeteredGenerator:
-    """A Generator whose generate calls are metered per arm (use_draft value); everything else passes through."""
+    """A Generator whose generate calls are metered per arm (their `draft` option); everything else passes through."""
 
-    def __init__(self, gen, meter, reason: str | None = None):
-        self.gen, self.meter, self.reason = gen, meter, reason
+    def __init__(self, gen, meter, reason: str | None = None, clock=time.perf_counter):
+        self.gen, self.meter, self.reason, self.clock = gen, meter, reason, clock    # clock: seconds, monotonic
         self.arms: dict[str, dict] = {}
 
     def __getattr__(self, name):
         return getattr(self.gen, name)
 
-    def generate(self, prompt, *args, use_draft=True, **options):   # the Generator's own signature, passed on
-        arm = self.arms.setdefault(ARM_NAMES.get(use_draft, str(use_draft)),
+    def generate(self, prompt, options: GenerationOptions | None = None, **fields):   # Generator.generate's own
+        draft = fields.get("draft", (options or GenerationOptions()).draft)
+        if options is not None:
+            fields["options"] = options
+        arm = self.arms.setdefault(ARM_NAMES.get(draft, str(draft)),
                                    {"energy_j": 0.0, "seconds": 0.0, "tokens": 0, "calls": 0})
         e0 = self._read()
-        t0 = time.perf_counter()
-        res = self.gen.generate(prompt, *args, use_draft=use_draft, **options)
-        seconds = time.perf_counter() - t0
+        t0 = self.clock()
+        res = self.gen.generate(prompt, **fields)
+        seconds = self.clock() - t0
         e1 = self._read() if e0 is not None else None
         if e1 is not None:
             arm["energy_j"] += e1 - e0
@@ -71,7 +76,7 @@ class MeteredGenerator:
             return None
 
     def energy_report(self) -> dict:
-        """Per arm (plain, speculative, + any other use_draft value seen): energy_j_per_token and avg_power_w,
+        """Per arm (plain, speculative, + any other draft mode seen): energy_j_per_token and avg_power_w,
         null with `reason` when no meter read to the end."""
         out = {"meter": getattr(self.meter, "name", None), "scope": getattr(self.meter, "scope", None),
                "reason": self.reason, "covers": "whole generate calls (prefill + decode)"}

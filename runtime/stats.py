@@ -15,16 +15,25 @@ class GenerationStats:
     finish_reason: str = ""                    # "stop" | "length" | "context"
     acceptance_lengths: list[int] = field(default_factory=list)   # tokens committed per verify step
     ttft_s: float = 0.0                        # call start -> first token known (tokenize + prefill)
-    prefill_s: float = 0.0
+    prefill_s: float = 0.0                     # the prompt's chunks through the target (wall), first token included
     decode_s: float = 0.0                      # first token -> last token (wall)
     decode_run_s: float = 0.0                  # of which inside the graphs' run calls
     target_calls: int = 0                      # decode/verify target runs after prefill
     draft_calls: int = 0
     draft_run_s: float = 0.0                   # drafter share of decode_run_s
-    plain_steps: int = 0                       # use_draft="auto": steps decoded without drafting
+    plain_steps: int = 0                       # steps decoded without proposals
     lookup_lengths: list[int] = field(default_factory=list)      # tokens committed per prompt-lookup step
-    verify_lens: list[int] = field(default_factory=list)         # use_draft="auto": proposals verified per step
-    probe_steps: int = 0                       # use_draft="auto": steps that also ran the drafter unverified
+    verify_lens: list[int] = field(default_factory=list)         # proposals verified per verify step
+    probe_steps: int = 0                       # draft="auto": steps that also ran the drafter unverified
+
+    def record_step(self, choice, committed: int) -> None:
+        """One decode step: `choice` (policy.Choice) and the tokens its target pass produced."""
+        if choice.source == "plain":
+            self.plain_steps += 1
+        else:
+            (self.acceptance_lengths if choice.source == "drafter" else self.lookup_lengths).append(committed)
+            self.verify_lens.append(choice.k)
+        self.probe_steps += choice.probe
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -57,13 +66,14 @@ class GenerationStats:
     def summary(self) -> str:
         """One line for humans (the CLI prints it to stderr)."""
         line = (f"{self.new_tokens} tokens, {self.decode_tokens_per_s:.1f} tok/s decode, "
-                f"TTFT {self.ttft_s * 1e3:.0f} ms (prompt {self.prompt_tokens} tokens)")
+                f"TTFT {self.ttft_s * 1e3:.0f} ms (prompt {self.prompt_tokens} tokens, prefill "
+                f"{self.prefill_s * 1e3:.0f} ms)")
         if self.acceptance_lengths:
             line += (f", mean acceptance length {self.mean_acceptance_length:.2f} over "
                      f"{len(self.acceptance_lengths)} steps")
         if self.lookup_lengths:
             line += (f", prompt lookup {sum(self.lookup_lengths) / len(self.lookup_lengths):.2f} tokens/step over "
                      f"{len(self.lookup_lengths)} steps")
-        if self.plain_steps:
+        if self.plain_steps and (self.acceptance_lengths or self.lookup_lengths):
             line += f" (+{self.plain_steps} steps without drafting)"
         return f"{line}, python overhead {self.python_overhead:.1%}; finish: {self.finish_reason}"

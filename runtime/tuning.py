@@ -5,7 +5,7 @@ commits `1 + S(1) + ... + S(k)` tokens on average, S(j) being the share of steps
 are all accepted. Plain decoding commits 1 token per `decode`. `choose_verify_len` picks the k with the
 most expected tokens per second, or 0 ("do not draft") when plain decoding wins.
 
-`dflash-edge tune` (tune_cli.py) measures those numbers on this machine and stores them next to the
+`dflash-edge tune` (calibrate.py) measures those numbers on this machine and stores them next to the
 bundle's hashed files in `tuned.json`, linked to the manifest it was measured on by a sha256: a tuned
 file from another bundle, or from a bundle changed since, is refused with an error that says the fix.
 
@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .bundle import Bundle, BundleError
-from .errors import DflashEdgeError
 
 TUNED = "tuned.json"
 FORMAT = "dflash-edge-tuned"
@@ -34,19 +33,6 @@ VERSION = 1
 
 class TunedFileError(BundleError):
     """A bundle's tuned.json that is stale, foreign, unreadable or out of range."""
-
-
-class VerifyLengthError(DflashEdgeError, ValueError):
-    """A verify length outside 1 .. block_size - 1."""
-
-
-def check_verify_len(verify_len, block_size: int) -> int:
-    """`verify_len` as an int in 1..B-1 (the drafts one block holds), else a VerifyLengthError naming the range."""
-    if isinstance(verify_len, bool) or not isinstance(verify_len, int) or not 1 <= verify_len <= block_size - 1:
-        raise VerifyLengthError(f"verify length {verify_len!r} is outside 1..{block_size - 1}: this bundle drafts "
-                                f"block_size - 1 = {block_size - 1} tokens per block (block size {block_size}); "
-                                f"pass a verify length in that range, or none to use the tuned one")
-    return verify_len
 
 
 def expected_tokens(acceptance: list[float], k: int) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, replace
+from dataclasses import fields as dataclass_fields
 
 from .errors import DflashEdgeError
 
@@ -30,6 +31,15 @@ class InvalidArgumentError(DflashEdgeError, ValueError):
     def __init__(self, argument: str, message: str):
         super().__init__(message)
         self.argument = argument
+
+
+class VerifyLengthError(InvalidArgumentError):
+    """A verify length outside 1 .. block_size - 1."""
+
+
+# `draft`: where each step's proposals come from (GenerationOptions.draft)
+DRAFT_MODES = {"auto": "per step, what is measured to pay", "drafter": "draft every step",
+               "lookup": "prompt lookup every step it finds one", "none": "plain decoding"}
 
 
 @dataclass(frozen=True)
@@ -76,7 +86,7 @@ RULES: dict[str, Number] = {
 
 
 # the command lines' spelling of each argument: max_new_tokens -> --max-new-tokens
-CLI_LABELS = {name: "--" + name.replace("_", "-") for name in (*RULES, "prompt", "stop")}
+CLI_LABELS = {name: "--" + name.replace("_", "-") for name in (*RULES, "prompt", "stop", "draft", "verify_len")}
 
 
 def check(name: str, value, label: str | None = None):
@@ -95,12 +105,30 @@ def check_flag(name: str, value, label: str | None = None) -> bool:
     return value
 
 
-def check_use_draft(value, label: str = "use_draft"):
-    """True (always draft), False (plain decoding) or "auto" (draft while it pays)."""
-    if isinstance(value, bool) or (isinstance(value, str) and value == "auto"):
+def check_draft(value, label: str = "draft") -> str:
+    """One of DRAFT_MODES: where each step's proposals come from."""
+    if isinstance(value, str) and value in DRAFT_MODES:
         return value
-    raise InvalidArgumentError(label, f"{label}={value!r}: expected True (always draft), False (plain decoding) "
-                                      f"or 'auto' (draft while it is measured to pay)")
+    modes = ", ".join(f"{m!r} ({what})" for m, what in DRAFT_MODES.items())
+    raise InvalidArgumentError(label, f"{label}={_short(value)}: expected one of {modes}")
+
+
+def check_verify_len(verify_len, block_size: int | None = None, label: str = "verify_len") -> int:
+    """`verify_len` as an int in 1..B-1 (the drafts one block holds), else a VerifyLengthError naming the range;
+    without `block_size` (no bundle loaded yet) only `>= 1` is checked.
+
+    >>> check_verify_len(3, block_size=8)
+    3
+    """
+    limit = 1 << 62 if block_size is None else block_size - 1
+    if not isinstance(verify_len, bool) and isinstance(verify_len, numbers.Integral) and 1 <= verify_len <= limit:
+        return int(verify_len)
+    if block_size is None:
+        raise VerifyLengthError(label, f"{label}={_short(verify_len)}: expected an integer >= 1 (at most the "
+                                       f"bundle's block size - 1)")
+    raise VerifyLengthError(label, f"{label}={_short(verify_len)}: verify length outside 1..{limit}: this bundle "
+                                   f"drafts block_size - 1 = {limit} tokens per block (block size {block_size}); "
+                                   f"pass a verify length in that range, or none to use the tuned one")
 
 
 def check_stop(stop, label: str = "stop") -> tuple[str, ...]:
@@ -153,33 +181,60 @@ def check_token_ids(ids, vocab_size: int, label: str = "prompt_ids") -> list[int
 
 
 @dataclass(frozen=True)
-class GenerationArgs:
-    """The arguments of one text generation, as a user passed them; `checked()` validates and normalises.
+class GenerationOptions:
+    """How to generate: the one set of defaults of `Generator.generate` / `stream` / `generate_ids`, `run` and the
+    server. `checked()` validates and normalises every field (the only place they are checked).
 
-    `labels` maps canonical names to the caller's (e.g. {"max_new_tokens": "max_tokens"} for the server).
+    `draft` (DRAFT_MODES): "auto" picks per step plain decoding, the drafter or a prompt lookup and the verify
+    length, by what is measured to pay (policy.py, seeded by tuned.json); "drafter" drafts every step; "lookup"
+    verifies a prompt lookup whenever one is found; "none" decodes plainly (the baseline). `verify_len` (1..B-1)
+    fixes (with "auto": caps) the proposals verified per step. The tokens are the same whatever the choice.
 
-    >>> GenerationArgs("Hi", max_new_tokens=8, stop="\\n").checked().stop
+    >>> GenerationOptions(max_new_tokens=8, stop="\\n").checked().stop
     ('\\n',)
+    >>> GenerationOptions(draft="sometimes").checked()       # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    dflash_edge.runtime.validate.InvalidArgumentError: draft='sometimes': expected one of 'auto' (per step, ...
     """
 
-    prompt: object
-    max_new_tokens: object = 128
-    temperature: object = 0.0
-    top_k: object = 0
-    top_p: object = 1.0
-    seed: object = 0
-    stop: object = None
-    chat: object = True
-    use_draft: object = True
+    max_new_tokens: int = 128
+    temperature: float = 0.0            # 0 = greedy
+    top_k: int = 0                      # 0 = off
+    top_p: float = 1.0                  # 1 = off
+    seed: int = 0
+    stop: tuple[str, ...] | str | None = ()     # stop strings (text only): the output ends before the first
+    chat: bool = True                   # a string prompt is wrapped in the chat template
+    draft: str = "auto"                 # DRAFT_MODES
+    verify_len: int | None = None       # proposals verified per step (1..B-1); None: tuned / adaptive
 
-    def checked(self, labels: dict[str, str] | None = None) -> "GenerationArgs":
+    @classmethod
+    def of(cls, options: "GenerationOptions | None" = None, **fields) -> "GenerationOptions":
+        """`options` (or the defaults) with `fields` replaced; an unknown field name is an InvalidArgumentError.
+
+        >>> GenerationOptions.of(GenerationOptions(seed=3), temperature=0.7).seed
+        3
+        """
+        if options is not None and not isinstance(options, cls):
+            raise InvalidArgumentError("options", f"options={_short(options)}: expected a GenerationOptions")
+        unknown = sorted(set(fields) - {f.name for f in dataclass_fields(cls)})
+        if unknown:
+            raise InvalidArgumentError(unknown[0], f"{unknown[0]}=...: not an option; the options are "
+                                                   f"{', '.join(f.name for f in dataclass_fields(cls))}")
+        return replace(options or cls(), **fields)
+
+    def checked(self, labels: dict[str, str] | None = None, block_size: int | None = None) -> "GenerationOptions":
+        """Every field checked and normalised; `labels` maps canonical names to the caller's spelling (e.g.
+        {"max_new_tokens": "max_tokens"}); `verify_len` is checked against `block_size` when it is known."""
         name = (labels or {}).get
-        numbers_ = {k: check(k, getattr(self, k), name(k)) for k in
-                    ("max_new_tokens", "temperature", "top_k", "top_p", "seed")}
-        return replace(self, prompt=check_prompt(self.prompt, name("prompt", "prompt")), **numbers_,
-                       stop=check_stop(self.stop, name("stop", "stop")),
+        nums = {k: check(k, getattr(self, k), name(k)) for k in ("max_new_tokens", "temperature", "top_k", "top_p",
+                                                                  "seed")}
+        verify_len = self.verify_len
+        if verify_len is not None:
+            verify_len = check_verify_len(verify_len, block_size, name("verify_len", "verify_len"))
+        return replace(self, **nums, stop=check_stop(self.stop, name("stop", "stop")),
                        chat=check_flag("chat", self.chat, name("chat")),
-                       use_draft=check_use_draft(self.use_draft, name("use_draft", "use_draft")))
+                       draft=check_draft(self.draft, name("draft", "draft")), verify_len=verify_len)
 
 
 def _content(content, where: str) -> str:

@@ -56,7 +56,7 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
     async def _complete(request: Request, chat: bool):
         job = parse_request(parse_body(await request.body()), chat)
         try:
-            ticket = sched.submit(job.args)
+            ticket = sched.submit(job.prompt, job.options)
         except ServerBusy as err:
             raise ApiError(429, error_body(str(err), "server_busy", code="queue_full"),
                            {"Retry-After": str(err.retry_after)}) from err

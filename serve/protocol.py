@@ -3,11 +3,13 @@
 Every field goes through the runtime's one validation rule (`runtime/validate.py`), named as the client
 wrote it (`max_tokens`, `messages[0].content`), so the 400 carries the same text the Python API raises.
 Unknown fields are ignored (clients add their own); fields this server cannot honour are refused by name.
-Our statistics travel in the extension field `dflash` (acceptance lengths, token ids, timings).
+Our statistics travel in the extension field `dflash` (acceptance lengths, token ids, timings); the extension
+request field `draft` is `GenerationOptions.draft` ("auto" unless given). Absent sampling fields take OpenAI's
+defaults (temperature 1, a random seed), not the Python API's.
 
 >>> job = parse_request({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0}, chat=True)
->>> job.args.temperature, job.stream
-(0.0, False)
+>>> job.options.temperature, job.options.draft, job.stream
+(0.0, 'auto', False)
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from dflash_edge.runtime.validate import GenerationArgs, InvalidArgumentError, check_flag, check_messages
+from dflash_edge.runtime.validate import GenerationOptions, InvalidArgumentError, check_flag, check_messages
 
 DEFAULT_MAX_TOKENS = 256
 # client field -> the runtime's argument (and its default when the field is absent or null)
@@ -34,7 +36,8 @@ FINISH = {"stop": "stop", "length": "length", "context": "length"}
 class Job:
     """One request, checked: what to generate and how to answer."""
 
-    args: GenerationArgs
+    prompt: str | list[dict]        # the completion's text, or the chat's checked messages
+    options: GenerationOptions      # checked
     chat: bool                      # /v1/chat/completions (True) or /v1/completions
     stream: bool
     include_usage: bool             # stream_options.include_usage
@@ -65,23 +68,22 @@ def parse_request(body: dict, chat: bool) -> Job:
     for name, neutral in NEUTRAL_ONLY.items():
         if body.get(name) not in (None, neutral):
             raise InvalidArgumentError(name, f"{name}={body[name]!r:.60}: this server supports only {name}={neutral!r}")
-    values, labels = {}, {"prompt": field, "stop": "stop", "use_draft": "use_draft"}
+    values, labels = {arg: default for arg, default in SAMPLING_FIELDS.values()}, {"stop": "stop", "draft": "draft"}
     for name, (arg, default) in SAMPLING_FIELDS.items():
         if body.get(name) is not None:
             values[arg], labels[arg] = body[name], name
     seed = body.get("seed")
-    args = GenerationArgs(prompt, values.get("max_new_tokens", DEFAULT_MAX_TOKENS), values.get("temperature", 1.0),
-                          values.get("top_k", 0), values.get("top_p", 1.0),
-                          secrets.randbits(63) if seed is None else seed, body.get("stop"), chat,
-                          body.get("use_draft", True)).checked(labels)
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise InvalidArgumentError("stream_options", f"stream_options={options!r:.60}: expected an object")
+    extra = {"draft": body["draft"]} if body.get("draft") is not None else {}
+    options = GenerationOptions(**values, seed=secrets.randbits(63) if seed is None else seed, stop=body.get("stop"),
+                                chat=chat, **extra).checked(labels)
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise InvalidArgumentError("stream_options", f"stream_options={stream_options!r:.60}: expected an object")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidArgumentError("model", f"model={model!r:.60}: expected a string")
-    return Job(args, chat, check_flag("stream", body.get("stream", False), "stream"),
-               check_flag("stream_options.include_usage", options.get("include_usage", False)), model)
+    return Job(prompt, options, chat, check_flag("stream", body.get("stream", False), "stream"),
+               check_flag("stream_options.include_usage", stream_options.get("include_usage", False)), model)
 
 
 def extension(result) -> dict:

@@ -7,7 +7,7 @@ next text piece, which frees the Generator for the next job; a job whose client 
 its queue slot back at once and never starts.
 
 >>> sched = Scheduler(gen, max_queue=8)                    # doctest: +SKIP
->>> ticket = sched.submit(job.args)                        # on the event loop; ServerBusy when full  # doctest: +SKIP
+>>> ticket = sched.submit(job.prompt, job.options)        # on the event loop; ServerBusy when full  # doctest: +SKIP
 >>> async for kind, value in ticket: ...                   # doctest: +SKIP
 """
 from __future__ import annotations
@@ -70,8 +70,8 @@ class Scheduler:
     def waiting(self) -> int:
         return self.admitted - self.running
 
-    def submit(self, args) -> Ticket:
-        """Admit `args` (checked GenerationArgs) or raise ServerBusy; call on the event loop."""
+    def submit(self, prompt, options) -> Ticket:
+        """Admit `prompt` with `options` (checked GenerationOptions) or raise ServerBusy; call on the event loop."""
         with self._lock:
             if self.admitted >= 1 + self.max_queue:
                 wait = max(1, math.ceil(self.mean_s * self.admitted))
@@ -80,7 +80,7 @@ class Scheduler:
             self.admitted += 1
         loop = asyncio.get_running_loop()
         ticket = Ticket(loop, self)
-        loop.run_in_executor(self._worker, self._run, args, ticket)
+        loop.run_in_executor(self._worker, self._run, prompt, options, ticket)
         return ticket
 
     def drop_if_waiting(self, ticket: Ticket) -> None:
@@ -88,7 +88,7 @@ class Scheduler:
             if ticket.state == "waiting":
                 ticket.state, self.admitted = "dropped", self.admitted - 1
 
-    def _run(self, args, ticket: Ticket) -> None:          # worker thread, one job at a time
+    def _run(self, prompt, options, ticket: Ticket) -> None:     # worker thread, one job at a time
         with self._lock:
             if ticket.state == "dropped":                   # its client left while it waited
                 ticket.put("end")
@@ -96,8 +96,7 @@ class Scheduler:
             ticket.state, self.running = "running", True
         t0, stream = time.perf_counter(), None
         try:
-            stream = self.generator.stream(args.prompt, args.max_new_tokens, args.temperature, args.top_k,
-                                           args.top_p, args.seed, args.stop, args.chat, args.use_draft)
+            stream = self.generator.stream(prompt, options)
             ticket.put("started")
             for piece in stream:
                 if ticket.cancelled.is_set():

@@ -8,6 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny import FAMILY_EXTRAS, add_tiny_tokenizer, hf_model, save_hf  # noqa: E402
+from fixtures_bundle import tiny_bundle  # noqa: E402,F401  (a fixture: every test module may ask for it)
 
 
 @pytest.fixture(scope="session")
@@ -56,3 +57,36 @@ def smollm2(smollm2_dir):
     from dflash_edge.models import load_target
 
     return load_target(smollm2_dir)
+
+
+@pytest.fixture
+def oracle(monkeypatch):
+    """install(where, full_sequence, hit, seed=0, miss=None): an oracle drafter (oracle_drafter.py).
+
+    Each draft becomes the true continuation `full_sequence` (prompt + the target's own tokens) with
+    probability `hit` per position, else stays as drafted (or `miss(true)`). `where` is a runtime Generator
+    (its drafter is wrapped) or the torch reference loop module (its `draft_block` is wrapped). Installing
+    again replaces the previous oracle; the fixture undoes it after the test.
+    """
+    import types
+
+    import numpy as np
+    from oracle_drafter import OracleDrafter, oracle_ids
+
+    def install(where, full_sequence, hit, seed=0, miss=None):
+        if isinstance(where, types.ModuleType):                         # dflash_edge.models.reference_loop
+            real = getattr(where.draft_block, "real", where.draft_block)
+            rng, full = np.random.default_rng(seed), list(full_sequence)
+
+            def draft_block(target, drafter, last_token, ctx, d_cache, block):
+                ids = real(target, drafter, last_token, ctx, d_cache, block)        # [1, B]: last token, drafts
+                oracle_ids(ids[0, 1:], full, d_cache.length, hit, rng, miss)        # length: last token's position
+                return ids
+
+            draft_block.real = real
+            monkeypatch.setattr(where, "draft_block", draft_block)
+        else:
+            real = where.drafter.real if isinstance(where.drafter, OracleDrafter) else where.drafter
+            monkeypatch.setattr(where, "drafter", OracleDrafter(real, full_sequence, hit, seed, miss))
+
+    return install

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dflash_edge.runtime.sampling import SamplingParams
-from fixtures_bundle import tiny_bundle  # noqa: F401  (fixture)
-from test_runtime import PROMPTS, SAMPLERS, oracle, reference  # noqa: F401  (fixtures)
+
+from runtime_cases import PROMPTS, SAMPLERS, reference      # the `oracle` fixture: conftest.py
 from tiny import check_two_token_distribution
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
@@ -37,7 +37,7 @@ def test_verify_len_bounds_each_step_and_stays_lossless(tiny_bundle, oracle, k):
     tb = tiny_bundle("qwen3", 8)
     want = reference(tb, PROMPTS[1], 40, stop=())
     oracle(tb.generator, PROMPTS[1] + want.token_ids, 1.0)
-    got = tb.generator.generate_ids(PROMPTS[1], 40, use_draft=True, verify_len=k, stop_token_ids=())
+    got = tb.generator.generate_ids(PROMPTS[1], 40, draft="drafter", verify_len=k, stop_token_ids=())
     assert got.token_ids == want.token_ids
     steps = got.stats.acceptance_lengths
     assert all(a == k + 1 for a in steps[:-1]) and 1 <= steps[-1] <= k + 1     # T = k + 1: k drafts + bonus
@@ -46,16 +46,16 @@ def test_verify_len_bounds_each_step_and_stays_lossless(tiny_bundle, oracle, k):
 @pytest.mark.parametrize("sampling", SAMPLERS[:2])
 def test_verify_len_sampled_same_tokens_as_plain(tiny_bundle, oracle, sampling):
     tb = tiny_bundle("llama", 8)
-    plain = tb.generator.generate_ids(PROMPTS[1], 40, sampling, use_draft=False, stop_token_ids=())
+    plain = tb.generator.generate_ids(PROMPTS[1], 40, sampling, draft="none", stop_token_ids=())
     oracle(tb.generator, PROMPTS[1] + plain.token_ids, 0.9)
     for k in (2, 5):
-        got = tb.generator.generate_ids(PROMPTS[1], 40, sampling, use_draft=True, verify_len=k, stop_token_ids=())
+        got = tb.generator.generate_ids(PROMPTS[1], 40, sampling, draft="drafter", verify_len=k, stop_token_ids=())
         assert got.token_ids == plain.token_ids and max(got.stats.acceptance_lengths) <= k + 1
 
 
 @pytest.mark.parametrize("bad", [0, 8, 99, -1, 2.5, True])
 def test_verify_len_out_of_range_is_named(tiny_bundle, bad):
-    from dflash_edge.runtime.tuning import VerifyLengthError
+    from dflash_edge.runtime.validate import VerifyLengthError
 
     with pytest.raises(VerifyLengthError, match=r"outside 1\.\.7.*block size 8"):
         tiny_bundle("qwen3", 8).generator.generate_ids(PROMPTS[0], 4, verify_len=bad)
@@ -129,7 +129,7 @@ def test_prompt_lookup_greedy_equals_plain(tiny_bundle):
     for variant in ("llama", "qwen3"):
         gen = tiny_bundle(variant, 8).generator
         for prompt in (REPEATING, PROMPTS[3]):
-            plain = gen.generate_ids(prompt, 60, use_draft=False, stop_token_ids=())
+            plain = gen.generate_ids(prompt, 60, draft="none", stop_token_ids=())
             auto = gen.generate_ids(prompt, 60, stop_token_ids=())
             assert auto.token_ids == plain.token_ids
     s = auto.stats
@@ -150,7 +150,7 @@ def always_lookup(monkeypatch):
 def test_prompt_lookup_sampled_same_tokens_as_plain(tiny_bundle, always_lookup, sampling):
     gen = tiny_bundle("llama", 8).generator
     prompt = always_lookup(gen)
-    plain = gen.generate_ids(prompt, 24, sampling, use_draft=False, stop_token_ids=())
+    plain = gen.generate_ids(prompt, 24, sampling, draft="none", stop_token_ids=())
     auto = gen.generate_ids(prompt, 24, sampling, stop_token_ids=())
     assert auto.token_ids == plain.token_ids and len(auto.stats.lookup_lengths) >= 5
 
@@ -280,16 +280,33 @@ def test_policy_rescales_tuned_times_measured_at_another_load(tiny_bundle):
     assert policy.verify_s(5) == pytest.approx(0.028)
 
 
-def test_auto_uses_long_k_with_an_oracle_drafter(tiny_bundle, oracle):
+@pytest.fixture
+def scripted_step_times(monkeypatch):
+    """The adaptive policy fed `simulate`'s synthetic step times instead of those measured on this machine:
+    a target pass verifying k proposals 50 + 3k ms (plain decoding 50 ms), a drafter pass 15 ms. Yields the
+    steps' choices in order."""
+    from dflash_edge.runtime.policy import AdaptivePolicy
+
+    measured, chosen = AdaptivePolicy.step_done, []
+
+    def step_done(self, choice, seconds, draft_seconds=0.0):
+        chosen.append(choice)
+        measured(self, choice, 0.05 + 0.003 * choice.k, 0.015 if draft_seconds else 0.0)
+
+    monkeypatch.setattr(AdaptivePolicy, "step_done", step_done)
+    return chosen
+
+
+def test_auto_uses_long_k_with_an_oracle_drafter(tiny_bundle, oracle, scripted_step_times):
     tb = tiny_bundle("qwen3", 8)
     want = reference(tb, PROMPTS[0], 60, stop=())
     oracle(tb.generator, PROMPTS[0] + want.token_ids, 1.0)
     got = tb.generator.generate_ids(PROMPTS[0], 60, stop_token_ids=())
     assert got.token_ids == want.token_ids
-    # The k chosen follows step times measured on this (shared, noisy) machine, so only "several drafts per
-    # step, from either source" is asserted here; test_adaptive_policy_switches_k_with_acceptance pins k.
-    steps = got.stats.acceptance_lengths + got.stats.lookup_lengths   # a repetitive text may go to the lookup
-    assert max(got.stats.verify_lens) >= 3 and max(steps) >= 3
+    ks = [c.k for c in scripted_step_times if c.source == "drafter"]
+    assert got.stats.acceptance_lengths == [k + 1 for k in ks]            # every draft right: k + the bonus
+    assert ks == sorted(ks) and ks[-1] == 7 and ks.count(7) >= 2          # k grows to the full block, stays
+    assert sum(got.stats.acceptance_lengths) >= 45                        # the drafter commits most of the 60
 
 
 def test_adaptive_policy_probes_a_useless_drafter_rarely():
@@ -302,19 +319,46 @@ def test_adaptive_policy_probes_a_useless_drafter_rarely():
 
 
 # ---- tune and tuned.json -----------------------------------------------------------------------------------
-def test_tune_picks_plain_for_a_useless_drafter_and_long_k_for_an_oracle(bundle_copy, oracle):
+class StepClock:
+    """Seconds that pass only while the models run: a target pass of T tokens 50 + 3T ms, a drafter pass 15 ms."""
+
+    def __init__(self, monkeypatch, gen):
+        self.now = 0.0
+        forward, draft = gen.target.forward, gen.drafter.draft
+
+        def timed_forward(size, start):
+            self.now += 0.050 + 0.003 * size
+            return forward(size, start)
+
+        def timed_draft(last_token, ctx_end):
+            self.now += 0.015
+            return draft(last_token, ctx_end)
+
+        monkeypatch.setattr(gen.target, "forward", timed_forward)
+        monkeypatch.setattr(gen.drafter, "draft", timed_draft)     # before an oracle wraps the drafter
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_tune_picks_plain_for_a_useless_drafter_and_long_k_for_an_oracle(bundle_copy, oracle, monkeypatch):
     from dflash_edge.runtime import Generator
-    from dflash_edge.cli.tune import tune
+    from dflash_edge.runtime.calibrate import tune
     from dflash_edge.runtime.tuning import read_tuned, write_tuned
 
     gen = Generator.load(bundle_copy)
-    useless = tune(gen, ["t5 t6 t7"], budget_s=2, max_new_tokens=40, context=64)
+    clock = StepClock(monkeypatch, gen)
+    useless = tune(gen, ["t5 t6 t7"], budget_s=2, max_new_tokens=40, context=64, clock=clock)
+    assert useless.decode_ms == 53.0 and useless.draft_ms == 15.0                  # the scripted step times
+    assert useless.verify_ms == {k: 53.0 + 3 * k for k in range(1, 8)}             # T = k + 1 tokens
     assert useless.verify_len == 0 and max(useless.acceptance) < 0.2
-    assert useless.expected_tokens_per_s[0] == max(useless.expected_tokens_per_s.values())
-    plain = gen.generate("t5 t6 t7", max_new_tokens=40, use_draft=False)
+    assert useless.expected_tokens_per_s == {      # (1 + S(1) + .. + S(k)) tokens per draft + verify(k)
+        k: round(1e3 * (1 + sum(useless.acceptance[:k])) / (15.0 + 53.0 + 3 * k), 3) for k in range(1, 8)} | {0: 18.868}
+    plain = gen.generate("t5 t6 t7", max_new_tokens=40, draft="none")
     oracle(gen, gen.encode("t5 t6 t7") + plain.token_ids, 1.0)
-    good = tune(gen, ["t5 t6 t7"], budget_s=2, max_new_tokens=40, context=64)
-    assert good.verify_len >= 6 and good.acceptance[:6] == [1.0] * 6     # long k: 6 or 7 of the 7 drafts
+    good = tune(gen, ["t5 t6 t7"], budget_s=2, max_new_tokens=40, context=64, clock=clock)
+    assert good.acceptance == [1.0] * 7 and good.verify_len == 7          # the whole block, at 8 / 89 ms
+    assert good.expected_tokens_per_s[7] == 89.888 and good.expected_tokens_per_s[0] == 18.868
     write_tuned(gen.bundle, good)
     assert read_tuned(gen.bundle) == good
     assert Generator.load(bundle_copy).tuned == good                       # run, bench, Generator use it
@@ -421,8 +465,6 @@ def test_bench_reports_arms_per_category(tiny_bundle, tmp_path, capsys):
 
 
 def test_shipped_quoting_prompts():
-    from pathlib import Path
-
     from dflash_edge.data import read_prompts as load_prompts
 
     rows = load_prompts("quote")

@@ -1,14 +1,18 @@
 """Tier 1: `bench --report DIR` and the energy fields, on a tiny bundle (a scripted meter stands in for RAPL)."""
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 
-from dflash_edge.cli import main
+from dflash_edge.cli import bench_report, main
 from dflash_edge.devices import meters
-from fixtures_bundle import tiny_bundle  # noqa: F401  (fixture)
+from dflash_edge.runtime.power import MeteredGenerator
+
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -41,17 +45,21 @@ def run_bench(tb, prompts, *extra):
 
 def test_report_files_with_energy(tiny_bundle, prompts, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(meters, "open_meter", CountingMeter)
+    clock = itertools.count(0.0, 0.25).__next__                   # each generate call: 0.25 scripted seconds
+    monkeypatch.setattr(bench_report, "MeteredGenerator", functools.partial(MeteredGenerator, clock=clock))
     out = tmp_path / "report"
     assert run_bench(tiny_bundle("qwen3", 8), prompts, "--report", str(out)) == 0
     printed = json.loads(capsys.readouterr().out)
-    for arm in ("plain", "speculative"):
-        assert printed["energy"][arm]["energy_j_per_token"] > 0 and printed["energy"][arm]["avg_power_w"] > 0
+    for arm in ("plain", "speculative", "always"):                # 3 prompts x 10 tokens, 0.5 J and 0.25 s a call
+        assert printed["energy"][arm] == {"energy_j_per_token": 0.05, "avg_power_w": 2.0, "energy_j": 1.5,
+                                          "seconds": 0.75, "tokens": 30, "calls": 3}
     report = json.loads((out / "report.json").read_text())
     figs = report["figures"]
     assert set(figs["per_category"]) == {"chat", "code"} and figs["per_category"]["chat"]["prompts"] == 2
-    assert sum(figs["acceptance_histogram"].values()) > 0 and list(figs["acceptance_histogram"]) == [str(i) for i in range(1, 9)]
-    rates = [v for v in figs["acceptance_by_position"].values()]
-    assert rates == sorted(rates, reverse=True)                   # position k+1 accepted only if k was
+    hist = {int(n): c for n, c in figs["acceptance_histogram"].items()}
+    assert sum(hist.values()) > 0 and list(hist) == list(range(1, 9))
+    assert figs["acceptance_by_position"] == {                    # position k: steps accepting more than k
+        str(k): round(sum(c for n, c in hist.items() if n > k) / sum(hist.values()), 4) for k in range(1, 8)}
     assert figs["ms_per_token"]["plain"]["draft"] == 0 and figs["ms_per_token"]["speculative"]["draft"] > 0
     assert set(report["plots"]) == {"tokens_per_s.png", "acceptance_hist.png", "acceptance_by_position.png",
                                     "step_breakdown.png", "energy.png"}
@@ -61,6 +69,30 @@ def test_report_files_with_energy(tiny_bundle, prompts, tmp_path, monkeypatch, c
     assert "| chat | 2 |" in md and "J/token" in md and "![energy.png](energy.png)" in md
     assert run_bench(tiny_bundle("qwen3", 8), prompts, "--report", str(out), "--limit", "1") == 0   # replaced
     assert json.loads((out / "report.json").read_text())["prompts"] == 1
+
+
+def test_figures_from_known_steps():
+    def stats(lengths, new_tokens, draft_s, run_s, wall_s):
+        return SimpleNamespace(acceptance_lengths=lengths, new_tokens=new_tokens, draft_run_s=draft_s,
+                               decode_run_s=run_s, decode_s=wall_s)
+
+    raw = [{"plain": stats([], 11, 0.0, 0.010, 0.012), "always": stats([4, 1, 2, 3], 11, 0.002, 0.008, 0.010),
+            "default": stats([3], 11, 0.001, 0.006, 0.008)},
+           {"plain": stats([], 6, 0.0, 0.004, 0.005), "always": stats([1, 1], 3, 0.001, 0.003, 0.004),
+            "default": stats([2], 6, 0.0005, 0.003, 0.004)}]
+    rows = [{"category": "chat", "default_tokens_per_s": 30.0, "plain_tokens_per_s": 10.0,
+             "drafter_tokens_per_step": 2.5},
+            {"category": "code", "default_tokens_per_s": 12.0, "plain_tokens_per_s": 8.0,
+             "drafter_tokens_per_step": None}]
+    figs = bench_report.analyse({"rows": rows, "bundle": {"block_size": 4}}, raw)
+    assert figs["per_category"] == {
+        "chat": {"spec_tokens_per_s": 30.0, "ar_tokens_per_s": 10.0, "mean_acceptance_length": 2.5, "prompts": 1},
+        "code": {"spec_tokens_per_s": 12.0, "ar_tokens_per_s": 8.0, "mean_acceptance_length": None, "prompts": 1}}
+    assert figs["acceptance_histogram"] == {"1": 3, "2": 1, "3": 1, "4": 1}      # the always arm's 6 steps
+    assert figs["acceptance_by_position"] == {"1": 0.5, "2": 0.3333, "3": 0.1667}
+    # ms per token after the first (10 + 5): draft, target (run - draft), overhead (wall - run)
+    assert figs["ms_per_token"]["speculative"] == pytest.approx({"draft": 0.1, "target": 0.5, "overhead": 0.2})
+    assert figs["ms_per_token"]["plain"] == pytest.approx({"draft": 0.0, "target": 0.933, "overhead": 0.2})
 
 
 def test_no_meter_gives_null_fields_with_the_reason(tiny_bundle, prompts, tmp_path, monkeypatch, capsys):

@@ -9,7 +9,7 @@ import pytest
 
 from dflash_edge.runtime.bundle import BundleError, read_bundle
 from dflash_edge.runtime.errors import DflashEdgeError
-from fixtures_bundle import tiny_bundle  # noqa: F401  (fixture)
+
 
 FILES = ["target.onnx", "target.onnx.data", "target_fused.onnx", "drafter.onnx", "drafter.onnx.data", "shared.onnx.data", "tokenizer.json",
          "tokenizer_config.json", "manifest.json"]

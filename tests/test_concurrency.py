@@ -2,15 +2,14 @@
 second open stream in the same thread with a named error, released when the first finishes or closes (tier 1)."""
 import gc
 import threading
-import time
 
 import pytest
 
 from dflash_edge.runtime.guard import GeneratorBusyError
-from fixtures_bundle import tiny_bundle  # noqa: F401  (fixture)
+
 
 PROMPTS = ["t5 t6 t7", "t9 t1 t33 t42 t8 t8", "t70", "t12 t13 t14 t15 t16 t17 t18 t19 t20 t21"]
-KWARGS = [{}, {"temperature": 0.9, "seed": 4}, {"use_draft": False}, {"temperature": 1.2, "top_p": 0.8, "seed": 9}]
+KWARGS = [{}, {"temperature": 0.9, "seed": 4}, {"draft": "none"}, {"temperature": 1.2, "top_p": 0.8, "seed": 9}]
 
 
 def test_threads_get_the_tokens_of_sequential_runs(tiny_bundle):
@@ -79,15 +78,35 @@ def test_closing_or_dropping_a_stream_releases_the_generator(tiny_bundle, how):
     assert gen.generate(PROMPTS[2], max_new_tokens=6).token_ids == expected
 
 
-def test_another_thread_waits_for_an_open_stream(tiny_bundle):
+class SignallingLock:
+    """A Lock whose `waiting` event is set when an acquire finds it held and has to wait."""
+
+    def __init__(self):
+        self.lock, self.waiting = threading.Lock(), threading.Event()
+
+    def acquire(self, blocking=True, timeout=-1):
+        if self.lock.acquire(blocking=False):
+            return True
+        if not blocking:
+            return False
+        self.waiting.set()
+        return self.lock.acquire(True, timeout)
+
+    def release(self):
+        self.lock.release()
+
+
+def test_another_thread_waits_for_an_open_stream(tiny_bundle, monkeypatch):
     gen = tiny_bundle("qwen3", 8).generator
     expected = gen.generate(PROMPTS[0], max_new_tokens=10).token_ids
+    lock = SignallingLock()
+    monkeypatch.setattr(gen._guard, "_lock", lock)
     s = gen.stream(PROMPTS[3], max_new_tokens=10)
     out = {}
     t = threading.Thread(target=lambda: out.update(ids=gen.generate(PROMPTS[0], max_new_tokens=10).token_ids))
     t.start()
-    time.sleep(0.3)
-    assert t.is_alive() and "ids" not in out                 # waiting, not interleaving with the open stream
+    assert lock.waiting.wait(timeout=30)                     # the thread reached the guard and waits there ...
+    assert t.is_alive() and "ids" not in out                 # ... not interleaving with the open stream
     "".join(s)
     t.join(timeout=60)
     assert out["ids"] == expected

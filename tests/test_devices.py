@@ -13,7 +13,7 @@ from dflash_edge.devices.dims import ModelDims, dims_from_hf_config, preset
 from dflash_edge.devices.planner import (PlanRequest, alpha_for_tau, bytes_per_weight, memory_plan, plan, tau_at,
                                          target_step)
 from dflash_edge.devices.profiles import PROFILE_DIR, get_profile, load_profile_file, load_profiles
-from fixtures_bundle import MAX_CONTEXT, tiny_bundle  # noqa: F401  (fixture)
+from fixtures_bundle import MAX_CONTEXT
 
 DATA = Path(__file__).parent / "data" / "devices"
 MEASURED = {"bandwidth_gb_s": 20.0, "fp32_tflops": 0.06}       # stands in for the numpy measurement
@@ -115,9 +115,11 @@ def test_detect_cpu_fills_the_generic_profile():
     assert arm["cores"] == 6 and "asimddp" in arm["isa"]
 
 
-def test_cpu_measurement_is_positive():
-    m = det.measure_cpu(seconds=0.05)
-    assert m["bandwidth_gb_s"] > 0 and m["fp32_tflops"] > 0
+def test_cpu_measurement_from_step_times():
+    ticks = iter(range(10**6))
+    m = det.measure_cpu(seconds=0.0, clock=lambda: next(ticks) * 1e-3)   # every timed repeat takes 1 ms
+    # copy: 128 MiB read + 128 MiB written per ms; matmul: 2 * 1024^3 flops per ms
+    assert m == {"bandwidth_gb_s": 268.44, "fp32_tflops": 2.1475}
 
 
 # --- planner ----------------------------------------------------------------------------------------------

@@ -54,29 +54,43 @@ def test_existing_output_needs_force(tiny_checkpoints, tmp_path):
     assert _export(tmp_path, ckpt, 4, force=True) == out
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_interrupted_export_leaves_nothing(tiny_checkpoints, tmp_path, monkeypatch, stream):
-    from dflash_edge.export import parity, parity_stream
+def test_interrupted_export_leaves_nothing(tiny_checkpoints, tmp_path, monkeypatch):
+    from dflash_edge.export import parity
 
     def boom(*a, **k):
         raise KeyboardInterrupt
     monkeypatch.setattr(parity, "check_graphs", boom)
-    monkeypatch.setattr(parity_stream, "check_graphs", boom)
     with pytest.raises(KeyboardInterrupt):
-        _export(tmp_path, tiny_checkpoints["qwen3"][1], 4, stream=stream)
+        _export(tmp_path, tiny_checkpoints["qwen3"][1], 4)
     assert not (tmp_path / "bundle4").exists() and not list(tmp_path.glob(".bundle4*"))
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_parity_failure_names_graph_and_output(tiny_checkpoints, tmp_path, monkeypatch, stream):
-    from dflash_edge.export import parity, parity_stream
+def test_parity_failure_names_graph_and_output(tiny_checkpoints, tmp_path, monkeypatch):
+    from dflash_edge.export import parity
 
     strict = parity.Tolerance(logits=0.0, hidden=0.0, kv=0.0)
-    for module in (parity, parity_stream):
-        real = module.check_graphs
-        monkeypatch.setattr(module, "check_graphs", lambda *a, real=real, **k: real(*a, **{**k, "tol": strict}))
+    real = parity.check_graphs
+    monkeypatch.setattr(parity, "check_graphs", lambda *a, **k: real(*a, **{**k, "tol": strict}))
     with pytest.raises(parity.ParityError, match=r"graph 'target' output 'logits': max abs diff .* > 0 vs torch"):
-        _export(tmp_path, tiny_checkpoints["qwen3"][1], 4, stream=stream)
+        _export(tmp_path, tiny_checkpoints["qwen3"][1], 4)
+    assert not (tmp_path / "bundle4").exists() and not list(tmp_path.glob(".bundle4*"))
+
+
+def test_random_drafter_export_passes_parity_and_leaves_no_scratch(tiny_checkpoints, tmp_path, capsys):
+    """`export --target CK --draft random`: parity reads the random drafter from the scratch folder, which
+    then goes; the CLI ends with one line on TensorRT readiness."""
+    from dflash_edge.cli import main
+
+    out = tmp_path / "b"
+    assert main(["export", "--out", str(out), "--target", tiny_checkpoints["qwen3"][1], "--draft", "random",
+                 "--block-size", "4", "--max-context", "256", "--prefill-chunk", "16"]) == 0
+    m = read_bundle(out).manifest                      # every sha256 checked
+    assert m["source"]["drafter"] == "random" and m["source"]["drafter_random_init"]
+    assert m["source"]["parity"]["drafter.draft_ids.agreement"] == 1.0 and "parity" in m["source"]["export_seconds"]
+    named = {f["path"] for g in m["graphs"].values() for f in g["files"]} | {"manifest.json", "tokenizer.json",
+                                                                            "tokenizer_config.json"}
+    assert {p.name for p in out.iterdir()} == named and not list(tmp_path.glob(".b*"))
+    assert "TensorRT 10.15 readiness of target, drafter: ok" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kw,message", [
@@ -137,6 +151,7 @@ def test_manifest_errors_name_the_problem(tiny_checkpoints, tmp_path):
 def test_default_export_end_to_end(smollm2_dir, tmp_path):
     """`dflash-edge export --out DIR` with no other arguments: default target + drafter, parity on."""
     from dflash_edge.cli import main
+    from dflash_edge.engines.readiness import bundle_trt_readiness
 
     out = tmp_path / "bundle"
     assert main(["export", "--out", str(out)]) == 0
@@ -144,7 +159,7 @@ def test_default_export_end_to_end(smollm2_dir, tmp_path):
     parity = m["source"]["parity"]
     assert parity["target.logits.max_abs_diff"] <= 1e-3
     assert parity["target.next_ids.agreement"] == parity["drafter.draft_ids.agreement"] == 1.0
-    assert m["source"]["trt_readiness"]["ok"]
+    assert bundle_trt_readiness(out)["ok"]
     assert m["model"]["vocab_size"] == 49152 and m["block_size"] == 16
     for graph in m["graphs"].values():
         onnx.checker.check_model(str(out / graph["files"][0]["path"]))
@@ -180,3 +195,71 @@ def test_reduced_draft_vocabulary_drafts_only_its_tokens_and_stays_lossless(tiny
     ref = target_generate(load_target(ckpt), prompt, GenerationConfig(max_new_tokens=24))
     assert res.token_ids == ref.token_ids[:len(res.token_ids)] and len(res.token_ids) == len(ref.token_ids)
     assert seen and set(seen) <= set(vocab.tolist())
+
+
+def _ort(path, feeds):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+
+@pytest.mark.parametrize("variant,block", [("qwen3", 4), ("llama", 8), ("qwen2", 16), ("llama-untied-llama3rope", 4)])
+def test_bundle_graphs_match_transformers(tiny_checkpoints, tmp_path, variant, block):
+    """The written graphs against transformers' own model (not the exporter's torch reference): logits and
+    greedy ids of a prefill, then of a block run on the graph's own K/V, equal the HF model on the whole
+    sequence; the captured hidden states are HF's residual stream after those layers."""
+    import numpy as np
+    import torch
+
+    hf, ckpt = tiny_checkpoints[variant]
+    out = _export(tmp_path, ckpt, block)
+    m = read_bundle(out).manifest
+    d, ids = m["model"], [(7 * i) % 90 + 3 for i in range(11 + block)]
+    empty = np.zeros((0, d["num_layers"], d["num_kv_heads"], d["head_dim"]), np.float32)   # [S=0, L, Hkv, D]
+    pre = _ort(out / "target.onnx", {"input_ids": np.array([ids[:11]]), "start": np.array([0]),
+                                     "past_key": empty, "past_value": empty})
+    step = _ort(out / "target.onnx", {"input_ids": np.array([ids[11:]]), "start": np.array([11]),
+                                      "past_key": pre["new_key"], "past_value": pre["new_value"]})
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids]), output_hidden_states=True)
+    want = ref.logits.numpy()                                                          # [1, 11 + B, V]
+    got = np.concatenate([pre["logits"], step["logits"]], axis=1)
+    assert np.abs(got - want).max() <= 1e-4
+    assert (np.concatenate([pre["next_ids"], step["next_ids"]], axis=1) == want.argmax(-1)).all()
+    layers = [i for i in d["target_layer_ids"] if i + 1 < d["num_layers"]]   # HF's last entry is after the norm
+    hidden = pre["hidden"].reshape(1, 11, -1, d["hidden_size"])                       # [1, T, n, H]
+    for k, i in enumerate(d["target_layer_ids"]):
+        if i in layers:
+            assert np.abs(hidden[:, :, k] - ref.hidden_states[i + 1][:, :11].numpy()).max() <= 1e-4
+
+
+def test_bundle_generates_losslessly(tiny_checkpoints, tmp_path):
+    from dflash_edge.models.reference_loop import GenerationConfig, target_generate
+    from dflash_edge.runtime import Generator
+
+    ckpt = tiny_checkpoints["qwen3"][1]
+    out = _export(tmp_path, ckpt, 8)
+    prompt = [3, 17, 42, 8, 5, 61]
+    ref = target_generate(load_target(ckpt), prompt, GenerationConfig(max_new_tokens=24)).token_ids
+    for draft in ("none", "drafter"):
+        assert Generator.load(out).generate_ids(prompt, max_new_tokens=24, draft=draft).token_ids == ref
+
+
+def test_export_refuses_a_misshaped_tensor(tiny_checkpoints, tmp_path):
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from dflash_edge.runtime.errors import ModelFormatError
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoints["qwen3"][1], ckpt)
+    draft = _drafter_dir(tmp_path, ckpt)
+    weights = load_file(ckpt / "model.safetensors")
+    name = "model.layers.0.mlp.up_proj.weight"
+    weights[name] = weights[name][:-1]
+    save_file(weights, ckpt / "model.safetensors")
+    with pytest.raises(ModelFormatError, match=r"misshaped tensors .*up_proj"):
+        export_bundle(ExportOptions(out=tmp_path / "b", target=ckpt, draft=str(draft), max_context=256), progress=False)
+    assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".b.partial*"))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_edge.export import fetch
+from dflash_edge.models import fetch
 from dflash_edge.models.gguf_import import import_gguf
 from dflash_edge.runtime.errors import DflashEdgeError, ModelFormatError
 

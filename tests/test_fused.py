@@ -13,7 +13,7 @@ import pytest
 from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.runtime.io_tables import pick_graph
 from dflash_edge.runtime.kv import FusedTargetModel, TargetModel
-from fixtures_bundle import MAX_CONTEXT, build_tiny_bundle, tiny_bundle  # noqa: F401  (fixture)
+from fixtures_bundle import MAX_CONTEXT, build_tiny_bundle
 from tiny import hf_model, save_hf
 
 VARIANTS = ("llama", "llama-untied-llama3rope", "qwen2", "qwen2-yarn", "qwen3")
@@ -49,24 +49,6 @@ def reference(tb, prompt, n):
                                                                     stop_token_ids=())).token_ids
 
 
-class Oracle:
-    """A drafter proposing the true continuation, each token kept with probability `hit` (else a wrong one)."""
-
-    def __init__(self, real, full, hit, seed=0):
-        self.real, self.full, self.hit, self.rng = real, list(full), hit, np.random.default_rng(seed)
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-    def draft(self, last_token, ctx_end):
-        ids = self.real.draft(last_token, ctx_end).copy()
-        for k in range(1, len(ids) + 1):
-            if ctx_end + k < len(self.full):
-                true = self.full[ctx_end + k]
-                ids[k - 1] = true if self.rng.random() < self.hit else (true + 1) % 90
-        return ids
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fused_greedy_equals_portable_and_torch(fused_bundles, variant):
     tb, portable = fused_bundles(variant)
@@ -75,20 +57,19 @@ def test_fused_greedy_equals_portable_and_torch(fused_bundles, variant):
     for prompt in PROMPTS:
         want = reference(tb, prompt, 30)
         for gen in (fused, portable):
-            for use_draft in (True, False):
-                got = gen.generate_ids(prompt, 30, stop_token_ids=(), use_draft=use_draft)
-                assert got.token_ids == want, (variant, gen.target.GRAPH, use_draft)
+            for draft in ("drafter", "none"):
+                got = gen.generate_ids(prompt, 30, stop_token_ids=(), draft=draft)
+                assert got.token_ids == want, (variant, gen.target.GRAPH, draft)
 
 
 @pytest.mark.parametrize("hit", [1.0, 0.7])
-def test_rollback_after_rejection(fused_bundles, monkeypatch, hit):
+def test_rollback_after_rejection(fused_bundles, oracle, hit):
     tb, _ = fused_bundles("qwen3")
     gen = tb.generator
     for i, prompt in enumerate(PROMPTS):
         want = reference(tb, prompt, 40)
-        monkeypatch.setattr(gen, "drafter", Oracle(gen.drafter.real if isinstance(gen.drafter, Oracle)
-                                                   else gen.drafter, prompt + want, hit, seed=i))
-        got = gen.generate_ids(prompt, 40, stop_token_ids=(), use_draft=True)   # always draft: rollback every step
+        oracle(gen, prompt + want, hit, seed=i, miss=lambda true: (true + 1) % 90)   # conftest.py: a miss is sure
+        got = gen.generate_ids(prompt, 40, stop_token_ids=(), draft="drafter")   # always draft: rollback every step
         assert got.token_ids == want
         steps = got.stats.acceptance_lengths
         assert max(steps) == BLOCK                                   # whole blocks accepted ...

@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dflash_edge.runtime.bundle import BundleError, read_bundle
-from dflash_edge.runtime.generator import TextAssembler
+from dflash_edge.runtime.text import TextAssembler
 from dflash_edge.runtime.sampling import SamplingParams, select_token, token_probs
 from dflash_edge.runtime.validate import ROLES, InvalidArgumentError, check_messages
-from fixtures_bundle import tiny_bundle  # noqa: F401  (fixture)
+
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
@@ -174,7 +174,7 @@ def test_valid_chat_messages_always_encode(tiny_bundle):
 
 @FUZZ
 @given(body=st.dictionaries(st.sampled_from(["messages", "max_tokens", "temperature", "top_p", "seed", "stop",
-                                             "stream", "n", "model", "stream_options", "use_draft", "top_k"]),
+                                             "stream", "n", "model", "stream_options", "draft", "top_k"]),
                             JSON, max_size=8))
 def test_request_bodies_fuzz(body):
     from dflash_edge.serve.protocol import parse_request
@@ -184,4 +184,4 @@ def test_request_bodies_fuzz(body):
     except InvalidArgumentError as err:
         assert err.argument and str(err)
         return
-    assert job.args.max_new_tokens >= 1 and math.isfinite(job.args.temperature)
+    assert job.options.max_new_tokens >= 1 and math.isfinite(job.options.temperature)

@@ -11,7 +11,6 @@ import json
 import numpy as np
 import pytest
 
-from fixtures_bundle import tiny_bundle  # noqa: F401  (fixture)
 
 PROMPTS = [[5, 17, 33, 42, 8], [90, 1, 64, 12, 77, 3, 3, 19, 45, 60, 11], [(13 * i) % 90 + 3 for i in range(29)]]
 
@@ -56,8 +55,8 @@ def test_int8_cache_is_lossless_against_its_own_target(kv8, target):
     assert type(gen.target) is FusedTargetModel and gen.target.pad_rows == 0
     assert gen.target.kv.key.array.dtype == np.int8
     for prompt in PROMPTS:
-        spec = gen.generate_ids(prompt, 30, stop_token_ids=(), use_draft=True)
-        assert spec.token_ids == gen.generate_ids(prompt, 30, stop_token_ids=(), use_draft=False).token_ids
+        spec = gen.generate_ids(prompt, 30, stop_token_ids=(), draft="drafter")
+        assert spec.token_ids == gen.generate_ids(prompt, 30, stop_token_ids=(), draft="none").token_ids
     assert np.abs(gen.target.kv.key.array).max() > 0
 
 
@@ -68,7 +67,7 @@ def test_int8_cache_decode_rows_equal_verify_rows_bit_for_bit(kv8, target):
 
     gen = Generator.load(kv8(target), threads=2)
     prompt, tokens = PROMPTS[1], [7, 41, 3, 88, 15, 60]
-    gen.generate_ids(prompt, 1, stop_token_ids=(), use_draft=False)
+    gen.generate_ids(prompt, 1, stop_token_ids=(), draft="none")
     rows = []
     for i, t in enumerate(tokens):
         step = gen.target.step(1)
@@ -192,7 +191,6 @@ def test_interrupted_calibration_leaves_nothing_bundle_like(tiny_bundle, tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
-
 def test_fp16_target_is_refused_up_front(tiny_bundle, tmp_path):
     from dflash_edge.quantize.precisions import QuantizeError
 
@@ -202,8 +200,8 @@ def test_fp16_target_is_refused_up_front(tiny_bundle, tmp_path):
 
 
 def test_export_kv_cache_int8_is_export_then_quantise(tiny_bundle, tmp_path, prompts_file):
-    from dflash_edge.export.exporter import ExportOptions, export_bundle
-    from dflash_edge.quantize.bundle_quant import export_quantized
+    from dflash_edge.cli.export import export_quantized
+    from dflash_edge.export.exporter import ExportOptions
     from dflash_edge.quantize.quality import ReportOptions
     from dflash_edge.runtime import Generator
 
@@ -211,7 +209,7 @@ def test_export_kv_cache_int8_is_export_then_quantise(tiny_bundle, tmp_path, pro
     opts = ExportOptions(out=tmp_path / "kv8", target=str(root / "target"), draft=str(root / "drafter"),
                          block_size=8, max_context=128, prefill_chunk=8, verify=False)
     report = ReportOptions(positions=24, max_new_tokens=12, accept_prompts=1, prompts=prompts_file, threads=1)
-    out = export_quantized(export_bundle, opts, "fp32", report=report, kv_cache="int8")
+    out = export_quantized(opts, "fp32", report=report, kv_cache="int8")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kv8"]                       # no fp32 leftovers
     gen = Generator.load(out, threads=1)
     assert gen.target.kv.key.array.dtype == np.int8

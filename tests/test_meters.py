@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -49,14 +48,21 @@ def test_ina3221_rails_from_hwmon_fixture():
 
 
 def test_ina_meter_integrates_power(tmp_path):
-    meter = m.InaMeter(DATA / "ina3221" / "orin-nx-hwmon", interval_s=0.01)
+    root = tmp_path / "hwmon"
+    shutil.copytree(DATA / "ina3221" / "orin-nx-hwmon", root)
+    rail = root / "hwmon1"
+    (rail / "in1_input").write_text("5000\n")                       # VDD_IN: 5 V x 1 A = 5 W
+    (rail / "curr1_input").write_text("1000\n")
+    clock = iter([10.0, 12.0, 13.0, 13.5]).__next__                # scripted sample times (s)
+    meter = m.InaMeter(root, interval_s=3600, clock=clock)         # the sampler thread never wakes in the test
     try:
-        t0, e0 = time.perf_counter(), meter.read_j()
-        time.sleep(0.1)
-        e1, t1 = meter.read_j(), time.perf_counter()
+        assert meter.read_j() == pytest.approx(10.0)                # 2 s at 5 W
+        (rail / "curr1_input").write_text("2000\n")                 # now 10 W: trapezoid over the next second
+        assert meter.read_j() == pytest.approx(10.0 + 7.5)
+        (rail / "in2_input").write_text("9000\n")                   # another rail: VDD_IN alone is the total
+        assert meter.read_j() == pytest.approx(17.5 + 5.0)
     finally:
         meter.close()
-    assert (e1 - e0) / (t1 - t0) == pytest.approx(5.072 * 0.944, rel=0.02)   # constant rails: energy = P x t
 
 
 def test_ina_meter_absent(tmp_path):
@@ -134,31 +140,53 @@ class ScriptedMeter(m.Meter):
         self.closed = True
 
 
+class FakeClock:
+    """Seconds that pass only while FakeGen generates."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
 class FakeGen:
     bundle = "b"
 
-    def generate(self, prompt, max_new_tokens=8, use_draft=True):
-        time.sleep(0.001)
-        return SimpleNamespace(stats=SimpleNamespace(new_tokens=4), use_draft=use_draft)
+    def __init__(self, clock: FakeClock):
+        self.clock, self.calls = clock, 0
+
+    def generate(self, prompt, max_new_tokens=8, draft="auto"):
+        self.calls += 1
+        self.clock.now += 0.5 * self.calls                        # call n takes n/2 scripted seconds
+        return SimpleNamespace(stats=SimpleNamespace(new_tokens=4), draft=draft)
+
+
+def metered(meter):
+    clock = FakeClock()
+    return MeteredGenerator(FakeGen(clock), meter, clock=clock)
 
 
 def test_metered_generator_charges_each_arm():
-    gen = MeteredGenerator(FakeGen(), ScriptedMeter())
+    gen = metered(ScriptedMeter())
     assert gen.bundle == "b"                                      # everything else passes through
-    gen.generate("warm", use_draft="auto")
+    gen.generate("warm", draft="auto")
     gen.reset()
-    for use in ("auto", False, False):                            # "auto" (the default) is the speculative arm
-        gen.generate("p", use_draft=use)
+    for use in ("auto", "none", "none"):                          # "auto" (the default) is the speculative arm
+        gen.generate("p", draft=use)
     rep = gen.energy_report()
     assert rep["meter"] == "scripted" and rep["reason"] is None
-    assert rep["speculative"]["energy_j"] == 2.0 and rep["speculative"]["tokens"] == 4
-    assert rep["plain"]["energy_j_per_token"] == pytest.approx(4.0 / 8) and rep["plain"]["avg_power_w"] > 0
+    # 2 J between reads; calls took 1.0 s (speculative) and 1.5 + 2.0 s (plain) after the 0.5 s warm-up
+    assert rep["speculative"] == {"energy_j_per_token": 0.5, "avg_power_w": 2.0, "energy_j": 2.0, "seconds": 1.0,
+                                  "tokens": 4, "calls": 1}
+    assert rep["plain"] == {"energy_j_per_token": 0.5, "avg_power_w": 1.143, "energy_j": 4.0, "seconds": 3.5,
+                            "tokens": 8, "calls": 2}
 
 
 def test_vanishing_meter_nulls_the_fields_with_the_reason():
     meter = ScriptedMeter(fail_after=3)
-    gen = MeteredGenerator(FakeGen(), meter)
-    results = [gen.generate("p", use_draft=use) for use in ("auto", False, "auto", False)]
+    gen = metered(meter)
+    results = [gen.generate("p", draft=use) for use in ("auto", "none", "auto", "none")]
     assert len(results) == 4                                      # every call still generated
     rep = gen.energy_report()
     assert meter.closed and rep["meter"] is None
@@ -169,9 +197,9 @@ def test_vanishing_meter_nulls_the_fields_with_the_reason():
 
 def test_always_draft_arm_is_metered_apart():
     """"speculative" is the default (adaptive) arm users get; always-draft is metered apart beside it."""
-    gen = MeteredGenerator(FakeGen(), ScriptedMeter())
-    for use in (True, "auto", False):
-        gen.generate("p", use_draft=use)
+    gen = metered(ScriptedMeter())
+    for use in ("drafter", "auto", "none"):
+        gen.generate("p", draft=use)
     rep = gen.energy_report()
     assert [k for k in rep if isinstance(rep[k], dict)] == ["plain", "speculative", "always"]
     assert rep["always"]["calls"] == 1 and rep["speculative"]["calls"] == 1

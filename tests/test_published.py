@@ -2,7 +2,6 @@
 and every bad input named."""
 import json
 
-import numpy as np
 import pytest
 import torch
 

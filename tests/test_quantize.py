@@ -8,7 +8,6 @@ import shutil
 import numpy as np
 import pytest
 
-from fixtures_bundle import tiny_bundle  # noqa: F401  (fixture)
 
 PROMPTS = [[5, 17, 33, 42, 8], [90, 1, 64, 12, 77, 3, 3, 19, 45, 60, 11], [(13 * i) % 90 + 3 for i in range(29)]]
 CASES = [("int4", "int4"), ("int8", "int8"), ("fp16", "fp16"), ("int4", "fp32")]
@@ -58,8 +57,8 @@ def test_each_precision_is_lossless_against_its_own_target(quantized, target, dr
 
     gen = Generator.load(quantized(target, draft), threads=1)
     for prompt in PROMPTS:
-        spec = gen.generate_ids(prompt, 40, stop_token_ids=(), use_draft=True)
-        plain = gen.generate_ids(prompt, 40, use_draft=False, stop_token_ids=())
+        spec = gen.generate_ids(prompt, 40, stop_token_ids=(), draft="drafter")
+        plain = gen.generate_ids(prompt, 40, draft="none", stop_token_ids=())
         assert spec.token_ids == plain.token_ids and len(plain.token_ids) == 40
         assert spec.stats.acceptance_lengths            # the drafter really ran
 
@@ -74,8 +73,8 @@ def test_untied_model_quantises_its_embedding_and_head(quantized):
     ops = [n.op_type for n in onnx.load(str(path / "target.onnx"), load_external_data=False).graph.node]
     assert "GatherBlockQuantized" in ops and "Gemm" not in ops and ops.count("MatMulNBits") == 6 * 7 + 1
     gen = Generator.load(path, threads=1)
-    spec = gen.generate_ids(PROMPTS[1], 30, stop_token_ids=(), use_draft=True)
-    assert spec.token_ids == gen.generate_ids(PROMPTS[1], 30, use_draft=False, stop_token_ids=()).token_ids
+    spec = gen.generate_ids(PROMPTS[1], 30, stop_token_ids=(), draft="drafter")
+    assert spec.token_ids == gen.generate_ids(PROMPTS[1], 30, draft="none", stop_token_ids=()).token_ids
 
 
 @pytest.mark.parametrize("target", ["int4", "int8"])
@@ -98,8 +97,8 @@ def test_quantised_bundle_keeps_the_fused_flavour_on_the_portable_weights(tiny_b
     gen = Generator.load(path, threads=1)
     assert type(gen.target) is FusedTargetModel
     for prompt in PROMPTS:
-        spec = gen.generate_ids(prompt, 30, stop_token_ids=(), use_draft=True)
-        assert spec.token_ids == gen.generate_ids(prompt, 30, use_draft=False, stop_token_ids=()).token_ids
+        spec = gen.generate_ids(prompt, 30, stop_token_ids=(), draft="drafter")
+        assert spec.token_ids == gen.generate_ids(prompt, 30, draft="none", stop_token_ids=()).token_ids
 
 
 @pytest.mark.parametrize("target", ["int4", "int8", "fp32"])
@@ -113,7 +112,7 @@ def test_fused_decode_rows_equal_verify_rows_bit_for_bit(tiny_bundle, quantized,
     gen = Generator.load(path, threads=2)
     prompt, tokens = PROMPTS[1], [7, 41, 3, 88, 15, 60]
     rows = []
-    gen.generate_ids(prompt, 1, stop_token_ids=(), use_draft=False)            # prefill: len(prompt) cached
+    gen.generate_ids(prompt, 1, stop_token_ids=(), draft="none")            # prefill: len(prompt) cached
     for i, t in enumerate(tokens):                                             # T = 1 steps
         step = gen.target.step(1)
         step["input_ids"][0, 0] = t
@@ -129,7 +128,6 @@ def test_fused_decode_rows_equal_verify_rows_bit_for_bit(tiny_bundle, quantized,
 def test_tied_embedding_and_head_share_one_block_quantised_tensor(bits):
     """Gather(W) + Gemm(x, W, transB=1) (the exporter's tied LM head) -> one packed tensor feeding
     GatherBlockQuantized and MatMulNBits; both equal the numpy dequantisation of that tensor."""
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -216,18 +214,18 @@ def test_quantised_top1_agrees_with_fp32_on_tiny_model(quantized):
 
 
 def test_export_precision_is_export_then_quantise(tiny_bundle, tmp_path, prompts_file):
-    from dflash_edge.export.exporter import ExportOptions, export_bundle
-    from dflash_edge.quantize.bundle_quant import export_quantized
+    from dflash_edge.cli.export import export_quantized
+    from dflash_edge.export.exporter import ExportOptions
     from dflash_edge.runtime import Generator
 
     root = tiny_bundle("llama", 8).path.parent
     opts = ExportOptions(out=tmp_path / "int4", target=str(root / "target"), draft=str(root / "drafter"),
                          block_size=8, max_context=128, prefill_chunk=8, verify=False)
-    out = export_quantized(export_bundle, opts, "int4", report=small_report(prompts_file))
+    out = export_quantized(opts, "int4", report=small_report(prompts_file))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["int4"]                    # no fp32 leftovers
     gen = Generator.load(out, threads=1)
     assert {g["precision"] for g in gen.bundle.manifest["graphs"].values()} == {"int4"}
-    assert gen.generate_ids(PROMPTS[0], 20, use_draft=True).token_ids == gen.generate_ids(PROMPTS[0], 20, use_draft=False).token_ids
+    assert gen.generate_ids(PROMPTS[0], 20, draft="drafter").token_ids == gen.generate_ids(PROMPTS[0], 20, draft="none").token_ids
 
 
 # ---- bad input -------------------------------------------------------------------------------------
@@ -439,7 +437,7 @@ def test_smollm2_int4_speculative_equals_plain(smollm2_dir, tmp_path_factory):
     for prompt in ["Why is the sky blue?", "Write a Python function that reverses a string.",
                    "List three uses of a paperclip."]:
         ids = gen.encode(prompt)
-        spec = gen.generate_ids(ids, 64, stop_token_ids=(), use_draft=True)
-        plain = gen.generate_ids(ids, 64, use_draft=False, stop_token_ids=())
+        spec = gen.generate_ids(ids, 64, stop_token_ids=(), draft="drafter")
+        plain = gen.generate_ids(ids, 64, draft="none", stop_token_ids=())
         assert spec.token_ids == plain.token_ids
         assert spec.stats.mean_acceptance_length > 1.0     # the shipped drafter still drafts useful tokens

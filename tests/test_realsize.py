@@ -2,7 +2,6 @@
 the memory check, and the CUDA path's device-buffer logic with the CPU provider standing in."""
 import json
 
-import numpy as np
 import onnx
 import pytest
 
@@ -49,9 +48,8 @@ def test_bundle_holds_only_named_files_and_stores_the_embedding_once(published_b
         assert blob not in (published_bundle / f"{graph}.onnx.data").read_bytes()
     assert m["source"]["parity"]["drafter.draft_ids.agreement"] == 1.0
     assert "{% for m in messages %}" in json.loads((published_bundle / "tokenizer_config.json").read_text())["chat_template"]
-    stages = {"load", "reference", "export_target", "export_target_fused", "export_drafter", "parity"}
-    if m["source"].get("writer") == "stream":                        # parity: onnxruntime first, then the reference
-        stages.add("parity_onnxruntime")
+    stages = {"load", "export_target", "export_target_fused", "export_drafter", "parity", "parity_onnxruntime",
+              "reference"}                                           # parity: onnxruntime first, then the reference
     assert set(m["source"]["peak_rss_mb"]) == stages
     assert all(v > 0 for v in m["source"]["peak_rss_mb"].values())
 
@@ -60,70 +58,37 @@ def test_runtime_is_lossless_on_the_published_bundle_with_and_without_sharing(pu
     shared, separate = Generator.load(published_bundle), Generator.load(published_bundle, share_weights=False)
     assert shared.encode("t5 t6") == [1, 5, 6, 2, 3]                 # chat template from chat_template.jinja
     for prompt in PROMPTS:
-        plain = separate.generate_ids(prompt, max_new_tokens=24, use_draft=False, stop_token_ids=[]).token_ids
+        plain = separate.generate_ids(prompt, max_new_tokens=24, draft="none", stop_token_ids=[]).token_ids
         assert len(plain) == 24
-        assert shared.generate_ids(prompt, max_new_tokens=24, use_draft=True, stop_token_ids=[]).token_ids == plain
-        assert shared.generate_ids(prompt, max_new_tokens=24, use_draft=False, stop_token_ids=[]).token_ids == plain
-
-
-def test_exporter_per_tensor_files_are_gathered_into_one(tmp_path):
-    """The layout torch writes above 2 GB (one file per tensor beside the graph) ends as one data file."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    from dflash_edge.export.external_data import write_external
-
-    rng = np.random.default_rng(0)
-    weights = {f"w{i}": rng.standard_normal((64, 64)).astype(np.float32) for i in range(3)}
-    nodes = [helper.make_node("MatMul", ["x", "w0"], ["a"]), helper.make_node("MatMul", ["a", "w1"], ["b"]),
-             helper.make_node("MatMul", ["b", "w2"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
-                              [numpy_helper.from_array(w, n) for n, w in weights.items()])
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    onnx.save_model(helper.make_model(graph), str(scratch / "raw.onnx"), save_as_external_data=True,
-                    all_tensors_to_one_file=False, size_threshold=0)
-    assert len(list(scratch.iterdir())) == 4                        # raw.onnx + one file per tensor
-    out = tmp_path / "out"
-    out.mkdir()
-    write_external(onnx.load(str(scratch / "raw.onnx"), load_external_data=False), scratch, out / "g.onnx", "g")
-    assert sorted(p.name for p in out.iterdir()) == ["g.onnx", "g.onnx.data"]
-    loaded = onnx.load(str(out / "g.onnx"))
-    for init in loaded.graph.initializer:
-        assert np.array_equal(numpy_helper.to_array(init), weights[init.name])
+        assert shared.generate_ids(prompt, max_new_tokens=24, draft="drafter", stop_token_ids=[]).token_ids == plain
+        assert shared.generate_ids(prompt, max_new_tokens=24, draft="none", stop_token_ids=[]).token_ids == plain
 
 
 def test_too_large_for_memory_is_refused_before_loading(tmp_path, monkeypatch):
-    from dflash_edge.export import memory
+    from dflash_edge.export import fits as memory
     from dflash_edge.export.fits import InsufficientMemoryError
 
     cfg = reduced("Qwen3-4B")
     write_target(tmp_path / "t", cfg, shards=2)
     monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
     monkeypatch.setattr(memory, "rss_bytes", lambda: 0)
-    loads = []
-    monkeypatch.setattr("dflash_edge.models.load_target", lambda *a, **k: loads.append(a))
-    with pytest.raises(InsufficientMemoryError, match=r"exporting t \(fp32\) needs about 2.0 GB .* but 0.0 GB is "
+    from dflash_edge.models.checkpoint import Checkpoint
+
+    loads = []                                                       # no weight is read before the check
+    monkeypatch.setattr(Checkpoint, "array", lambda self, name, *a, **k: loads.append(name))
+    monkeypatch.setattr(Checkpoint, "get", lambda self, name: loads.append(name))
+    with pytest.raises(InsufficientMemoryError, match=r"exporting t \(fp32\) needs about 0.5 GB .* but 0.0 GB is "
                                                       r"available.*--no-memory-check"):
         export_bundle(ExportOptions(out=tmp_path / "b", target=str(tmp_path / "t"), draft="random"), progress=False)
     assert not loads and not (tmp_path / "b").exists()
 
 
 def test_interrupted_export_of_a_graph_leaves_nothing(tmp_path, monkeypatch):
-    from dflash_edge.export import external_data
-
     cfg = reduced("Qwen3-4B")
     write_target(tmp_path / "t", cfg, shards=2)
     write_zlab_drafter(tmp_path / "d", zlab_config(cfg, num_layers=1))
-    real = external_data.write_external
 
-    def interrupt_on_drafter(model, scratch, path, graph, shared=None):
-        if graph == "drafter":
-            raise KeyboardInterrupt
-        return real(model, scratch, path, graph, shared)
-    monkeypatch.setattr("dflash_edge.export.onnx_export.write_external", interrupt_on_drafter)
-
-    def interrupt(*a, **k):                                          # the streamed writer's drafter
+    def interrupt(*a, **k):                                          # the drafter, after both targets are written
         raise KeyboardInterrupt
     monkeypatch.setattr("dflash_edge.export.portable_drafter.build_drafter", interrupt)
     with pytest.raises(KeyboardInterrupt):
@@ -180,8 +145,8 @@ def test_device_buffer_path_is_lossless_with_cpu_standing_in(published_bundle, m
     for buf in (device.target.kv.key, device.target.hidden, device.drafter.kv.value):
         assert buf.array is None and buf.device == "cuda"           # onnxruntime-owned, bound by pointer
     for prompt in PROMPTS:
-        for use in (True, False):
-            want = reference.generate_ids(prompt, max_new_tokens=24, use_draft=use, stop_token_ids=[]).token_ids
-            assert device.generate_ids(prompt, max_new_tokens=24, use_draft=use, stop_token_ids=[]).token_ids == want
+        for use in ("drafter", "none"):
+            want = reference.generate_ids(prompt, max_new_tokens=24, draft=use, stop_token_ids=[]).token_ids
+            assert device.generate_ids(prompt, max_new_tokens=24, draft=use, stop_token_ids=[]).token_ids == want
     seen = {d for r in (device.target.runner, device.drafter.runner) for b in r.bindings for d in b.devices}
     assert seen == {"cuda", "cpu"}                                  # KV/hidden on the device, step I/O on the host

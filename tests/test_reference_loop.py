@@ -1,15 +1,14 @@
 """The torch reference loop is lossless: greedy identity, sampling identity and distribution (tier 1)."""
-import numpy as np
 import pytest
-import torch
 
-from dflash_edge.export import reference_loop
+from dflash_edge.models import reference_loop
 from dflash_edge.models.drafter import DraftConfig, new_drafter
 from dflash_edge.models import load_target
 from dflash_edge.models.reference_loop import GenerationConfig, speculative_generate, target_generate
 from dflash_edge.runtime.errors import ContextOverflowError
 from dflash_edge.runtime.sampling import SamplingParams
 from tiny import check_two_token_distribution
+from runtime_cases import SAMPLERS
 
 PROMPTS = [[5, 17, 33, 2 + 40, 8], [90, 1, 64, 12, 77, 3, 3, 19, 45, 60, 11], [7]]
 
@@ -17,32 +16,6 @@ PROMPTS = [[5, 17, 33, 2 + 40, 8], [90, 1, 64, 12, 77, 3, 3, 19, 45, 60, 11], [7
 def _drafter(target, block):
     cfg = DraftConfig.for_target(target.config, num_layers=2, block_size=block, mask_token_id=5)
     return new_drafter(cfg, seed=block)
-
-
-@pytest.fixture
-def oracle(monkeypatch):
-    """Replace draft tokens by the target's true future tokens with probability `hit` per position.
-
-    Exercises long acceptances, truncation at stop tokens inside a block, and rollback of partial blocks.
-    """
-    state = {}
-
-    def install(full_sequence, hit, seed=0):
-        rng = np.random.default_rng(seed)
-        real = reference_loop.draft_block
-
-        def fake(target, drafter, last_token, ctx, d_cache, block):
-            ids = real(target, drafter, last_token, ctx, d_cache, block)
-            start = d_cache.length                       # position of `last_token`
-            for k in range(1, block):
-                if start + k < len(full_sequence) and rng.random() < hit:
-                    ids[0, k] = full_sequence[start + k]
-            return ids
-
-        monkeypatch.setattr(reference_loop, "draft_block", fake)
-        state["installed"] = True
-
-    return install
 
 
 @pytest.mark.parametrize("variant", ["llama", "qwen2", "qwen3"])
@@ -66,7 +39,7 @@ def test_greedy_identity_with_long_acceptances(tiny_target, oracle, block, hit):
     drafter = _drafter(tiny_target, block)
     for i, prompt in enumerate(PROMPTS):
         ref = target_generate(tiny_target, prompt, GenerationConfig(max_new_tokens=60))
-        oracle(prompt + ref.token_ids, hit, seed=i)
+        oracle(reference_loop, prompt + ref.token_ids, hit, seed=i)
         stop = ref.token_ids[45]
         gen = GenerationConfig(max_new_tokens=60, stop_token_ids=(stop,))
         want = target_generate(tiny_target, prompt, gen)
@@ -80,13 +53,9 @@ def test_greedy_identity_with_long_acceptances(tiny_target, oracle, block, hit):
 def test_budget_ends_inside_a_block(tiny_target, oracle):
     drafter = _drafter(tiny_target, 8)
     ref = target_generate(tiny_target, PROMPTS[0], GenerationConfig(max_new_tokens=50, stop_token_ids=()))
-    oracle(PROMPTS[0] + ref.token_ids, 1.0)
+    oracle(reference_loop, PROMPTS[0] + ref.token_ids, 1.0)
     got = speculative_generate(tiny_target, drafter, PROMPTS[0], GenerationConfig(max_new_tokens=13, stop_token_ids=()))
     assert got.token_ids == ref.token_ids[:13] and got.finish_reason == "length"
-
-
-SAMPLERS = [SamplingParams(temperature=1.0, seed=3), SamplingParams(temperature=0.7, top_k=12, seed=4),
-            SamplingParams(temperature=1.3, top_p=0.8, seed=5)]
 
 
 @pytest.mark.parametrize("sampling", SAMPLERS)
@@ -94,7 +63,7 @@ def test_sampling_same_seed_same_tokens(tiny_target, oracle, sampling):
     drafter = _drafter(tiny_target, 8)
     gen = GenerationConfig(max_new_tokens=48, sampling=sampling, stop_token_ids=())
     want = target_generate(tiny_target, PROMPTS[1], gen)
-    oracle(PROMPTS[1] + want.token_ids, 0.9)
+    oracle(reference_loop, PROMPTS[1] + want.token_ids, 0.9)
     got = speculative_generate(tiny_target, drafter, PROMPTS[1], gen)
     assert got.token_ids == want.token_ids and max(got.acceptance_lengths) > 1
 

@@ -4,7 +4,9 @@ Tier 2 (SmolLM2 end to end, a runtime-only install in a fresh venv) is marked `t
 """
 import json
 import os
+import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tracemalloc
@@ -17,61 +19,16 @@ from dflash_edge.runtime.bundle import BundleError
 from dflash_edge.runtime.errors import ContextOverflowError
 from dflash_edge.runtime.sampling import SamplingParams
 from tiny import check_two_token_distribution
-from fixtures_bundle import MAX_CONTEXT, tiny_bundle  # noqa: F401  (fixture)
+from fixtures_bundle import MAX_CONTEXT
+from runtime_cases import PROMPTS, SAMPLERS, reference
 
-PROMPTS = [[5, 17, 33, 42, 8], [90, 1, 64, 12, 77, 3, 3, 19, 45, 60, 11], [7],
-           [(13 * i) % 90 + 3 for i in range(29)]]            # 29 tokens: 3 full chunks + an overlapped one
-SAMPLERS = [SamplingParams(temperature=1.0, seed=3), SamplingParams(temperature=0.7, top_k=12, seed=4),
-            SamplingParams(temperature=1.3, top_p=0.8, seed=5)]
-
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
-
-
-def reference(tb, prompt, max_new_tokens=40, sampling=SamplingParams(), stop=None, max_context=MAX_CONTEXT,
-              speculative=False):
-    from dflash_edge.models.reference_loop import GenerationConfig, speculative_generate, target_generate
-
-    gen = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling, max_context=max_context,
-                           stop_token_ids=stop)
-    if speculative:
-        return speculative_generate(tb.target, tb.drafter, prompt, gen)
-    return target_generate(tb.target, prompt, gen)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py (so is the `oracle` fixture)
 
 
 def late_stop(tokens, at):
     """Stop ids: a token first occurring at index >= `at` (so the run stops there), else none."""
     fresh = [t for i, t in enumerate(tokens) if i >= at and t not in tokens[:i]]
     return tuple(fresh[:1])
-
-
-class OracleDrafter:
-    """Wraps the runtime's drafter: each draft token is the target's true future token with probability `hit`.
-
-    Exercises long acceptances, stops inside a block and rollback of partial blocks through the real loop.
-    """
-
-    def __init__(self, real, full_sequence, hit, seed=0):
-        self.real, self.full, self.hit = real, list(full_sequence), hit
-        self.rng = np.random.default_rng(seed)
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-    def draft(self, last_token, ctx_end):
-        ids = self.real.draft(last_token, ctx_end).copy()          # ctx_end is the position of last_token
-        for k in range(1, len(ids) + 1):
-            if ctx_end + k < len(self.full) and self.rng.random() < self.hit:
-                ids[k - 1] = self.full[ctx_end + k]
-        return ids
-
-
-@pytest.fixture
-def oracle(monkeypatch):
-    def install(gen, full_sequence, hit, seed=0):
-        monkeypatch.setattr(gen, "drafter", OracleDrafter(gen.drafter, full_sequence, hit, seed))
-
-    return install
 
 
 # ---- lossless ------------------------------------------------------------------------------------
@@ -83,8 +40,8 @@ def test_greedy_equals_torch_reference(tiny_bundle, variant, block):
         free = reference(tb, prompt, stop=())
         stop = late_stop(free.token_ids, 17)                  # a stop token the output is known to reach
         want = reference(tb, prompt, stop=stop)
-        spec = tb.generator.generate_ids(prompt, 40, use_draft=True, stop_token_ids=stop)
-        ar = tb.generator.generate_ids(prompt, 40, use_draft=False, stop_token_ids=stop)
+        spec = tb.generator.generate_ids(prompt, 40, draft="drafter", stop_token_ids=stop)
+        ar = tb.generator.generate_ids(prompt, 40, draft="none", stop_token_ids=stop)
         assert spec.token_ids == want.token_ids == ar.token_ids
         assert spec.finish_reason == ar.finish_reason == want.finish_reason == ("stop" if stop else "length")
         steps = spec.stats.acceptance_lengths
@@ -97,15 +54,15 @@ def test_auto_drafting_is_lossless_and_switches_between_modes(tiny_bundle, oracl
     prompt = PROMPTS[1]
     ref = reference(tb, prompt, 60, stop=())
     oracle(tb.generator, prompt + ref.token_ids, hit)
-    got = tb.generator.generate_ids(prompt, 60, stop_token_ids=(), use_draft="auto")
+    got = tb.generator.generate_ids(prompt, 60, stop_token_ids=(), draft="auto")
     assert got.token_ids == ref.token_ids
     s = got.stats
     assert s.target_calls == len(s.acceptance_lengths) + len(s.lookup_lengths) + s.plain_steps   # one of the three
     assert s.plain_steps and s.probe_steps                                   # decode cost, then a drafter probe
     if hit:
         assert max(s.acceptance_lengths + s.lookup_lengths) > 1              # a good proposal source is then used
-    with pytest.raises(ValueError, match="use_draft='sometimes'"):
-        tb.generator.generate_ids(prompt, 8, use_draft="sometimes")
+    with pytest.raises(ValueError, match="draft='sometimes'"):
+        tb.generator.generate_ids(prompt, 8, draft="sometimes")
 
 
 @pytest.mark.parametrize("block", [4, 8])
@@ -117,7 +74,7 @@ def test_long_acceptances_roll_back_correctly(tiny_bundle, oracle, block, hit):
         stop = late_stop(ref.token_ids, 45)
         want = reference(tb, prompt, 60, stop=stop)
         oracle(tb.generator, prompt + ref.token_ids, hit, seed=i)
-        got = tb.generator.generate_ids(prompt, 60, use_draft=True, stop_token_ids=stop)
+        got = tb.generator.generate_ids(prompt, 60, draft="drafter", stop_token_ids=stop)
         assert got.token_ids == want.token_ids
         steps = got.stats.acceptance_lengths
         assert max(steps) > 1 and all(1 <= a <= block for a in steps)
@@ -129,7 +86,7 @@ def test_budget_ends_inside_a_block(tiny_bundle, oracle):
     tb = tiny_bundle("qwen3", 8)
     ref = reference(tb, PROMPTS[0], 50, stop=())
     oracle(tb.generator, PROMPTS[0] + ref.token_ids, 1.0)
-    got = tb.generator.generate_ids(PROMPTS[0], 13, use_draft=True, stop_token_ids=())
+    got = tb.generator.generate_ids(PROMPTS[0], 13, draft="drafter", stop_token_ids=())
     assert got.token_ids == ref.token_ids[:13] and got.finish_reason == "length"
 
 
@@ -138,10 +95,10 @@ def test_sampling_same_seed_same_tokens_as_reference(tiny_bundle, oracle, sampli
     tb = tiny_bundle("llama", 8)
     want = reference(tb, PROMPTS[1], 48, sampling, stop=())
     assert reference(tb, PROMPTS[1], 48, sampling, stop=(), speculative=True).token_ids == want.token_ids
-    ar = tb.generator.generate_ids(PROMPTS[1], 48, sampling, use_draft=False, stop_token_ids=())
+    ar = tb.generator.generate_ids(PROMPTS[1], 48, sampling, draft="none", stop_token_ids=())
     plain = tb.generator.generate_ids(PROMPTS[1], 48, sampling, stop_token_ids=())
     oracle(tb.generator, PROMPTS[1] + want.token_ids, 0.9)
-    spec = tb.generator.generate_ids(PROMPTS[1], 48, sampling, use_draft=True, stop_token_ids=())
+    spec = tb.generator.generate_ids(PROMPTS[1], 48, sampling, draft="drafter", stop_token_ids=())
     assert ar.token_ids == plain.token_ids == spec.token_ids == want.token_ids
     assert max(spec.stats.acceptance_lengths) > 1
 
@@ -151,7 +108,7 @@ def test_sampling_distribution_matches_target(tiny_bundle):
     tb = tiny_bundle("qwen3", 4)
 
     def sample_pair(seed):
-        return tb.generator.generate_ids(PROMPTS[0], 2, SamplingParams(1.0, top_k=5, seed=seed), use_draft=True,
+        return tb.generator.generate_ids(PROMPTS[0], 2, SamplingParams(1.0, top_k=5, seed=seed), draft="drafter",
                                          stop_token_ids=()).token_ids
 
     check_two_token_distribution(tb.target, PROMPTS[0], sample_pair)
@@ -162,8 +119,8 @@ def test_generation_stops_cleanly_at_context_end(tiny_bundle):
     tb = tiny_bundle("qwen2", 8)
     prompt = PROMPTS[3]
     want = reference(tb, prompt, 500, stop=())
-    for use_draft in (True, False):
-        got = tb.generator.generate_ids(prompt, 500, use_draft=use_draft, stop_token_ids=())
+    for draft in ("drafter", "none"):
+        got = tb.generator.generate_ids(prompt, 500, draft=draft, stop_token_ids=())
         assert got.finish_reason == want.finish_reason == "context"
         assert got.token_ids == want.token_ids and len(got.token_ids) == MAX_CONTEXT - len(prompt)
 
@@ -181,9 +138,9 @@ def test_steps_allocate_nothing_of_cache_size(tiny_bundle):
     ptrs = (gen.target.kv.key.ptr, gen.target.kv.value.ptr, gen.drafter.kv.key.ptr, gen.target.hidden.ptr)
     gen.generate_ids(PROMPTS[1], 30, stop_token_ids=())                        # warm-up
     kv_bytes = gen.target.kv.key.nbytes
-    for use_draft, sampling in [(True, SamplingParams()), (False, SamplingParams()), (True, SAMPLERS[1])]:
+    for draft, sampling in [("drafter", SamplingParams()), ("none", SamplingParams()), ("drafter", SAMPLERS[1])]:
         tracemalloc.start()
-        gen.generate_ids(PROMPTS[1], 60, sampling, use_draft=use_draft, stop_token_ids=())
+        gen.generate_ids(PROMPTS[1], 60, sampling, draft=draft, stop_token_ids=())
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         assert peak < kv_bytes / 4, f"a generation allocated {peak} bytes (one K cache is {kv_bytes})"
@@ -201,9 +158,13 @@ def test_generate_text_chat_and_stream(tiny_bundle):
     assert gen.generate("t1 t5 t6 t7 t2 t3", max_new_tokens=20, chat=False).token_ids == res.token_ids
     stream = gen.stream(msgs, max_new_tokens=20)
     assert "".join(stream) == res.text and stream.result.token_ids == res.token_ids
-    s = res.stats
-    assert s.new_tokens == 20 and s.ttft_s > 0 and s.decode_tokens_per_s > 0 and 0 <= s.python_overhead < 1
-    assert s.mean_acceptance_length >= 1 and s.finish_reason == "length"
+    s = res.stats                                                 # the default (adaptive) arm's accounting
+    assert s.prompt_tokens == 6 and s.new_tokens == 20 and s.finish_reason == "length"   # t1 t5 t6 t7 t2 t3
+    assert 1 + sum(s.acceptance_lengths) + sum(s.lookup_lengths) + s.plain_steps == 20   # prefill's + each step's
+    assert s.target_calls == len(s.acceptance_lengths) + len(s.lookup_lengths) + s.plain_steps   # a pass a step
+    assert s.draft_calls >= len(s.acceptance_lengths) + s.probe_steps    # drafter steps and probes (+ catching up)
+    assert len(s.verify_lens) == len(s.acceptance_lengths) + len(s.lookup_lengths)
+    assert s.prefill_s > 0 and s.decode_s > 0
 
 
 def test_stop_string_cuts_text_and_tokens(tiny_bundle):
@@ -212,11 +173,11 @@ def test_stop_string_cuts_text_and_tokens(tiny_bundle):
     words = full.text.split()
     stop = " ".join(words[6:8])                                   # occurs after the 6th token
     cut = full.text.index(stop)
-    for use_draft in (True, False):
-        res = gen.generate("t5 t6 t7", max_new_tokens=30, stop=[stop], use_draft=use_draft)
+    for draft in ("drafter", "none"):
+        res = gen.generate("t5 t6 t7", max_new_tokens=30, stop=[stop], draft=draft)
         assert res.text == full.text[:cut] and res.finish_reason == "stop"
         assert res.token_ids == full.token_ids[:8]
-        assert "".join(gen.stream("t5 t6 t7", max_new_tokens=30, stop=stop, use_draft=use_draft)) == res.text
+        assert "".join(gen.stream("t5 t6 t7", max_new_tokens=30, stop=stop, draft=draft)) == res.text
 
 
 class _ByteTokenizer:
@@ -227,7 +188,7 @@ class _ByteTokenizer:
 
 
 def test_text_pieces_never_split_a_character():
-    from dflash_edge.runtime.generator import TextAssembler
+    from dflash_edge.runtime.text import TextAssembler
 
     text = "héllo wörld — 日本語 ok 🙂!"
     asm = TextAssembler(_ByteTokenizer(), stop=("ok 🙂",))
@@ -360,7 +321,7 @@ def test_smollm2_greedy_equals_torch_reference(smollm2, smollm2_bundle):
         ids = gen.encode(prompt)
         want = target_generate(smollm2, ids, GenerationConfig(max_new_tokens=64)).token_ids
         assert gen.generate_ids(ids, 64).token_ids == want
-        assert gen.generate_ids(ids, 64, use_draft=False).token_ids == want
+        assert gen.generate_ids(ids, 64, draft="none").token_ids == want
 
 
 # ---- CLI -------------------------------------------------------------------------------------------------
@@ -388,10 +349,23 @@ def test_bench_cli_report(tiny_bundle, tmp_path, capsys):
             "--limit", "3", "--json", str(out)]
     assert main(argv) == 0
     report = json.loads(out.read_text())
-    assert report["lossless"] is True and report["prompts"] == len(report["rows"]) == 3
-    for key in ("speedup", "spec_tokens_per_s", "ar_tokens_per_s", "mean_acceptance_length", "ttft_ms",
-                "peak_rss_mb", "python_overhead", "machine", "provider"):
-        assert report[key] is not None, key
+    rows = report["rows"]
+    assert report["lossless"] is True and report["prompts"] == 3 and [r["id"] for r in rows] == ["x5", "x6", "x7"]
+    for r in rows:                                                # chat template: t1 tI tJ t2 t3
+        assert (r["prompt_tokens"], r["new_tokens"], r["finish_reason"], r["lossless"]) == (5, 16, "length", True)
+        assert r["speedup"] == pytest.approx(r["default_tokens_per_s"] / r["plain_tokens_per_s"], abs=2e-3)
+    assert report["speedup"] == round(statistics.median(r["speedup"] for r in rows), 3)
+    assert report["ar_tokens_per_s"] == round(statistics.median(r["plain_tokens_per_s"] for r in rows), 3)
+    gen = tiny_bundle("llama", 4).generator                       # tau: the always-draft arm's acceptance lengths
+    taus = [a for i in (5, 6, 7) for a in gen.generate(f"t{i} t{i + 3}", max_new_tokens=16,
+                                                          draft="drafter").stats.acceptance_lengths]
+    assert report["mean_acceptance_length_arm"] == "always"
+    assert report["mean_acceptance_length"] == round(statistics.mean(taus), 3)
+    assert report["arms"] == ["plain", "always", "default"] and set(report["python_overhead"]) == set(report["arms"])
+    assert {k: report["bundle"][k] for k in ("block_size", "max_context", "family")} == {
+        "block_size": 4, "max_context": MAX_CONTEXT, "family": "llama"}
+    assert (report["provider"], report["max_new_tokens"], report["verify_len_override"]) == ("cpu", 16, None)
+    assert report["machine"]["python"] == platform.python_version() and 50 < report["peak_rss_mb"] < 65536   # MB
     assert json.loads(capsys.readouterr().out)["lossless"] is True
     prompts.write_text('{"text": "no prompt field"}\n')
     assert main(argv) == 2 and "needs a string field 'prompt'" in capsys.readouterr().err

@@ -15,7 +15,7 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
 from dflash_edge.cli import main  # noqa: E402
-from fixtures_bundle import tiny_bundle  # noqa: E402,F401  (fixture)
+
 
 HOST = "127.0.0.1"                      # loopback only
 MESSAGES = [[{"role": "user", "content": t}] for t in ("t5 t6 t7", "t9 t1 t33", "t70 t2", "t12 t13 t14 t15")]
@@ -273,7 +273,8 @@ def test_a_waiting_client_that_leaves_frees_its_queue_slot(tiny_bundle, serve, g
         wait_until(lambda: httpx.get(f"{s.url}/health").json()["waiting"] == 0)
         assert httpx.get(f"{s.url}/health").json()["waiting"] == 0     # slot back while the first still runs
         waiting = pool.submit(httpx.post, url, json=body, timeout=60)    # so a new client is admitted, not 429
-        time.sleep(0.3)
+        wait_until(lambda: httpx.get(f"{s.url}/health").json()["waiting"] == 1)   # queued behind the first
+        assert httpx.get(f"{s.url}/health").json()["waiting"] == 1 and not waiting.done()
         gate.set()
         want = expected(tb, MESSAGES[0], n=4).token_ids
         assert running.result().json()["dflash"]["token_ids"] == want

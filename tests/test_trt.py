@@ -114,6 +114,20 @@ def test_readiness_without_manifest_globs_graphs(tiny_bundles, tmp_path):
     assert set(bundle_trt_readiness(tmp_path)["graphs"]) == {"drafter"}
 
 
+def test_export_prints_one_readiness_line(tiny_bundles, tmp_path):
+    from dflash_edge.cli.export import trt_readiness_line
+
+    assert trt_readiness_line(tiny_bundles["qwen3", 4]).endswith(": ok (`dflash-edge build-engines "
+                                                                 f"{tiny_bundles['qwen3', 4]}` on a GPU machine)")
+    custom = helper.make_node("FastGelu", ["x"], ["y"], domain="com.microsoft")
+    model = _model([custom], [_vi("x")], [_vi("y")])
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, str(tmp_path / "drafter.onnx"))
+    line = trt_readiness_line(tmp_path)
+    assert "\n" not in line and line.startswith("TensorRT 10.15 readiness of drafter: not ready (1 problem(s); the "
+                                                "first, drafter: com.microsoft::FastGelu")
+
+
 # --- profiles ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("block", BLOCKS)
@@ -349,16 +363,14 @@ def test_real_engines_match_onnxruntime(tiny_bundles, tmp_path):
     import onnxruntime as ort
 
     from dflash_edge.engines.build import EngineOptions, build_engines
-    from dflash_edge.export.onnx_export import dummy_inputs
-    from dflash_edge.runtime.io_tables import GRAPHS, model_dims
+    from dflash_edge.runtime.io_tables import GRAPHS, dummy_inputs, model_dims
 
     bundle_dir = shutil.copytree(tiny_bundles["qwen3", 8], tmp_path / "b")
     build_engines(EngineOptions(bundle_dir, precision="fp16", workspace_gb=1))
     bundle = read_bundle(bundle_dir)
     dims = {**model_dims(bundle.model, 8), "T": 8, "S": 5, "C": 3}
-    torch.manual_seed(0)
     for graph in ("target", "drafter"):
-        feeds = {s.name: t.numpy() for s, t in zip(GRAPHS[graph]["inputs"], dummy_inputs(graph, dims))}
+        feeds = dummy_inputs(graph, dims)
         ref = dict(zip([o.name for o in GRAPHS[graph]["outputs"]],
                        ort.InferenceSession(str(bundle.graph_path(graph))).run(None, feeds)))
         got = _run_plan(trt, torch, bundle_dir / f"engines/{graph}.fp16.plan", feeds)

@@ -8,7 +8,7 @@ import pytest
 from dflash_edge.cli import main
 from dflash_edge.runtime.sampling import SamplingParams
 from dflash_edge.runtime.validate import InvalidArgumentError, check, check_messages, check_stop
-from fixtures_bundle import tiny_bundle  # noqa: F401  (fixture)
+
 
 NAN, INF = float("nan"), float("inf")
 
@@ -28,7 +28,7 @@ NAN, INF = float("nan"), float("inf")
     ({"seed": -1}, r"seed=-1"),
     ({"stop": 5}, r"stop=5: expected a string or a list of strings"),
     ({"stop": ["x"] * 17}, r"at most 16 strings"),
-    ({"use_draft": "yes"}, r"use_draft='yes'"),
+    ({"draft": "yes"}, r"draft='yes'"),
     ({"chat": "no"}, r"chat='no': expected true or false"),
 ])
 def test_generate_names_the_bad_argument(tiny_bundle, kwargs, named):

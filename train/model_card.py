@@ -35,8 +35,8 @@ trained with dflash-edge's recipe (`dflash-edge train`). It borrows the target's
 
 Mean acceptance length **tau = {result.get('tau', 0):.3f}** at training step {result.get('step')}
 (greedy decoding replayed on the target's own fp32 greedy responses to {cfg.eval_prompts} held-out prompts,
-`train/data/heldout_prompts.jsonl`, none used in training). Re-measure with the reference loop:
-`dflash-edge eval-drafter --target default --draft <this dir> --prompts train/data/heldout_prompts.jsonl`.
+the shipped set `heldout`, none used in training). Re-measure with the reference loop:
+`dflash-edge eval-drafter --target default --draft <this dir> --prompts heldout`.
 
 | category | tau |
 |---|---|

@@ -85,7 +85,3 @@ def _extra_providing(module: str) -> str | None:
         if m and m.group(1).lower().replace("-", "_") == top:
             return m.group(2)
     return None
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,13 +10,13 @@ lookup, and the verify length). `speedup` is the median over prompts of default 
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from . import bench_report
+
 
 def add_arguments(p) -> None:
     from .common import add_prompts_arg, add_thread_args
@@ -37,7 +37,7 @@ def add_arguments(p) -> None:
     bench_report.add_arguments(p)                               # --power / --no-power, --report DIR
 
 
-ARMS = {"plain": False, "always": True, "default": "auto"}
+ARMS = {"plain": "none", "always": "drafter", "default": "auto"}   # arm -> GenerationOptions.draft
 
 
 def bench_prompt(gen, row: dict, index: int, max_new_tokens: int, arms: tuple[str, ...],
@@ -49,7 +49,7 @@ def bench_prompt(gen, row: dict, index: int, max_new_tokens: int, arms: tuple[st
     runs = []
     for rnd in range(repeats):
         shift = (index + rnd) % len(arms)
-        runs += [(arm, gen.generate(row["prompt"], max_new_tokens=max_new_tokens, use_draft=ARMS[arm],
+        runs += [(arm, gen.generate(row["prompt"], max_new_tokens=max_new_tokens, draft=ARMS[arm],
                                     verify_len=None if arm == "plain" else verify_len))
                  for arm in arms[shift:] + arms[:shift]]
     res = {arm: next(r for a, r in runs if a == arm) for arm in arms}          # each arm's first round
@@ -118,6 +118,8 @@ class _Merged:
 
 
 def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
+    from dflash_edge.runtime.calibrate import machine_info
+
     def overhead(arm):
         stats = [r[arm] for r in raw]
         wall = sum(s.decode_s for s in stats)
@@ -148,7 +150,7 @@ def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
                    "drafter": source.get("drafter"), "drafter_random_init": source.get(
                        "drafter_random_init", source.get("drafter") == "random")},
         "arms": list(raw[0]) if raw else [],
-        "provider": args.provider, "machine": {**_machine(args.threads), "spin": args.spin},
+        "provider": args.provider, "machine": {**machine_info(args.threads), "spin": args.spin},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
@@ -156,7 +158,7 @@ def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
 def run(args) -> int:
     from dflash_edge.runtime.errors import DflashEdgeError
     from dflash_edge.runtime.generator import Generator
-    from dflash_edge.runtime.tuning import check_verify_len
+    from dflash_edge.runtime.validate import check_verify_len
 
     from .common import load_prompts
 
@@ -165,10 +167,10 @@ def run(args) -> int:
         raise DflashEdgeError(f"--repeats {args.repeats}: run each arm at least once")
     gen = bench_report.prepare(args, Generator.load(args.bundle, provider=args.provider, threads=args.threads, spin=args.spin))
     if args.verify_len is not None:
-        check_verify_len(args.verify_len, gen.block_size)
+        check_verify_len(args.verify_len, gen.block_size, "--verify-len")
     arms = ("plain", "default") if args.skip_always else ("plain", "always", "default")
     for arm in arms:                                            # warm-up: first runs pay lazy initialisation
-        gen.generate("Hello", max_new_tokens=8, use_draft=ARMS[arm])
+        gen.generate("Hello", max_new_tokens=8, draft=ARMS[arm])
     gen.reset()                                                 # energy: the warm-up is not metered
     rows, raw = [], []
     for i, row in enumerate(_progress(rows_in)):
@@ -200,21 +202,3 @@ def _peak_rss_mb() -> float:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024      # bytes on macOS, KiB on Linux
-
-
-def _machine(threads: int) -> dict:
-    import onnxruntime
-
-    from dflash_edge.runtime.session import default_threads
-
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"platform": platform.platform(), "cpu": cpu, "cpus_usable": default_threads(),
-            "intra_op_threads": threads or default_threads(), "python": platform.python_version(),
-            "onnxruntime": onnxruntime.__version__}

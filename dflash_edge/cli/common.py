@@ -11,6 +11,13 @@ def add_thread_args(p) -> None:
                    help="intra-op threads sleep between ops instead of spinning (for cores shared with other work)")
 
 
+def add_model_args(p, draft: bool = True) -> None:
+    """`--target` (and `--draft`): the checkpoint and drafter a verb reads, spelled alike on every verb."""
+    p.add_argument("--target", default="default", help="checkpoint dir, or 'default' (SmolLM2-135M-Instruct)")
+    if draft:
+        p.add_argument("--draft", default="default", help="DFlash drafter dir, 'default' (the shipped one) or 'random'")
+
+
 def add_prompts_arg(p, default: str, what: str) -> None:
     from dflash_edge.data import PROMPT_SETS
 

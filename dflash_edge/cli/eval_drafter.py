@@ -1,7 +1,6 @@
 """`dflash-edge eval-drafter`: τ per category and per-position acceptance on held-out prompts.
 
-    dflash-edge eval-drafter --target default --draft drafters/smollm2-135m-instruct \\
-        --prompts train/data/heldout_prompts.jsonl --block-size 16
+    dflash-edge eval-drafter --target default --draft default --prompts heldout --block-size 16
 """
 from __future__ import annotations
 
@@ -14,11 +13,10 @@ from pathlib import Path  # noqa: E402
 
 
 def add_arguments(p) -> None:
-    from dflash_edge.train.prompts import HELDOUT_FILE
+    from .common import add_model_args, add_prompts_arg
 
-    p.add_argument("--target", default="default", help="checkpoint dir, or 'default'")
-    p.add_argument("--draft", default="default", help="drafter dir, or 'default' (the shipped one)")
-    p.add_argument("--prompts", default=str(HELDOUT_FILE), help="JSONL with 'prompt' and 'category' fields")
+    add_model_args(p)
+    add_prompts_arg(p, "heldout", "prompts with a 'category' each")
     p.add_argument("--block-size", type=int, default=None, help="default: the drafter's trained block size")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--limit", type=int, default=0, help="evaluate only N prompts, evenly spread over the file")
@@ -36,13 +34,14 @@ def run(args) -> int:
     from dflash_edge.models.resolve_drafter import resolve_drafter
 
     from dflash_edge.train.evaluate import EvalSpec, format_report, reference_eval
-    from dflash_edge.train.prompts import read_jsonl
     from dflash_edge.train.recipe import encode_prompt, load_target_and_tokenizer, spread
 
     torch.set_num_threads(args.threads)
     target, tok, _ = load_target_and_tokenizer(args.target)
     drafter = resolve_drafter(args.draft, target, tok)
-    rows = spread(read_jsonl(args.prompts), args.limit)
+    from .common import load_prompts
+
+    rows = spread(load_prompts(args.prompts, default="heldout"), args.limit)
     spec = EvalSpec(block_size=args.block_size or drafter.config.block_size, max_new_tokens=args.max_new_tokens)
     bar = tqdm(total=len(rows), desc="eval", unit="prompt")
 
@@ -57,7 +56,7 @@ def run(args) -> int:
         rep = reference_eval(target, drafter, ids, cats, spec, progress)
     bar.close()
     how = "replayed on batched greedy responses" if args.replay else "reference loop"
-    print(f"drafter {getattr(drafter, 'source', args.draft)} on {len(rows)} prompts from {args.prompts} ({how})")
+    print(f"drafter {getattr(drafter, 'source', args.draft)} on {len(rows)} prompts from {args.prompts or 'heldout'} ({how})")
     print(format_report(rep))
     if args.json:
         Path(args.json).write_text(json.dumps({"prompts": args.prompts, **rep.to_dict()}, indent=2) + "\n")

@@ -5,9 +5,10 @@ import sys
 
 
 def add_arguments(p) -> None:
+    from .common import add_model_args
+
     p.add_argument("--prompt", required=True, help="user message (wrapped in the chat template)")
-    p.add_argument("--target", default="default", help="checkpoint dir, or 'default' (SmolLM2-135M-Instruct)")
-    p.add_argument("--draft", default="default", help="DFlash drafter dir, 'default' (shipped) or 'random'")
+    add_model_args(p)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)

@@ -5,6 +5,8 @@ import sys
 
 
 def add_arguments(p) -> None:
+    from dflash_edge.runtime.validate import DRAFT_MODES
+
     from .common import add_thread_args
 
     p.add_argument("bundle", help="bundle directory (from `dflash-edge export --out DIR`)")
@@ -16,10 +18,15 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
-    p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding (the baseline)")
-    p.add_argument("--always-draft", action="store_true", help="draft every step (default: per step, what is "
-                                                                   "measured to pay, seeded by tuned.json)")
-    p.add_argument("--auto-draft", action="store_true", help="no effect: adaptive drafting is the default")
+    draft = p.add_mutually_exclusive_group()
+    draft.add_argument("--draft", choices=list(DRAFT_MODES), default="auto",
+                       help="where proposals come from: " + "; ".join(f"{m}: {w}" for m, w in DRAFT_MODES.items())
+                            + " (default auto, seeded by tuned.json)")
+    draft.add_argument("--no-draft", dest="draft", action="store_const", const="none",
+                       help="= --draft none: plain autoregressive decoding (the baseline)")
+    draft.add_argument("--always-draft", dest="draft", action="store_const", const="drafter",
+                       help="= --draft drafter: draft every step")
+    draft.add_argument("--auto-draft", dest="draft", action="store_const", const="auto", help="= --draft auto")
     p.add_argument("--verify-len", type=int, default=None, help="drafts verified per step, 1..block size - 1 "
                                                                 "(default: tuned / adaptive)")
     p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
@@ -28,15 +35,13 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from dflash_edge.runtime.generator import Generator
-    from dflash_edge.runtime.validate import CLI_LABELS, GenerationArgs
+    from dflash_edge.runtime.validate import CLI_LABELS, GenerationOptions, check_prompt
 
-    a = GenerationArgs(args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
-                       args.stop, not args.raw, False if args.no_draft else True if args.always_draft else "auto")
-    a = a.checked(CLI_LABELS)                                  # before the bundle loads (seconds)
+    prompt = check_prompt(args.prompt, CLI_LABELS["prompt"])     # all checked before the bundle loads (seconds)
+    options = GenerationOptions(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.stop,
+                                not args.raw, args.draft, args.verify_len).checked(CLI_LABELS)
     gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads, spin=args.spin)
-    stream = gen.stream(a.prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
-                        top_p=a.top_p, seed=a.seed, stop=a.stop, chat=a.chat, use_draft=a.use_draft,
-                        verify_len=args.verify_len)
+    stream = gen.stream(prompt, options.checked(CLI_LABELS, gen.block_size))      # verify_len vs the block size
     for piece in stream:
         sys.stdout.write(piece)
         sys.stdout.flush()

@@ -1,6 +1,6 @@
 """`dflash-edge train`: distil a DFlash drafter for a target (prompts -> responses -> training).
 
-    dflash-edge train --target default --out drafters/smollm2-135m-instruct --work-dir /tmp/dfe-work
+    dflash-edge train --target default --out data/drafters/smollm2-135m-instruct --work-dir /tmp/dfe-work
     dflash-edge train ... --resume          # continue an interrupted run where it stopped
 """
 from __future__ import annotations
@@ -21,7 +21,9 @@ from dflash_edge.train.trainer import TrainConfig  # noqa: E402
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--target", default="default", help="checkpoint dir, or 'default' (SmolLM2-135M-Instruct)")
+    from .common import add_model_args
+
+    add_model_args(p, draft=False)
     p.add_argument("--out", required=True, help="directory for the trained drafter (z-lab format)")
     p.add_argument("--work-dir", help="prompts, response shards, checkpoints (default: $DFLASH_EDGE_HOME/train/<out name>)")
     p.add_argument("--resume", action="store_true", help="continue from the work dir's last checkpoint")

@@ -14,7 +14,7 @@ rm -rf "$D" && mkdir -p "$D/a" "$D/b" "$D/tmp"
 "$PY" - "$N" <<'PYEOF'
 import sys
 from pathlib import Path
-from dflash_edge.export.fetch import download_default_gguf
+from dflash_edge.models.fetch import download_default_gguf
 from dflash_edge.train.prompts import PromptSpec
 from dflash_edge.train.recipe import RecipeConfig, prompt_files
 
