@@ -37,7 +37,8 @@ from .stats import GenerationStats
 from .text import TextAssembler, text_pieces
 from .trt_profiles import symbol_ranges, trt_profiles
 from .tuning import Tuned, read_tuned
-from .validate import GenerationOptions, InvalidArgumentError, check_prompt, check_token_ids
+from .validate import (GenerationOptions, InvalidArgumentError, check, check_flag, check_prompt, check_provider,
+                       check_token_ids)
 
 
 class NonFiniteLogitsError(DflashEdgeError):
@@ -101,8 +102,9 @@ class Generator:
     """A loaded bundle: target and drafter graphs, their preallocated caches, the tokenizer."""
 
     def __init__(self, bundle: Bundle, tokenizer, target: TargetModel, drafter: DraftModel,
-                 tuned: Tuned | None = None):
+                 tuned: Tuned | None = None, target_graph: str = "target"):
         self.bundle, self.tokenizer, self.target, self.drafter = bundle, tokenizer, target, drafter
+        self.target_graph = target_graph                            # the manifest graph the target runs
         self.block_size = bundle.block_size
         self.prefill_chunk = bundle.manifest["prefill_chunk"]
         self.max_context = bundle.max_context
@@ -120,9 +122,19 @@ class Generator:
         the provider runs it (io_tables.pick_graph), the portable one elsewhere (TensorRT).
         With `use_tuned`, the bundle's tuned.json (from `dflash-edge tune`) is validated and seeds the policy.
         `share_weights`: the weights both graphs hold (embedding / LM head) are loaded once for both sessions.
+        `threads`: intra-op threads per session, 0 = one per usable CPU; more than the usable CPUs is lowered to
+        them with a ClampedArgumentWarning. Every argument is checked first (InvalidArgumentError names it).
         """
         from .tokenizer import ChatTokenizer
 
+        provider, threads = check_provider(provider), check("threads", threads)
+        spin, verify, use_tuned, share_weights = (check_flag(n, v) for n, v in (
+            ("spin", spin), ("verify", verify), ("use_tuned", use_tuned), ("share_weights", share_weights)))
+        if target_graph is not None and not isinstance(target_graph, str):
+            raise InvalidArgumentError("target_graph", f"target_graph={target_graph!r:.60}: expected a graph name "
+                                                       f"('target', 'target_fused') or None")
+        if not isinstance(bundle, (str, Path, Bundle)):
+            raise InvalidArgumentError("bundle", f"bundle={bundle!r:.60}: expected a bundle directory (str or Path)")
         b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle, verify=verify)
         _check_io_tables(b)
         config = SessionConfig(provider, threads, trt_cache_dir=str(b.root / ".trt-cache"), spin=spin)
@@ -149,7 +161,7 @@ class Generator:
                                      kv_dtypes[name], pad_rows=b.graph_pad_rows(name))  # T = k + 1, k = 0..B-1
         drafter = DraftModel(session("drafter"), dims, capacity,
                              target.hidden, b.model["mask_token_id"], b.kv_dtype, max_ctx_rows=ranges["C"][2])
-        return cls(b, ChatTokenizer.from_dir(b.root), target, drafter, read_tuned(b) if use_tuned else None)
+        return cls(b, ChatTokenizer.from_dir(b.root), target, drafter, read_tuned(b) if use_tuned else None, name)
 
     # ---- public API -------------------------------------------------------------------------------
     def generate(self, prompt, options: GenerationOptions | None = None, **fields) -> GenerationResult:
@@ -179,7 +191,7 @@ class Generator:
         """
         t_call = time.perf_counter()
         opts = self._options(options, fields)
-        req = Request(self.encode(check_prompt(prompt), opts.chat), opts, t_call)
+        req = Request(self.encode(prompt, opts.chat, opts.parse_special), opts, t_call)
         self._room(req.prompt_ids)                                  # bad input fails here, not mid-iteration
         return Stream(self._text_pieces(req), self._guard.acquire())
 
@@ -212,10 +224,26 @@ class Generator:
         finally:
             hold.release()
 
-    def encode(self, prompt, chat: bool = True) -> list[int]:
+    def encode(self, prompt, chat: bool = True, parse_special: bool = False) -> list[int]:
+        """The token ids `generate` runs for `prompt`: a string as one user message in the chat template (as is,
+        with chat=False), or a list of messages through the template.
+
+        Prompt text is text: a control-token string in it (`<|im_start|>`) is tokenised as its characters; only
+        the template places control tokens. `parse_special=True` (a raw string prompt only) parses them: for
+        trusted callers whose raw prompt spells out a template; never for text from untrusted users.
+        Checked first (`validate.check_prompt`): InvalidArgumentError names what is wrong.
+        """
+        prompt = check_prompt(prompt, chat=chat)
+        self._check_length(prompt)
         if isinstance(prompt, str):
+            if chat and parse_special:
+                raise InvalidArgumentError("parse_special", "parse_special=True: only a raw prompt (chat=False) "
+                                                            "may carry control tokens")
             return self.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat \
-                else self.tokenizer.encode(prompt)
+                else self.tokenizer.encode(prompt, parse_special)
+        if parse_special:
+            raise InvalidArgumentError("parse_special", "parse_special=True: chat message text is always text; "
+                                                        "pass a raw string prompt with chat=False")
         return self.tokenizer.encode_chat(list(prompt))
 
     def _options(self, options: GenerationOptions | None, fields: dict) -> GenerationOptions:
@@ -245,6 +273,7 @@ class Generator:
         try:
             yield emit.tokens
             while not emit.reason:
+                t_step = time.perf_counter()
                 last, pos = emit.tokens[-1], self.target.kv.pos    # pos: position of `last` (not yet cached)
                 offers = free_offers(sources, last, pos, limit)    # prompt lookup (no model pass), none
                 choice = policy.pick(offers, room=emit.budget - len(emit.tokens))     # source, k (0: plain)
@@ -257,7 +286,7 @@ class Generator:
                 for source in sources.values():
                     source.commit(committed)
                 policy.learn(choice, made, seconds, history)
-                stats.record_step(choice, len(tokens))
+                stats.record_step(choice, len(tokens), time.perf_counter() - t_step)
                 yield committed
         finally:
             clock.stop(emit)
@@ -284,6 +313,17 @@ class Generator:
         return block[1:1 + accepted].tolist() + [bonus] if accepted else [bonus]
 
     # ---- helpers -----------------------------------------------------------------------------------
+    def _check_length(self, prompt) -> None:
+        """Refuse, before tokenising it, a text too long to fit whatever its tokens: no token covers more than
+        `max_token_chars` characters, so a text of more than max_context x that many cannot fit (a megabyte
+        sent to a server costs no tokeniser pass, nor its memory)."""
+        texts = [prompt] if isinstance(prompt, str) else [m["content"] for m in prompt]
+        chars, most = sum(map(len, texts)), self.max_context * self.tokenizer.max_token_chars
+        if chars > most:
+            raise ContextOverflowError(f"the prompt has {chars} characters, more than the {most} that "
+                                       f"{self.max_context} tokens of this model can hold; shorten the prompt or "
+                                       f"re-export with a larger --max-context")
+
     def _room(self, prompt_ids: list[int]) -> int:
         """Tokens the context has left after the prompt (errors name the limit)."""
         if not prompt_ids:

@@ -25,11 +25,16 @@ class GenerationStats:
     lookup_lengths: list[int] = field(default_factory=list)      # tokens committed per prompt-lookup step
     verify_lens: list[int] = field(default_factory=list)         # proposals verified per verify step
     probe_steps: int = 0                       # draft="auto": steps that also ran the drafter unverified
+    plain_s: float = 0.0                       # wall time of the plain steps without a probe (the baseline's cost)
+    plain_timed_steps: int = 0                 # ... and how many there were
 
-    def record_step(self, choice, committed: int) -> None:
-        """One decode step: `choice` (policy.Choice) and the tokens its target pass produced."""
+    def record_step(self, choice, committed: int, seconds: float = 0.0) -> None:
+        """One decode step: `choice` (policy.Choice), the tokens its target pass produced, its wall time."""
         if choice.source == "plain":
             self.plain_steps += 1
+            if not choice.probe:
+                self.plain_s += seconds
+                self.plain_timed_steps += 1
         else:
             (self.acceptance_lengths if choice.source == "drafter" else self.lookup_lengths).append(committed)
             self.verify_lens.append(choice.k)
@@ -48,6 +53,11 @@ class GenerationStats:
         return max(self.new_tokens - 1, 0) / self.decode_s if self.decode_s > 0 else 0.0
 
     @property
+    def plain_tokens_per_s(self) -> float:
+        """Plain decoding's speed measured on this generation's plain steps (1 token each); 0.0 without any."""
+        return self.plain_timed_steps / self.plain_s if self.plain_s > 0 else 0.0
+
+    @property
     def python_overhead(self) -> float:
         """Share of decode time spent outside onnxruntime's run calls."""
         return 1.0 - self.decode_run_s / self.decode_s if self.decode_s > 0 else 0.0
@@ -63,17 +73,19 @@ class GenerationStats:
                    python_overhead=self.python_overhead, step_ms=self.step_ms)
         return out
 
-    def summary(self) -> str:
-        """One line for humans (the CLI prints it to stderr)."""
-        line = (f"{self.new_tokens} tokens, {self.decode_tokens_per_s:.1f} tok/s decode, "
-                f"TTFT {self.ttft_s * 1e3:.0f} ms (prompt {self.prompt_tokens} tokens, prefill "
-                f"{self.prefill_s * 1e3:.0f} ms)")
-        if self.acceptance_lengths:
-            line += (f", mean acceptance length {self.mean_acceptance_length:.2f} over "
-                     f"{len(self.acceptance_lengths)} steps")
-        if self.lookup_lengths:
-            line += (f", prompt lookup {sum(self.lookup_lengths) / len(self.lookup_lengths):.2f} tokens/step over "
-                     f"{len(self.lookup_lengths)} steps")
-        if self.plain_steps and (self.acceptance_lengths or self.lookup_lengths):
-            line += f" (+{self.plain_steps} steps without drafting)"
-        return f"{line}, python overhead {self.python_overhead:.1%}; finish: {self.finish_reason}"
+    def sources(self) -> str:
+        """Which proposal sources drafted and their tokens per step, for humans.
+
+        >>> GenerationStats(acceptance_lengths=[3, 2], lookup_lengths=[4], plain_steps=5).sources()
+        'drafter 2.50 tokens/step over 2 steps, prompt lookup 4.00 tokens/step over 1 step, 5 plain steps'
+        """
+        parts = [f"{name} {sum(steps) / len(steps):.2f} tokens/step over {_n(len(steps), 'step')}"
+                 for name, steps in (("drafter", self.acceptance_lengths), ("prompt lookup", self.lookup_lengths))
+                 if steps]
+        if not parts:
+            return "nothing (every step decoded plainly)"
+        return ", ".join(parts + ([_n(self.plain_steps, "plain step")] if self.plain_steps else []))
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"

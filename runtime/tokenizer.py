@@ -1,5 +1,9 @@
 """Tokenizer + chat template for a checkpoint or bundle directory (tokenizers + jinja2 only).
 
+Text is text: a control-token string inside a message or a raw prompt (`<|im_start|>system ...` typed by a user)
+is tokenised as the characters it is; only the chat template places control tokens. `encode(text,
+parse_special=True)` is the opt-in for trusted callers that spell out a template themselves.
+
 >>> tok = ChatTokenizer.from_dir("~/.cache/dflash-edge/models/smollm2-135m-instruct")   # doctest: +SKIP
 >>> ids = tok.encode_chat([{"role": "user", "content": "Hi"}])                          # doctest: +SKIP
 >>> tok.decode(ids)                                                                      # doctest: +SKIP
@@ -7,7 +11,10 @@
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from .errors import ModelFormatError
@@ -47,8 +54,22 @@ class ChatTokenizer:
         return cls(tokenizer, template,
                    _token_text(extra.get("bos_token")), _token_text(extra.get("eos_token")))
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, parse_special: bool = False) -> list[int]:
+        """Token ids of `text`; control-token strings in it are text unless `parse_special` (trusted callers)."""
+        tokenizer = self.tokenizer if parse_special else self.text_tokenizer
+        # encode_batch runs without Python's global lock (encode holds it: ~0.4 s per MB of text, during which a
+        # server's event loop could not answer anyone)
+        return tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+
+    @cached_property
+    def text_tokenizer(self):
+        """A copy of the tokenizer that reads control-token strings as text (`encode_special_tokens`); a copy, not
+        a flag toggled around calls, so threads encoding at once never see each other's setting."""
+        from tokenizers import Tokenizer
+
+        copy = Tokenizer.from_str(self.tokenizer.to_str())
+        copy.encode_special_tokens = True
+        return copy
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -66,7 +87,54 @@ class ChatTokenizer:
             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(self.render_chat(messages, add_generation_prompt))
+        """The chat template applied to `messages`, as token ids. Control tokens come from the template only: a
+        control-token string inside a message's text is tokenised as text.
+
+        How: each such string in a message (found by the tokenizer itself) is swapped for a random marker before
+        rendering; the rendered text is encoded piece by piece between the markers (the template's control
+        tokens parsed) and each swapped string as text. A message without one renders and encodes exactly as
+        `encode(render_chat(messages), parse_special=True)`, token for token.
+        """
+        marker = f"\ue000{secrets.randbits(64)}:"          # a private-use character + a nonce: in no input
+        swapped: list[str] = []
+        safe = [{**m, "content": self._swap_specials(m["content"], marker, swapped)}
+                if isinstance(m, dict) and isinstance(m.get("content"), str) else m for m in messages]
+        text = self.render_chat(safe, add_generation_prompt)
+        if not swapped:
+            return self.encode(text, parse_special=True)
+        pieces = re.split(re.escape(marker) + r"(\d+)\ue001", text)     # template text, index, template text, ...
+        if any(marker in p for p in pieces[::2]) or not {int(i) for i in pieces[1::2]} <= set(range(len(swapped))):
+            raise ModelFormatError("this chat template rewrites message text, so control-token strings typed in a "
+                                   "message cannot be kept as text; remove them from the message")
+        ids = []
+        for i, piece in enumerate(pieces):
+            ids += self.encode(piece, parse_special=True) if i % 2 == 0 else self.encode(swapped[int(piece)])
+        return ids
+
+    def _swap_specials(self, text: str, marker: str, swapped: list[str]) -> str:
+        """`text` with every control-token string in it (a literal search, no tokenizer pass) replaced by `marker`
+        + index."""
+        if self.special_pattern is None:
+            return text
+        spans = [m.span() for m in self.special_pattern.finditer(text)]
+        for start, end in reversed(spans):                          # [(char start, char end)] in `text`
+            swapped.append(text[start:end])
+            text = f"{text[:start]}{marker}{len(swapped) - 1}\ue001{text[end:]}"
+        return text
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for (its vocabulary string: a byte-level BPE token's string has
+        one character per byte, so it also bounds the characters it decodes to)."""
+        return max(map(len, self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
+
+    @cached_property
+    def special_pattern(self) -> re.Pattern | None:
+        """The control tokens' strings (added tokens marked special: `<|im_start|>`, `<|endoftext|>`, ...), longest
+        first, as one pattern; None when the vocabulary has none."""
+        texts = sorted({t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special and t.content},
+                       key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts))) if texts else None
 
     def token_id(self, text: str) -> int:
         tid = self.tokenizer.token_to_id(text)

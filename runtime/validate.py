@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
+from typing import Callable
 
 from .errors import DflashEdgeError
+from .session import PROVIDERS, ProviderUnavailableError, available_providers, default_threads
 
 ROLES = ("system", "user", "assistant")
 MAX_STOP_STRINGS = 16
@@ -37,6 +40,14 @@ class VerifyLengthError(InvalidArgumentError):
     """A verify length outside 1 .. block_size - 1."""
 
 
+class UnknownProviderError(InvalidArgumentError, ProviderUnavailableError):
+    """A provider name that is not one of session.PROVIDERS (or not a string)."""
+
+
+class ClampedArgumentWarning(UserWarning):
+    """A value above what this machine can use (threads > usable CPUs) was lowered to that limit."""
+
+
 # `draft`: where each step's proposals come from (GenerationOptions.draft)
 DRAFT_MODES = {"auto": "per step, what is measured to pay", "drafter": "draft every step",
                "lookup": "prompt lookup every step it finds one", "none": "plain decoding"}
@@ -44,13 +55,19 @@ DRAFT_MODES = {"auto": "per step, what is measured to pay", "drafter": "draft ev
 
 @dataclass(frozen=True)
 class Number:
-    """An int or float argument's accepted range (None: unbounded); `lo_open` excludes `lo` itself."""
+    """An int or float argument's accepted range (None: unbounded); `lo_open` excludes `lo` itself.
+
+    `clamp_to` (a function: the machine's limit, e.g. its usable CPUs): a larger value is lowered to it with a
+    one-line ClampedArgumentWarning naming both numbers, instead of being refused.
+    """
 
     kind: type                       # int or float
     lo: float | None = None
     hi: float | None = None
     lo_open: bool = False
     note: str = ""
+    clamp_to: Callable[[], int] | None = None
+    clamp_what: str = ""             # what the limit counts, for the warning
 
     def describe(self) -> str:
         what = "an integer" if self.kind is int else "a finite number"
@@ -60,7 +77,10 @@ class Number:
             rng = f" {'>' if self.lo_open else '>='} {_num(self.lo)}"
         else:
             rng = f" <= {_num(self.hi)}" if self.hi is not None else ""
-        return what + rng + (f" ({self.note})" if self.note else "")
+        notes = [self.note] if self.note else []
+        if self.clamp_to is not None:
+            notes.append(f"{self.clamp_what}: {self.clamp_to()}")
+        return what + rng + (f" ({'; '.join(notes)})" if notes else "")
 
     def accepts(self, v) -> bool:
         low = self.lo is None or (v > self.lo if self.lo_open else v >= self.lo)
@@ -74,7 +94,9 @@ RULES: dict[str, Number] = {
     "top_k": Number(int, 0, None, note="0 = off"),
     "top_p": Number(float, 0, 1, lo_open=True, note="1 = off"),
     "seed": Number(int, 0, 2**64 - 1),
-    "threads": Number(int, 0, 4096, note="0 = one per usable CPU"),
+    # more threads than usable CPUs only fight each other (8 tokens in 245 s at 999 on 2 cores): lowered, warned
+    "threads": Number(int, 0, None, note="0 = one per usable CPU", clamp_to=default_threads,
+                      clamp_what="CPUs this process may use"),
     "block_size": Number(int, 2, 256, note="the last token plus at least one mask"),
     "max_context": Number(int, 1, 1 << 24),
     "prefill_chunk": Number(int, 1, 1 << 16),
@@ -82,20 +104,33 @@ RULES: dict[str, Number] = {
     "limit": Number(int, 0, None, note="0 = all"),
     "max_queue": Number(int, 0, 100_000),
     "port": Number(int, 0, 65535, note="0 = any free port"),
+    "max_body_bytes": Number(int, 1024, 1 << 30, note="the largest request body the server reads, in bytes"),
 }
 
 
 # the command lines' spelling of each argument: max_new_tokens -> --max-new-tokens
-CLI_LABELS = {name: "--" + name.replace("_", "-") for name in (*RULES, "prompt", "stop", "draft", "verify_len")}
+CLI_LABELS = {name: "--" + name.replace("_", "-") for name in (*RULES, "prompt", "stop", "draft", "verify_len",
+                                                                "provider", "parse_special")}
 
 
 def check(name: str, value, label: str | None = None):
-    """`value` if it is a number of RULES[name]'s kind within its range (floats come back as float)."""
+    """`value` if it is a number of RULES[name]'s kind within its range (floats come back as float); above a
+    rule's `clamp_to` limit: that limit, with a ClampedArgumentWarning.
+
+    >>> check("max_new_tokens", "2")
+    Traceback (most recent call last):
+    ...
+    dflash_edge.runtime.validate.InvalidArgumentError: max_new_tokens='2': expected an integer >= 1, got str
+    """
     rule, label = RULES[name], label or name
     ok_type = isinstance(value, numbers.Integral if rule.kind is int else numbers.Real) and not isinstance(value, bool)
     if not ok_type or (rule.kind is float and not math.isfinite(value)) or not rule.accepts(value):
         got = "" if ok_type else f", got {type(value).__name__}"
         raise InvalidArgumentError(label, f"{label}={_short(value)}: expected {rule.describe()}{got}")
+    if rule.clamp_to is not None and value > (limit := rule.clamp_to()):
+        warnings.warn(f"{label}={value} is more than the {limit} {rule.clamp_what}; using {limit}",
+                      ClampedArgumentWarning, stacklevel=3)
+        value = limit
     return int(value) if rule.kind is int else float(value)
 
 
@@ -121,14 +156,50 @@ def check_verify_len(verify_len, block_size: int | None = None, label: str = "ve
     3
     """
     limit = 1 << 62 if block_size is None else block_size - 1
-    if not isinstance(verify_len, bool) and isinstance(verify_len, numbers.Integral) and 1 <= verify_len <= limit:
+    is_int = not isinstance(verify_len, bool) and isinstance(verify_len, numbers.Integral)
+    if is_int and 1 <= verify_len <= limit:
         return int(verify_len)
+    if not is_int:
+        rng = ">= 1" if block_size is None else f"in [1, {limit}] (block size {block_size})"
+        raise VerifyLengthError(label, f"{label}={_short(verify_len)}: expected an integer {rng}, or none for the "
+                                       f"tuned one, got {type(verify_len).__name__}")
     if block_size is None:
         raise VerifyLengthError(label, f"{label}={_short(verify_len)}: expected an integer >= 1 (at most the "
                                        f"bundle's block size - 1)")
     raise VerifyLengthError(label, f"{label}={_short(verify_len)}: verify length outside 1..{limit}: this bundle "
                                    f"drafts block_size - 1 = {limit} tokens per block (block size {block_size}); "
                                    f"pass a verify length in that range, or none to use the tuned one")
+
+
+def check_provider(provider, label: str = "provider") -> str:
+    """One of session.PROVIDERS' names ("cpu", "cuda", "tensorrt"); whether this install has it is checked when
+    sessions open (session.check_provider)."""
+    if isinstance(provider, str) and provider in PROVIDERS:
+        return provider
+    raise UnknownProviderError(label, f"{label}={_short(provider)}: expected one of {', '.join(PROVIDERS)} "
+                                      f"(available here: {', '.join(available_providers())})")
+
+
+def check_text(text, label: str) -> str:
+    """A str that is valid Unicode text: lone surrogates ("\\ud800", or undecodable bytes on a command line,
+    which Python keeps as surrogates) cannot be tokenised.
+
+    >>> check_text("Hi", "prompt")
+    'Hi'
+    >>> check_text("Hi \\udcff", "--prompt")
+    Traceback (most recent call last):
+    ...
+    dflash_edge.runtime.validate.InvalidArgumentError: --prompt='Hi \\udcff': not valid text (a lone surrogate '\\udcff' at character 3, or bytes that are not UTF-8); pass UTF-8 text
+    """
+    if not isinstance(text, str):
+        raise InvalidArgumentError(label, f"{label}={_short(text)}: expected a string")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InvalidArgumentError(label, f"{label}={_short(text)}: not valid text (a lone surrogate "
+                                          f"{text[err.start]!r} at character {err.start}, or bytes that are not "
+                                          f"UTF-8); pass UTF-8 text") from None
+    return text
 
 
 def check_stop(stop, label: str = "stop") -> tuple[str, ...]:
@@ -139,6 +210,8 @@ def check_stop(stop, label: str = "stop") -> tuple[str, ...]:
     if len(items) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in items):
         raise InvalidArgumentError(label, f"{label}={_short(stop)}: expected at most {MAX_STOP_STRINGS} strings of "
                                           f"at most {MAX_STOP_CHARS} characters")
+    for s in items:
+        check_text(s, label)
     return tuple(s for s in items if s)
 
 
@@ -159,10 +232,13 @@ def check_messages(messages, label: str = "messages") -> list[dict]:
     return out
 
 
-def check_prompt(prompt, label: str = "prompt"):
-    """A string, or a list of chat messages (`check_messages`)."""
+def check_prompt(prompt, label: str = "prompt", chat: bool = True):
+    """A string of valid text (`check_text`; not empty when it is a raw prompt, `chat=False`), or a list of chat
+    messages (`check_messages`)."""
     if isinstance(prompt, str):
-        return prompt
+        if not chat and not prompt:
+            raise InvalidArgumentError(label, f"{label}='': a raw prompt (chat=False) needs some text")
+        return check_text(prompt, label)
     if isinstance(prompt, (list, tuple)):
         return check_messages(prompt, label)
     raise InvalidArgumentError(label, f"{label}={_short(prompt)}: expected a string or a list of chat messages "
@@ -190,6 +266,11 @@ class GenerationOptions:
     verifies a prompt lookup whenever one is found; "none" decodes plainly (the baseline). `verify_len` (1..B-1)
     fixes (with "auto": caps) the proposals verified per step. The tokens are the same whatever the choice.
 
+    Prompt text is text: a control-token string typed into it (`<|im_start|>system ...`) is tokenised as the
+    characters it is, never as a control token; only the chat template places those. `parse_special=True` is the
+    opt-in for a trusted caller whose raw prompt (`chat=False`) spells out a template itself; the server never
+    sets it.
+
     >>> GenerationOptions(max_new_tokens=8, stop="\\n").checked().stop
     ('\\n',)
     >>> GenerationOptions(draft="sometimes").checked()       # doctest: +ELLIPSIS
@@ -207,6 +288,7 @@ class GenerationOptions:
     chat: bool = True                   # a string prompt is wrapped in the chat template
     draft: str = "auto"                 # DRAFT_MODES
     verify_len: int | None = None       # proposals verified per step (1..B-1); None: tuned / adaptive
+    parse_special: bool = False         # trusted callers only: control-token strings in a raw prompt are parsed
 
     @classmethod
     def of(cls, options: "GenerationOptions | None" = None, **fields) -> "GenerationOptions":
@@ -232,17 +314,23 @@ class GenerationOptions:
         verify_len = self.verify_len
         if verify_len is not None:
             verify_len = check_verify_len(verify_len, block_size, name("verify_len", "verify_len"))
-        return replace(self, **nums, stop=check_stop(self.stop, name("stop", "stop")),
-                       chat=check_flag("chat", self.chat, name("chat")),
-                       draft=check_draft(self.draft, name("draft", "draft")), verify_len=verify_len)
+        chat = check_flag("chat", self.chat, name("chat"))
+        parse_special = check_flag("parse_special", self.parse_special, name("parse_special"))
+        if parse_special and chat:
+            label = name("parse_special", "parse_special")
+            raise InvalidArgumentError(label, f"{label}=True: only a raw prompt (chat=False) may carry control "
+                                              f"tokens; chat message text is always tokenised as text")
+        return replace(self, **nums, stop=check_stop(self.stop, name("stop", "stop")), chat=chat,
+                       draft=check_draft(self.draft, name("draft", "draft")), verify_len=verify_len,
+                       parse_special=parse_special)
 
 
 def _content(content, where: str) -> str:
     if isinstance(content, str):
-        return content
+        return check_text(content, where)
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
+        return check_text("".join(p["text"] for p in content), where)
     raise InvalidArgumentError(where, f"{where}={_short(content)}: expected a string (or a list of "
                                       f"{{'type': 'text', 'text': ...}} parts; this model reads text only)")
 

@@ -4,7 +4,13 @@
     GET  /v1/models             GET  /health
 
 Errors use OpenAI's shape: 400 for bad input (the runtime's validation text, `param` = the field),
-401 for a missing or wrong API key, 429 + Retry-After when the queue is full, 404/405 for other paths.
+401 for a missing or wrong API key (`Authorization: Bearer KEY`, the scheme in any case), 404 `model_not_found`
+for a model this server does not serve, 413 for a body over `max_body_bytes` (refused from its Content-Length
+before any of it is read, or as soon as a chunked upload passes the limit), 429 + Retry-After when the queue is
+full, 404/405 for other paths. The event loop only moves bytes: JSON parsing and the request's checks run in a
+worker thread (Starlette's pool), tokenisation in the generation thread, so `/health` answers during uploads
+(the tokeniser runs without the GIL, and a text longer than the context could hold in any tokenisation is
+refused before it is tokenised: runtime/generator.py `_check_length`).
 
 >>> app = build_app(Generator.load("bundle/"), ServerOptions(max_queue=8))     # doctest: +SKIP
 >>> uvicorn.run(app, host="127.0.0.1", port=8000)                             # doctest: +SKIP
@@ -19,14 +25,19 @@ import time
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from dflash_edge.runtime.errors import DflashEdgeError
-from .protocol import Reply, error_body, parse_body, parse_request
+from dflash_edge.runtime.validate import check
+from .protocol import ModelNotFoundError, Reply, error_body, parse
 from .scheduler import Scheduler, ServerBusy
+
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20      # 1 MiB: ~250k tokens of text, far beyond any bundle's context
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,11 @@ class ServerOptions:
     max_queue: int = 16                 # requests waiting behind the running one; beyond: 429
     api_key: str | None = None          # required as `Authorization: Bearer KEY` on every request when set
     model_name: str | None = None       # the id /v1/models lists (default: the bundle directory's name)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES    # larger request bodies get 413 before they are read
+
+    def __post_init__(self):            # the CLI checked these already, with its own labels
+        check("max_queue", self.max_queue)
+        check("max_body_bytes", self.max_body_bytes)
 
 
 class ApiError(Exception):
@@ -54,7 +70,8 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
         return await _complete(request, chat=False)
 
     async def _complete(request: Request, chat: bool):
-        job = parse_request(parse_body(await request.body()), chat)
+        raw = await _read_body(request, options.max_body_bytes)
+        job = await run_in_threadpool(parse, raw, chat, model)     # JSON and checks off the event loop
         try:
             ticket = sched.submit(job.prompt, job.options)
         except ServerBusy as err:
@@ -91,12 +108,34 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
                             Route("/v1/models", models, methods=["GET"]),
                             Route("/health", health, methods=["GET"])],
                     exception_handlers={ApiError: _api_error, DflashEdgeError: _bad_input,
-                                        HTTPException: _http_error},
+                                        ModelNotFoundError: _model_not_found, HTTPException: _http_error,
+                                        ClientDisconnect: _client_gone},
                     lifespan=_lifespan(sched))
     if options.api_key:
         app.add_middleware(_ApiKey, key=options.api_key)
     app.state.scheduler = sched
     return app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The whole body, or 413 as soon as it is known to be over `limit` bytes: from Content-Length before a byte
+    is read, else while counting a chunked upload (at most `limit` + one chunk is ever held). The rest of a
+    refused upload is read and discarded by uvicorn, so the client gets the 413 rather than a reset."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+        raise _too_large(limit, declared)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit, f"over {limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int, size: str) -> ApiError:
+    return ApiError(413, error_body(f"the request body is {size} bytes, more than this server reads "
+                                    f"(--max-body-bytes {limit}); send a smaller request", code="request_too_large"))
 
 
 async def _next_event(events, request: Request, poll_s: float = 0.25) -> tuple[str, object]:
@@ -155,22 +194,33 @@ async def _bad_input(request, err: DflashEdgeError):
     return JSONResponse(error_body(str(err), param=getattr(err, "argument", None)), status_code=400)
 
 
+async def _model_not_found(request, err: ModelNotFoundError):
+    return JSONResponse(error_body(str(err), param="model", code="model_not_found"), status_code=404)
+
+
+async def _client_gone(request, err: ClientDisconnect):
+    return Response(status_code=499)                            # the client left mid-upload: nobody reads this
+
+
 async def _http_error(request, err: HTTPException):
     return JSONResponse(error_body(f"{request.method} {request.url.path}: {err.detail}", code=str(err.status_code)),
                         status_code=err.status_code)
 
 
 class _ApiKey:
-    """ASGI middleware: every HTTP request must carry `Authorization: Bearer KEY`."""
+    """ASGI middleware: every HTTP request must carry `Authorization: Bearer KEY` (the scheme in any case)."""
 
     def __init__(self, app, key: str):
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, b"Bearer " + self.key):
-                body = error_body("missing or wrong API key: send the header 'Authorization: Bearer KEY' with the "
-                                  "key the server was started with (--api-key)", code="invalid_api_key")
-                return await JSONResponse(body, status_code=401)(scope, receive, send)
+        if scope["type"] == "http" and not self._allowed(dict(scope["headers"]).get(b"authorization", b"")):
+            body = error_body("missing or wrong API key: send the header 'Authorization: Bearer KEY' with the key the "
+                              "server was started with (--api-key-file, $DFLASH_EDGE_API_KEY or --api-key)",
+                              code="invalid_api_key")
+            return await JSONResponse(body, status_code=401)(scope, receive, send)
         await self.app(scope, receive, send)
+
+    def _allowed(self, header: bytes) -> bool:
+        scheme, _, token = header.strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)

@@ -2,10 +2,19 @@
 
 Every field goes through the runtime's one validation rule (`runtime/validate.py`), named as the client
 wrote it (`max_tokens`, `messages[0].content`), so the 400 carries the same text the Python API raises.
-Unknown fields are ignored (clients add their own); fields this server cannot honour are refused by name.
 Our statistics travel in the extension field `dflash` (acceptance lengths, token ids, timings); the extension
 request field `draft` is `GenerationOptions.draft` ("auto" unless given). Absent sampling fields take OpenAI's
 defaults (temperature 1, a random seed), not the Python API's.
+
+Fields, as OpenAI's own API treats them (it refuses arguments it does not recognise):
+- honoured: `model`, `messages` (chat) / `prompt` (completions), SAMPLING_FIELDS, `seed`, `stop`, `stream`,
+  `stream_options`, and our `draft`;
+- IGNORED: accepted whatever their value, because they change nothing this server computes (`user`, `store`...);
+- NEUTRAL: accepted only at the value that asks for what the server does anyway (`n=1`, `logprobs=false`,
+  `response_format={"type": "text"}`, no `tools`...), any other value is a 400 naming the field;
+- anything else (a typo, another server's knob such as `min_p`) is a 400 naming the field, never dropped silently.
+`model` may be left out (the served model answers); given, it must be the served id (`GET /v1/models`),
+else 404 with code `model_not_found`, as OpenAI answers.
 
 >>> job = parse_request({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0}, chat=True)
 >>> job.options.temperature, job.options.draft, job.stream
@@ -26,9 +35,16 @@ DEFAULT_MAX_TOKENS = 256
 SAMPLING_FIELDS = {"max_tokens": ("max_new_tokens", DEFAULT_MAX_TOKENS),
                    "max_completion_tokens": ("max_new_tokens", DEFAULT_MAX_TOKENS),
                    "temperature": ("temperature", 1.0), "top_p": ("top_p", 1.0), "top_k": ("top_k", 0)}
-# fields whose only accepted value is their neutral one (this server cannot honour anything else)
-NEUTRAL_ONLY = {"n": 1, "frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "logit_bias": {},
-                "tools": [], "functions": [], "echo": False, "best_of": 1, "suffix": ""}
+# fields this server takes whatever their value: they change nothing it computes
+IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier",
+                     "prompt_cache_key"})
+# fields accepted only at a value that asks for what the server does anyway (null = absent, always accepted)
+NEUTRAL = {"n": (1,), "best_of": (1,), "frequency_penalty": (0,), "presence_penalty": (0,), "logprobs": (False,),
+           "top_logprobs": (0,), "logit_bias": ({},), "echo": (False,), "suffix": ("",), "tools": ([],),
+           "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
+           "response_format": ({"type": "text"},), "modalities": (["text"],), "audio": (), "prediction": (),
+           "reasoning_effort": (), "web_search_options": ()}
+HONOURED = frozenset({"model", "seed", "stop", "stream", "stream_options", "draft", *SAMPLING_FIELDS})
 FINISH = {"stop": "stop", "length": "length", "context": "length"}
 
 
@@ -44,20 +60,41 @@ class Job:
     model: str | None
 
 
+class ModelNotFoundError(InvalidArgumentError):
+    """The request names a model this server does not serve (HTTP 404, code `model_not_found`)."""
+
+
+def parse(raw: bytes, chat: bool, served: str | None = None) -> Job:
+    """A raw request body -> Job (`parse_body`, then `parse_request`): the CPU work of a request before it queues.
+
+    Nesting deep enough to exhaust Python's recursion limit is refused as bad input, not a server error.
+    """
+    try:
+        return parse_request(parse_body(raw), chat, served)
+    except RecursionError as err:
+        raise InvalidArgumentError("body", "the request body is nested too deeply; send a flat JSON object") from err
+
+
 def parse_body(raw: bytes) -> dict:
     """The JSON object of a request body (400 naming the problem otherwise)."""
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InvalidArgumentError("body", f"the request body is not valid JSON ({err}); send a JSON object") from err
+    except ValueError as err:       # JSONDecodeError, UnicodeDecodeError, an integer beyond Python's digit limit
+        raise InvalidArgumentError("body", f"the request body is not valid JSON ({_short(err, 200)}); send a JSON "
+                                           f"object") from err
     if not isinstance(body, dict):
         raise InvalidArgumentError("body", f"the request body is a JSON {type(body).__name__}; send a JSON object")
     return body
 
 
-def parse_request(body: dict, chat: bool) -> Job:
-    """A chat (`messages`) or completion (`prompt`) request -> Job; InvalidArgumentError names the field."""
+def parse_request(body: dict, chat: bool, served: str | None = None) -> Job:
+    """A chat (`messages`) or completion (`prompt`) request -> Job; InvalidArgumentError names the field.
+
+    `served`: the model id this server answers to (None: any); another `model` raises ModelNotFoundError.
+    """
+    model = _check_model(body.get("model"), served)
     field = "messages" if chat else "prompt"
+    _check_fields(body, field)
     if field not in body:
         raise InvalidArgumentError(field, f"{field} is missing: a {'chat ' if chat else ''}completion request needs it")
     prompt = check_messages(body[field], field) if chat else body[field]
@@ -65,9 +102,6 @@ def parse_request(body: dict, chat: bool) -> Job:
         prompt = prompt[0]                                    # OpenAI allows a one-element list of prompts
     if not chat and not isinstance(prompt, str):
         raise InvalidArgumentError("prompt", f"prompt={prompt!r:.60}: expected a string")
-    for name, neutral in NEUTRAL_ONLY.items():
-        if body.get(name) not in (None, neutral):
-            raise InvalidArgumentError(name, f"{name}={body[name]!r:.60}: this server supports only {name}={neutral!r}")
     values, labels = {arg: default for arg, default in SAMPLING_FIELDS.values()}, {"stop": "stop", "draft": "draft"}
     for name, (arg, default) in SAMPLING_FIELDS.items():
         if body.get(name) is not None:
@@ -79,11 +113,50 @@ def parse_request(body: dict, chat: bool) -> Job:
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
         raise InvalidArgumentError("stream_options", f"stream_options={stream_options!r:.60}: expected an object")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise InvalidArgumentError("model", f"model={model!r:.60}: expected a string")
     return Job(prompt, options, chat, check_flag("stream", body.get("stream", False), "stream"),
                check_flag("stream_options.include_usage", stream_options.get("include_usage", False)), model)
+
+
+def _check_model(model, served: str | None) -> str | None:
+    if model is not None and not isinstance(model, str):
+        raise InvalidArgumentError("model", f"model={model!r:.60}: expected a string")
+    if model is not None and served is not None and model != served:
+        raise ModelNotFoundError("model", f"the model {_short(model)} does not exist here: this server serves "
+                                          f"{served!r} (GET /v1/models lists it); send that id or leave `model` out")
+    return model
+
+
+def _check_fields(body: dict, prompt_field: str) -> None:
+    """Every field honoured, ignored, or at its neutral value; anything else is refused by name."""
+    for name, value in body.items():
+        if name == prompt_field or name in HONOURED or name in IGNORED:
+            continue
+        if name not in NEUTRAL:
+            raise InvalidArgumentError(name[:60], f"unrecognized request argument {_short(name)}: this server "
+                                       f"refuses fields it does not know rather than ignore them (the README's "
+                                       f"Server section lists the fields it takes)")
+        accepted = NEUTRAL[name]
+        if value is not None and not any(_same(value, a) for a in accepted):
+            allowed = f"only {' or '.join(f'{name}={a!r}' for a in accepted)}" if accepted else "no value: leave it out"
+            raise InvalidArgumentError(name, f"{name}={_short(value)}: this server supports {allowed}")
+
+
+def _same(a, b) -> bool:
+    """JSON equality without Python's True == 1 (so `n: true` or `logprobs: 0` is not read as neutral)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _short(value, n: int = 60) -> str:
+    text = repr(value) if not isinstance(value, BaseException) else str(value)
+    return text if len(text) <= n else text[:n - 3] + "..."
 
 
 def extension(result) -> dict:

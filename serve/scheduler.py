@@ -74,8 +74,10 @@ class Scheduler:
         """Admit `prompt` with `options` (checked GenerationOptions) or raise ServerBusy; call on the event loop."""
         with self._lock:
             if self.admitted >= 1 + self.max_queue:
+                # counted from `admitted`, not `waiting`: between two jobs `running` is briefly False while the
+                # worker picks up the next, and `waiting` then counts that job too (said "5 waiting" at --max-queue 4)
                 wait = max(1, math.ceil(self.mean_s * self.admitted))
-                raise ServerBusy(f"the server is busy: 1 generation running and {self.waiting} waiting "
+                raise ServerBusy(f"the server is busy: 1 generation running and {self.admitted - 1} waiting "
                                  f"(--max-queue {self.max_queue}); retry in about {wait} s", wait)
             self.admitted += 1
         loop = asyncio.get_running_loop()

@@ -53,11 +53,14 @@ def test_verify_len_sampled_same_tokens_as_plain(tiny_bundle, oracle, sampling):
         assert got.token_ids == plain.token_ids and max(got.stats.acceptance_lengths) <= k + 1
 
 
-@pytest.mark.parametrize("bad", [0, 8, 99, -1, 2.5, True])
-def test_verify_len_out_of_range_is_named(tiny_bundle, bad):
+@pytest.mark.parametrize("bad, named", [(0, r"outside 1\.\.7.*block size 8"), (8, r"outside 1\.\.7.*block size 8"),
+                                        (99, r"outside 1\.\.7"), (-1, r"outside 1\.\.7"),
+                                        (2.5, r"expected an integer in \[1, 7\] \(block size 8\).*got float"),
+                                        (True, r"expected an integer in \[1, 7\].*got bool")])
+def test_verify_len_out_of_range_is_named(tiny_bundle, bad, named):
     from dflash_edge.runtime.validate import VerifyLengthError
 
-    with pytest.raises(VerifyLengthError, match=r"outside 1\.\.7.*block size 8"):
+    with pytest.raises(VerifyLengthError, match=named):
         tiny_bundle("qwen3", 8).generator.generate_ids(PROMPTS[0], 4, verify_len=bad)
 
 

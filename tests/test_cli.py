@@ -36,6 +36,13 @@ def test_lazy_public_api_resolves():
     assert dflash_edge.speculative_generate is reference_loop.speculative_generate    # the named objects,
     assert dflash_edge.target_generate is reference_loop.target_generate              # not look-alikes
     assert dflash_edge.load_target is load_target
+    from dflash_edge.export.exporter import export_bundle
+    from dflash_edge.quantize.bundle_quant import quantize_bundle
+    from dflash_edge.runtime.generator import Generator
+    from dflash_edge.runtime.validate import GenerationOptions
+
+    assert (dflash_edge.Generator, dflash_edge.GenerationOptions) == (Generator, GenerationOptions)
+    assert (dflash_edge.export_bundle, dflash_edge.quantize_bundle) == (export_bundle, quantize_bundle)
     with pytest.raises(AttributeError, match="has no attribute 'nonexistent'"):
         dflash_edge.nonexistent
 

@@ -5,6 +5,7 @@ Tier 2 (SmolLM2 end to end, a runtime-only install in a fresh venv) is marked `t
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -130,7 +131,24 @@ def test_prompt_longer_than_context_names_the_limit(tiny_bundle):
     with pytest.raises(ContextOverflowError, match=f"the prompt has 130 tokens but the context holds {MAX_CONTEXT}"):
         gen.generate_ids([3] * 130, 10)
     with pytest.raises(ContextOverflowError, match=f"holds {MAX_CONTEXT}"):
-        gen.generate(" ".join(["t7"] * 200), chat=False)
+        gen.generate(" ".join(["t7"] * MAX_CONTEXT), chat=False)     # within the character bound, over in tokens
+
+
+def test_a_text_too_long_for_any_tokenisation_is_refused_before_tokenising(tiny_bundle, monkeypatch):
+    """No token stands for more characters than the longest vocabulary string: beyond max_context x that, the
+    text cannot fit, and is refused without a tokeniser pass (a megabyte sent to the server costs nothing)."""
+    gen = tiny_bundle("qwen3", 8).generator
+    longest = max(len(s) for s in gen.tokenizer.tokenizer.get_vocab(with_added_tokens=True))
+    calls = []
+    monkeypatch.setattr(type(gen.tokenizer), "encode_chat", lambda self, *a, **k: calls.append(a) or [3])
+    monkeypatch.setattr(type(gen.tokenizer), "encode", lambda self, *a, **k: calls.append(a) or [3])
+    limit = MAX_CONTEXT * longest
+    for prompt, chat in (("x" * (limit + 1), False), ("x" * (limit + 1), True),
+                         ([{"role": "user", "content": "x" * limit}, {"role": "user", "content": "y"}], True)):
+        with pytest.raises(ContextOverflowError, match=f"more than the {limit} that {MAX_CONTEXT} tokens"):
+            gen.encode(prompt, chat=chat)
+    assert calls == []
+    assert gen.encode("x" * limit, chat=False) == [3] and len(calls) == 1       # at the bound: tokenised
 
 
 def test_steps_allocate_nothing_of_cache_size(tiny_bundle):
@@ -240,7 +258,7 @@ def test_unavailable_provider_lists_available(tiny_bundle):
     from dflash_edge.runtime.session import ProviderUnavailableError, available_providers
 
     assert "cpu" in available_providers()
-    with pytest.raises(ProviderUnavailableError, match="unknown provider 'tpu'.*available here: cpu"):
+    with pytest.raises(ProviderUnavailableError, match="provider='tpu': expected one of .*available here: cpu"):
         Generator.load(tiny_bundle("qwen3", 8).path, provider="tpu")
     if "cuda" not in available_providers():
         with pytest.raises(ProviderUnavailableError, match="provider 'cuda' is not available.*available: cpu"):
@@ -329,13 +347,50 @@ def test_run_cli_streams_text_and_prints_stats(tiny_bundle, capsys):
     from dflash_edge.cli import main
 
     tb = tiny_bundle("qwen3", 8)
-    assert main(["run", str(tb.path), "--prompt", "t5 t6 t7", "--max-new-tokens", "12", "--always-draft"]) == 0
+    capsys.readouterr()                                          # the bundle's export report, when built just now
+    assert main(["run", str(tb.path), "--prompt", "t5 t6 t7", "--max-new-tokens", "12", "--always-draft",
+                 "--threads", "1"]) == 0
     out, err = capsys.readouterr()
     assert out.strip() == tb.generator.generate("t5 t6 t7", max_new_tokens=12).text
-    assert "12 tokens" in err and "mean acceptance length" in err
+    steps = tb.generator.generate("t5 t6 t7", max_new_tokens=12, draft="drafter").stats.acceptance_lengths
+    speed, drafted, ran = err.splitlines()                       # three lines: speed, what drafted, what ran
+    assert re.fullmatch(r"12 tokens at \d+\.\d tokens/s, speed against plain decoding unknown \(run `dflash-edge tune "
+                        rf"{re.escape(str(tb.path))}` to measure it\); TTFT \d+ ms \(prompt 6 tokens\); finish: length",
+                        speed), speed                              # no tuned.json, no plain step: says so
+    assert drafted == f"drafted: drafter {sum(steps) / len(steps):.2f} tokens/step over {len(steps)} steps"
+    assert ran == "ran: target_fused fp32, fp32 KV cache; drafter fp32; cpu, 1 thread"
     assert main(["run", str(tb.path), "--prompt", "t5", "--no-draft", "--temperature", "0.8", "--seed", "2",
                  "--max-new-tokens", "5"]) == 0
-    assert "5 tokens" in capsys.readouterr().err
+    speed, drafted, _ = capsys.readouterr().err.splitlines()
+    assert speed.startswith("5 tokens at ") and "plain decoding (the baseline)" in speed
+    assert drafted == "drafted: nothing (every step decoded plainly)"
+
+
+def test_run_summary_compares_with_plain_decoding(tiny_bundle):
+    """Against tune's decode time when the bundle has one, else this run's plain steps; it says which."""
+    from types import SimpleNamespace
+
+    from dflash_edge.cli.run import summary
+    from dflash_edge.runtime.stats import GenerationStats
+
+    gen = tiny_bundle("qwen3", 8).generator
+    stats = GenerationStats(prompt_tokens=9, new_tokens=41, decode_s=0.5, acceptance_lengths=[3, 2, 4],
+                            lookup_lengths=[5, 1], plain_steps=11, plain_s=0.25, plain_timed_steps=10,
+                            finish_reason="stop")                 # 80 tokens/s; plain steps: 40 tokens/s
+    tuned = SimpleNamespace(tuned=SimpleNamespace(decode_ms=50.0), bundle=gen.bundle, target_graph="target")
+    lines = summary(stats, tuned, "cpu", 2).splitlines()
+    assert lines[0].startswith("41 tokens at 80.0 tokens/s, 4.00x plain decoding (20.0 tokens/s, estimated from tune)")
+    assert lines[1] == ("drafted: drafter 3.00 tokens/step over 3 steps, prompt lookup 3.00 tokens/step over 2 steps, "
+                        "11 plain steps")
+    assert lines[2] == "ran: target fp32, fp32 KV cache; drafter fp32; cpu, 2 threads"
+    measured = summary(stats, SimpleNamespace(tuned=None, bundle=gen.bundle, target_graph="target_fused"))
+    assert "2.00x plain decoding (40.0 tokens/s, measured on this run's 10 plain steps)" in measured
+
+
+def test_plain_steps_are_timed_for_the_comparison(tiny_bundle):
+    stats = tiny_bundle("qwen3", 8).generator.generate("t5 t6", max_new_tokens=9, draft="none").stats
+    assert stats.plain_steps == stats.plain_timed_steps == 8                  # the first token comes from prefill
+    assert 0 < stats.plain_s <= stats.decode_s and stats.plain_tokens_per_s > 0
 
 
 def test_bench_cli_report(tiny_bundle, tmp_path, capsys):

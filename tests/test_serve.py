@@ -15,48 +15,10 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
 from dflash_edge.cli import main  # noqa: E402
+from live_server import serve, wait_until  # noqa: E402,F401  (serve: a fixture)
 
 
-HOST = "127.0.0.1"                      # loopback only
 MESSAGES = [[{"role": "user", "content": t}] for t in ("t5 t6 t7", "t9 t1 t33", "t70 t2", "t12 t13 t14 t15")]
-
-
-def wait_until(predicate, timeout_s: float = 30.0) -> None:
-    """Poll `predicate` until true or `timeout_s` (a bound against hangs, not a speed check)."""
-    end = time.monotonic() + timeout_s
-    while not predicate() and time.monotonic() < end:
-        time.sleep(0.01)
-
-
-class LiveServer:
-    """uvicorn serving `app` on 127.0.0.1 (a free port) in a background thread."""
-
-    def __init__(self, app):
-        self.server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        wait_until(lambda: self.server.started)
-        self.url = f"http://{HOST}:{self.server.servers[0].sockets[0].getsockname()[1]}"
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
-@pytest.fixture
-def serve(tiny_bundle):
-    """serve(**ServerOptions fields) -> LiveServer over the tiny bundle's Generator; stopped after the test."""
-    from dflash_edge.serve.app import ServerOptions, build_app
-
-    started = []
-
-    def start(**options):
-        started.append(LiveServer(build_app(tiny_bundle("qwen3", 8).generator, ServerOptions(**options))))
-        return started[-1]
-
-    yield start
-    for s in started:
-        s.stop()
 
 
 def expected(tb, messages, n=12, chat=True, **kw):
@@ -79,8 +41,8 @@ def test_health_models_and_whole_completions(tiny_bundle, serve):
     models = httpx.get(f"{s.url}/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == tb.path.name
     want = expected(tb, MESSAGES[0])
-    r = httpx.post(f"{s.url}/v1/chat/completions", json={"model": "x", "messages": MESSAGES[0], "max_tokens": 12,
-                                                        "temperature": 0})
+    r = httpx.post(f"{s.url}/v1/chat/completions", json={"model": tb.path.name, "messages": MESSAGES[0],
+                                                        "max_tokens": 12, "temperature": 0})
     body = r.json()
     assert r.status_code == 200 and body["object"] == "chat.completion"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": want.text}
@@ -241,13 +203,13 @@ def test_official_openai_client_unchanged(tiny_bundle, serve):
     want = expected(tb, MESSAGES[0], n=10)
     out = client.chat.completions.create(model=tb.path.name, messages=MESSAGES[0], max_tokens=10, temperature=0)
     assert out.choices[0].message.content == want.text and out.usage.completion_tokens == len(want.token_ids)
-    chunks = list(client.chat.completions.create(model="m", messages=MESSAGES[0], max_tokens=10, temperature=0,
-                                                 stream=True))
+    chunks = list(client.chat.completions.create(model=tb.path.name, messages=MESSAGES[0], max_tokens=10,
+                                                 temperature=0, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
-    done = client.completions.create(model="m", prompt="t5 t6", max_tokens=5, temperature=0)
+    done = client.completions.create(model=tb.path.name, prompt="t5 t6", max_tokens=5, temperature=0)
     assert done.choices[0].text == expected(tb, [{"content": "t5 t6"}], n=5, chat=False).text
     with pytest.raises(openai.BadRequestError, match="max_tokens=-3: expected an integer >= 1"):
-        client.chat.completions.create(model="m", messages=MESSAGES[0], max_tokens=-3)
+        client.chat.completions.create(model=tb.path.name, messages=MESSAGES[0], max_tokens=-3)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{s.url}/v1", api_key="bad", max_retries=0).models.list()
 

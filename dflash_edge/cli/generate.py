@@ -16,6 +16,8 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, default=None, help="default: the drafter's trained block size")
     p.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
+    p.add_argument("--parse-special", action="store_true",
+                   help="with --raw: control-token strings in the prompt become control tokens (default: text)")
     p.add_argument("--no-draft", action="store_true", help="target-only autoregressive decoding (the baseline)")
 
 
@@ -31,7 +33,8 @@ def run(args) -> int:
     path = resolve_target(None if args.target == "default" else args.target)
     target = load_target(path)
     tok = ChatTokenizer.from_dir(path)
-    ids = tok.encode(args.prompt) if args.raw else tok.encode_chat([{"role": "user", "content": args.prompt}])
+    message = [{"role": "user", "content": args.prompt}]
+    ids = tok.encode(args.prompt, args.parse_special) if args.raw else tok.encode_chat(message)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
                            sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.seed))
     if args.no_draft:

@@ -1,13 +1,21 @@
 """`dflash-edge serve BUNDLE`: an OpenAI-compatible server on loopback (one generation at a time, bounded queue).
 
-    dflash-edge serve bundle/ --port 8000 --max-queue 16 --api-key secret
+    DFLASH_EDGE_API_KEY=secret dflash-edge serve bundle/ --port 8000 --max-queue 16
     curl http://127.0.0.1:8000/v1/chat/completions -H "Authorization: Bearer secret" \\
          -d '{"messages": [{"role": "user", "content": "Hi"}], "stream": true}'
+
+The API key comes from `--api-key-file PATH`, `--api-key KEY` (visible to other users in `ps`) or, when neither
+is given, the environment variable DFLASH_EDGE_API_KEY. The socket is bound before the bundle loads, so a busy
+port fails at once and `--port 0` prints the port it got.
 """
 from __future__ import annotations
 
 import ipaddress
+import os
+import socket
 import sys
+
+API_KEY_ENV = "DFLASH_EDGE_API_KEY"
 
 
 def add_arguments(p) -> None:
@@ -16,35 +24,86 @@ def add_arguments(p) -> None:
     p.add_argument("bundle", help="bundle directory (from `dflash-edge export --out DIR`)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default loopback only; another address exposes the model to the network)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port; the one chosen is printed)")
     p.add_argument("--max-queue", type=int, default=16,
                    help="requests that may wait behind the running one; more get 429 + Retry-After")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                   help="largest request body read, in bytes (default 1 MiB); larger ones get 413 before being read")
+    key = p.add_mutually_exclusive_group()
+    key.add_argument("--api-key-file", default=None, metavar="PATH",
+                     help="require 'Authorization: Bearer KEY', KEY being this file's content (whitespace stripped)")
+    key.add_argument("--api-key", default=None,
+                     help=f"the same with KEY on the command line (visible in `ps`; prefer --api-key-file or "
+                          f"${API_KEY_ENV}, read when neither option is given)")
     p.add_argument("--model-name", default=None, help="model id to report (default: the bundle directory's name)")
     p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
     add_thread_args(p)
 
 
 def run(args) -> int:
-    from dflash_edge.runtime.errors import DflashEdgeError
-
-    # --port, --max-queue, --threads: checked by the dispatcher (cli.py) against runtime/validate.py's rules
-    if args.api_key is not None and not args.api_key.strip():
-        raise DflashEdgeError("--api-key is empty: pass a non-empty key, or leave the option out")
+    # --port, --max-queue, --max-body-bytes, --threads: checked by the dispatcher (cli/__init__.py) against
+    # runtime/validate.py's rules
+    api_key, key_source = api_key_of(args, os.environ)
     import uvicorn                                          # the `serve` extra (cli.py names it when missing)
 
     from dflash_edge.runtime.generator import Generator
 
     from dflash_edge.serve.app import ServerOptions, build_app
 
-    gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads, spin=args.spin)
-    app = build_app(gen, ServerOptions(args.max_queue, args.api_key, args.model_name))
-    if not _is_loopback(args.host):
-        print(f"dflash-edge serve: warning: binding {args.host}: reachable from other machines"
-              + ("" if args.api_key else " and without --api-key"), file=sys.stderr)
-    print(f"dflash-edge serve: {gen.bundle.root} on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    with _bind(args.host, args.port) as sock:               # before loading: a busy port fails in a second
+        gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads, spin=args.spin)
+        app = build_app(gen, ServerOptions(max_queue=args.max_queue, api_key=api_key, model_name=args.model_name,
+                                           max_body_bytes=args.max_body_bytes))
+        if not _is_loopback(args.host):
+            print(f"dflash-edge serve: warning: binding {args.host}: reachable from other machines"
+                  + ("" if api_key else " and without an API key"), file=sys.stderr)
+        host, port = sock.getsockname()[:2]
+        url_host = f"[{host}]" if ":" in host else host
+        print(f"dflash-edge serve: {gen.bundle.root} on http://{url_host}:{port}/v1"
+              + (f" (API key from {key_source})" if api_key else ""), file=sys.stderr, flush=True)
+        config = uvicorn.Config(app, host=args.host, port=port, log_level="warning")
+        uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def api_key_of(args, environ) -> tuple[str | None, str | None]:
+    """(key, where it came from): --api-key-file, --api-key, else $DFLASH_EDGE_API_KEY; (None, None) for none."""
+    from dflash_edge.runtime.errors import DflashEdgeError
+
+    if args.api_key_file is not None:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                key, source = f.read().strip(), f"--api-key-file {args.api_key_file}"
+        except (OSError, UnicodeDecodeError) as err:
+            raise DflashEdgeError(f"--api-key-file {args.api_key_file}: cannot read it ({err})") from err
+    elif args.api_key is not None:
+        key, source = args.api_key, "--api-key"
+    elif API_KEY_ENV in environ:
+        key, source = environ[API_KEY_ENV], f"${API_KEY_ENV}"
+    else:
+        return None, None
+    if not key.strip():
+        what = "--api-key is empty" if source == "--api-key" else f"{source} is empty"
+        raise DflashEdgeError(f"{what}: give a non-empty key, or no key at all (then any client is served)")
+    return key, source
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (not yet listening: uvicorn does that); DflashEdgeError naming the address."""
+    from dflash_edge.runtime.errors import DflashEdgeError
+
+    sock = None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as err:
+        if sock is not None:
+            sock.close()
+        raise DflashEdgeError(f"cannot listen on {host}:{port}: {err.strerror or err}; pick another --port "
+                              f"(0: any free one) or --host") from err
+    return sock
 
 
 def _is_loopback(host: str) -> bool:

@@ -2,6 +2,9 @@
 
     dflash-edge train --target default --out data/drafters/smollm2-135m-instruct --work-dir /tmp/dfe-work
     dflash-edge train ... --resume          # continue an interrupted run where it stopped
+
+Needs torch (the `train` extra); the train modules are imported when the command runs, so `--help` works
+without it and a run without it names the extra to install.
 """
 from __future__ import annotations
 
@@ -14,15 +17,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from dflash_edge.train.prompts import PromptSpec  # noqa: E402
-from dflash_edge.train.recipe import RecipeConfig  # noqa: E402
-from dflash_edge.train.responses import GenSpec  # noqa: E402
-from dflash_edge.train.trainer import TrainConfig  # noqa: E402
-
 
 def add_arguments(p) -> None:
     from .common import add_model_args
 
+    p.epilog = 'needs torch: pip install "dflash-edge[train]"'
     add_model_args(p, draft=False)
     p.add_argument("--out", required=True, help="directory for the trained drafter (z-lab format)")
     p.add_argument("--work-dir", help="prompts, response shards, checkpoints (default: $DFLASH_EDGE_HOME/train/<out name>)")
@@ -68,10 +67,14 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def config_from_args(a) -> RecipeConfig:
+def config_from_args(a):
+    """The parsed arguments as a train.recipe.RecipeConfig."""
     from dflash_edge.models.fetch import cache_home
-
     from dflash_edge.train.hardware import resolve_device, resolve_dtype
+    from dflash_edge.train.prompts import PromptSpec
+    from dflash_edge.train.recipe import RecipeConfig
+    from dflash_edge.train.responses import GenSpec
+    from dflash_edge.train.trainer import TrainConfig
 
     device = resolve_device(a.device)
     # on a GPU generation is launch-bound: fp32 costs nothing there and gives the target's exact greedy tokens
