@@ -54,6 +54,7 @@ def run(args) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    sys.stdout.flush()                     # the text ends before the stats (stderr) begin
     print(summary(stream.result.stats, gen, args.provider, args.threads), file=sys.stderr)
     return 0
 
