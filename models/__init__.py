@@ -1,6 +1,7 @@
 """What a checkpoint is (floor 3): configs, families as data (one file per family, the file name is the config's
 `model_type`), safetensors / GGUF readers, fetch, the torch reference models (target and z-lab drafter) and the
 reference loop that export's parity, train and the tests check against.
+GGUF low-bit blocks map exactly onto onnxruntime MatMulNBits operands in `gguf_blocks` (issue 27).
 
 >>> from dflash_edge.models import load_target      # doctest: +SKIP
 >>> target = load_target("~/.cache/dflash-edge/models/smollm2-135m-instruct")  # doctest: +SKIP
