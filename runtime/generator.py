@@ -37,8 +37,8 @@ from .stats import GenerationStats
 from .text import TextAssembler, text_pieces
 from .trt_profiles import symbol_ranges, trt_profiles
 from .tuning import Tuned, read_tuned
-from .validate import (GenerationOptions, InvalidArgumentError, check, check_flag, check_prompt, check_provider,
-                       check_token_ids)
+from .validate import (GenerationOptions, InvalidArgumentError, check, check_flag, check_parse_special, check_prompt,
+                       check_provider, check_token_ids)
 
 
 class NonFiniteLogitsError(DflashEdgeError):
@@ -234,16 +234,11 @@ class Generator:
         Checked first (`validate.check_prompt`): InvalidArgumentError names what is wrong.
         """
         prompt = check_prompt(prompt, chat=chat)
+        check_parse_special(parse_special, chat or not isinstance(prompt, str))    # messages are always chat
         self._check_length(prompt)
         if isinstance(prompt, str):
-            if chat and parse_special:
-                raise InvalidArgumentError("parse_special", "parse_special=True: only a raw prompt (chat=False) "
-                                                            "may carry control tokens")
             return self.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat \
                 else self.tokenizer.encode(prompt, parse_special)
-        if parse_special:
-            raise InvalidArgumentError("parse_special", "parse_special=True: chat message text is always text; "
-                                                        "pass a raw string prompt with chat=False")
         return self.tokenizer.encode_chat(list(prompt))
 
     def _options(self, options: GenerationOptions | None, fields: dict) -> GenerationOptions:

@@ -12,6 +12,7 @@ True
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 
 
@@ -37,13 +38,13 @@ def proc_kb_field(path: str, key: str) -> int | None:
 
 
 def peak_rss_bytes() -> int:
-    """VmHWM from /proc/self/status (Linux), else ru_maxrss."""
+    """VmHWM from /proc/self/status (Linux), else ru_maxrss (bytes on macOS, KiB elsewhere)."""
     peak = proc_kb_field("/proc/self/status", "VmHWM")
     if peak is not None:
         return peak
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 def release_free_memory() -> None:

@@ -90,8 +90,8 @@ class ChatTokenizer:
         """The chat template applied to `messages`, as token ids. Control tokens come from the template only: a
         control-token string inside a message's text is tokenised as text.
 
-        How: each such string in a message (found by the tokenizer itself) is swapped for a random marker before
-        rendering; the rendered text is encoded piece by piece between the markers (the template's control
+        How: each such string in a message (a literal search, `special_pattern`) is swapped for a random marker
+        before rendering; the rendered text is encoded piece by piece between the markers (the template's control
         tokens parsed) and each swapped string as text. A message without one renders and encodes exactly as
         `encode(render_chat(messages), parse_special=True)`, token for token.
         """
@@ -116,11 +116,11 @@ class ChatTokenizer:
         + index."""
         if self.special_pattern is None:
             return text
-        spans = [m.span() for m in self.special_pattern.finditer(text)]
-        for start, end in reversed(spans):                          # [(char start, char end)] in `text`
-            swapped.append(text[start:end])
-            text = f"{text[:start]}{marker}{len(swapped) - 1}\ue001{text[end:]}"
-        return text
+
+        def swap(match: re.Match) -> str:
+            swapped.append(match.group())
+            return f"{marker}{len(swapped) - 1}\ue001"
+        return self.special_pattern.sub(swap, text)
 
     @cached_property
     def max_token_chars(self) -> int:

@@ -202,6 +202,14 @@ def check_text(text, label: str) -> str:
     return text
 
 
+def check_parse_special(parse_special: bool, chat: bool, label: str = "parse_special") -> bool:
+    """Control-token strings are parsed only in a raw prompt (chat=False): chat message text is always text."""
+    if parse_special and chat:
+        raise InvalidArgumentError(label, f"{label}=True: only a raw prompt (chat=False) may carry control tokens; "
+                                          f"chat message text is always tokenised as text")
+    return parse_special
+
+
 def check_stop(stop, label: str = "stop") -> tuple[str, ...]:
     """None, a string or a list of strings -> a tuple of non-empty stop strings."""
     items = [stop] if isinstance(stop, str) else [] if stop is None else stop
@@ -315,11 +323,8 @@ class GenerationOptions:
         if verify_len is not None:
             verify_len = check_verify_len(verify_len, block_size, name("verify_len", "verify_len"))
         chat = check_flag("chat", self.chat, name("chat"))
-        parse_special = check_flag("parse_special", self.parse_special, name("parse_special"))
-        if parse_special and chat:
-            label = name("parse_special", "parse_special")
-            raise InvalidArgumentError(label, f"{label}=True: only a raw prompt (chat=False) may carry control "
-                                              f"tokens; chat message text is always tokenised as text")
+        parse_special = check_parse_special(check_flag("parse_special", self.parse_special, name("parse_special")),
+                                            chat, name("parse_special", "parse_special"))
         return replace(self, **nums, stop=check_stop(self.stop, name("stop", "stop")), chat=chat,
                        draft=check_draft(self.draft, name("draft", "draft")), verify_len=verify_len,
                        parse_special=parse_special)

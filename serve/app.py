@@ -33,11 +33,9 @@ from starlette.routing import Route
 
 from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.runtime.validate import check
-from .protocol import ModelNotFoundError, Reply, error_body, parse
+from .protocol import DEFAULT_MAX_BODY_BYTES, ModelNotFoundError, Reply, error_body, parse
 from .scheduler import Scheduler, ServerBusy
 
-
-DEFAULT_MAX_BODY_BYTES = 1 << 20      # 1 MiB: ~250k tokens of text, far beyond any bundle's context
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from dflash_edge.runtime.validate import GenerationOptions, InvalidArgumentError, check_flag, check_messages
 
 DEFAULT_MAX_TOKENS = 256
+DEFAULT_MAX_BODY_BYTES = 1 << 20      # 1 MiB: ~250k tokens of text, far beyond any bundle's context
 # client field -> the runtime's argument (and its default when the field is absent or null)
 SAMPLING_FIELDS = {"max_tokens": ("max_new_tokens", DEFAULT_MAX_TOKENS),
                    "max_completion_tokens": ("max_new_tokens", DEFAULT_MAX_TOKENS),

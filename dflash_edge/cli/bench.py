@@ -119,6 +119,7 @@ class _Merged:
 
 def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
     from dflash_edge.runtime.calibrate import machine_info
+    from dflash_edge.runtime.memory import peak_rss_bytes
 
     def overhead(arm):
         stats = [r[arm] for r in raw]
@@ -143,7 +144,7 @@ def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
                                               / max(sum(s.decode_run_s for s in default), 1e-12), 4),
         "by_category": by_category(rows, raw),
         "tuned_verify_len": gen.tuned.verify_len if gen.tuned else None, "verify_len_override": args.verify_len,
-        "peak_rss_mb": round(_peak_rss_mb(), 1),
+        "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1),
         "prompts": len(rows), "max_new_tokens": args.max_new_tokens,
         "bundle": {"path": str(gen.bundle.root), "block_size": gen.block_size, "max_context": gen.max_context,
                    "family": manifest["model"]["family"],
@@ -196,9 +197,3 @@ def _progress(rows):
         return rows
     return tqdm(rows, desc="bench", unit="prompt", file=sys.stderr)
 
-
-def _peak_rss_mb() -> float:
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024      # bytes on macOS, KiB on Linux

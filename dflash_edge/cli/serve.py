@@ -19,6 +19,8 @@ API_KEY_ENV = "DFLASH_EDGE_API_KEY"
 
 
 def add_arguments(p) -> None:
+    from dflash_edge.serve.protocol import DEFAULT_MAX_BODY_BYTES     # light: no starlette
+
     from .common import add_thread_args
 
     p.add_argument("bundle", help="bundle directory (from `dflash-edge export --out DIR`)")
@@ -27,7 +29,7 @@ def add_arguments(p) -> None:
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port; the one chosen is printed)")
     p.add_argument("--max-queue", type=int, default=16,
                    help="requests that may wait behind the running one; more get 429 + Retry-After")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20,
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="largest request body read, in bytes (default 1 MiB); larger ones get 413 before being read")
     key = p.add_mutually_exclusive_group()
     key.add_argument("--api-key-file", default=None, metavar="PATH",
