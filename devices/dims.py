@@ -13,6 +13,48 @@ from pathlib import Path
 from .errors import DeviceError
 
 PRESETS_FILE = Path(__file__).resolve().parent / "presets.json"
+GATED_ATTENTION = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_next")   # q_proj yields q and a gate
+
+
+@dataclass(frozen=True)
+class LinearDims:
+    """The Gated DeltaNet (linear-attention) layers of a hybrid target such as Qwen3.5: no KV cache, but per layer a
+    conv state (the last `conv_kernel - 1` inputs of q, k and v) and a recurrent state [Hv, Dk, Dv], fixed in size
+    whatever the context."""
+    num_layers: int
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int = 4
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:                    # q, k and v channels of the depthwise conv
+        return 2 * self.num_key_heads * self.key_head_dim + self.value_dim
+
+    def params(self, hidden: int) -> int:
+        """All linear layers' weights: in_proj_qkv, in_proj_z, in_proj_b/a, out_proj, the conv taps."""
+        per_layer = (hidden * (self.conv_dim + self.value_dim + 2 * self.num_value_heads) + self.value_dim * hidden
+                     + self.conv_dim * self.conv_kernel)
+        return self.num_layers * per_layer
+
+    @property
+    def state_elements(self) -> int:              # all layers: conv state + recurrent state
+        recurrent = self.num_value_heads * self.key_head_dim * self.value_head_dim
+        return self.num_layers * (self.conv_dim * (self.conv_kernel - 1) + recurrent)
+
+    @property
+    def row_elements(self) -> int:                # all layers, one token: the rows a call returns for rollback
+        nv = self.num_value_heads
+        return self.num_layers * (self.conv_dim + nv * (self.key_head_dim + self.value_head_dim + 1))
+
+    @property
+    def token_flops(self) -> int:                 # all layers, one token: decay, rank-1 update and read of the state
+        return self.num_layers * 6 * self.num_value_heads * self.key_head_dim * self.value_head_dim
 
 
 @dataclass(frozen=True)
@@ -30,12 +72,30 @@ class ModelDims:
     num_experts: int = 0                 # MoE: experts per layer (0: dense)
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
+    dense_layers: int = 0                # MoE: layers whose MLP is dense (mlp_only_layers, decoder_sparse_step)
+    linear: LinearDims | None = None     # hybrid: its linear-attention layers (of num_layers; the rest are full)
+    attn_output_gate: bool = False       # gated full attention (Qwen3.5): q_proj also yields the output gate
+
+    def __post_init__(self):
+        if isinstance(self.linear, dict):            # from presets.json
+            object.__setattr__(self, "linear", LinearDims(**self.linear))
+        if self.linear and not 0 < self.linear.num_layers < self.num_layers:
+            raise DeviceError(f"linear.num_layers={self.linear.num_layers} must be in 1..{self.num_layers - 1} "
+                              f"(num_layers minus at least one full-attention layer); fix the preset or config")
+
+    @property
+    def full_layers(self) -> int:        # layers with a KV cache
+        return self.num_layers - (self.linear.num_layers if self.linear else 0)
+
+    @property
+    def mixer_params(self) -> int:       # all layers' attention (full and linear) weights
+        return self.full_layers * self.attn_params + (self.linear.params(self.hidden_size) if self.linear else 0)
 
     @property
     def attn_params(self) -> int:        # per layer: q, k, v, o projections
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
-        return 2 * self.hidden_size * q + 2 * self.hidden_size * kv
+        return (3 if self.attn_output_gate else 2) * self.hidden_size * q + 2 * self.hidden_size * kv
 
     def mlp_params(self, active: bool) -> int:        # per layer
         if not self.num_experts:
@@ -49,7 +109,12 @@ class ModelDims:
 
     def layer_params(self, active: bool = False) -> int:
         """All decoder layers' linear weights (every expert, or only the active ones)."""
-        return self.num_layers * (self.attn_params + self.mlp_params(active))
+        return self.mixer_params + self.mlps(self.mlp_params(active))
+
+    def mlps(self, sparse_mlp: float) -> float:
+        """Every layer's MLP weights when a sparse layer's is `sparse_mlp` (dense layers of an MoE model: their own)."""
+        dense = self.dense_layers if self.num_experts else 0
+        return (self.num_layers - dense) * sparse_mlp + dense * 3 * self.hidden_size * self.intermediate_size
 
     @property
     def total_params(self) -> int:
@@ -61,7 +126,11 @@ class ModelDims:
         return self.layer_params(active=True) + self.embed_params
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+        return 2 * self.full_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def state_bytes(self, dtype_bytes: int = 4) -> int:
+        """The linear layers' conv + recurrent states (0 for a dense model): the same at any context."""
+        return self.linear.state_elements * dtype_bytes if self.linear else 0
 
 
 @dataclass(frozen=True)
@@ -107,7 +176,8 @@ def _need(cfg: dict, key: str, where: str):
 
 
 def dims_from_hf_config(cfg: dict, where: str = "config.json") -> ModelDims:
-    """ModelDims from a Hugging Face `config.json` dict (llama, qwen2, qwen3, qwen3_moe, ...)."""
+    """ModelDims from a Hugging Face `config.json` dict (llama, qwen2, qwen3, qwen3_moe, qwen3_5, ...)."""
+    cfg = {**cfg, **cfg.get("text_config", {}), "model_type": cfg.get("model_type", "?")}   # image-text layouts
     hidden, heads = _need(cfg, "hidden_size", where), _need(cfg, "num_attention_heads", where)
     return ModelDims(family=cfg.get("model_type", "?"), hidden_size=hidden,
                      intermediate_size=_need(cfg, "intermediate_size", where),
@@ -118,7 +188,27 @@ def dims_from_hf_config(cfg: dict, where: str = "config.json") -> ModelDims:
                      max_position_embeddings=cfg.get("max_position_embeddings", 4096),
                      num_experts=cfg.get("num_experts") or cfg.get("num_local_experts") or 0,
                      experts_per_token=cfg.get("num_experts_per_tok") or 0,
-                     moe_intermediate_size=cfg.get("moe_intermediate_size") or 0)
+                     moe_intermediate_size=cfg.get("moe_intermediate_size") or 0, dense_layers=_dense_layers(cfg),
+                     linear=_linear_dims(cfg), attn_output_gate=cfg["model_type"] in GATED_ATTENTION)
+
+
+def _linear_dims(cfg: dict) -> LinearDims | None:
+    """The linear-attention layers of a hybrid config (`layer_types`, else Qwen3.5's `full_attention_interval`)."""
+    if "linear_num_value_heads" not in cfg:
+        return None
+    n, every = cfg.get("num_hidden_layers", 0), cfg.get("full_attention_interval") or 4
+    kinds = cfg.get("layer_types") or ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n)]
+    return LinearDims(num_layers=kinds.count("linear_attention"), num_key_heads=cfg["linear_num_key_heads"],
+                      num_value_heads=cfg["linear_num_value_heads"], key_head_dim=cfg["linear_key_head_dim"],
+                      value_head_dim=cfg["linear_value_head_dim"], conv_kernel=cfg.get("linear_conv_kernel_dim", 4))
+
+
+def _dense_layers(cfg: dict) -> int:
+    """How many layers of an MoE config keep a dense MLP (transformers' qwen3_moe rule)."""
+    if not (cfg.get("num_experts") or cfg.get("num_local_experts")):
+        return 0
+    step, only = max(cfg.get("decoder_sparse_step") or 1, 1), set(cfg.get("mlp_only_layers") or [])
+    return sum(i in only or (i + 1) % step != 0 for i in range(cfg.get("num_hidden_layers", 0)))
 
 
 def draft_dims_from_config(cfg: dict, where: str = "drafter config.json") -> DraftDims:

@@ -4,7 +4,9 @@ Memory: weights at the chosen precision (int4/int8 = MatMulNBits blocks of 32 wi
 zero point each), the drafter (our ONNX bundles duplicate the embedding and LM head into it), KV caches
 preallocated at context + block, activations, the runtime, and the OS reserve where the OS shares memory.
 Speed: a roofline per step (bytes ÷ bandwidth vs FLOPs ÷ compute, with the device class's efficiency
-factors, devices/classes.json) plus a per-layer dispatch cost; DFlash's speedup at acceptance length τ is
+factors, devices/classes.json) plus a per-layer dispatch cost; on a hybrid target (Qwen3.5) only the full-attention
+layers' KV grows with context, the linear layers' conv + recurrent states (fp32, STATE_BYTES) are read and
+written whole every call whatever the context; DFlash's speedup at acceptance length τ is
 τ · t_decode / (t_draft + t_verify).
 
 >>> t, d, tau = preset("qwen3-8b")                                               # doctest: +SKIP
@@ -28,6 +30,7 @@ COMPUTE_CHAIN = {"fp32": ("fp32",), "fp16": ("fp16", "fp32"), "bf16": ("bf16", "
                  "fp8": ("fp8", "fp16", "fp32"), "int8": ("int8", "fp16", "fp32"), "int4": ("fp16", "fp32"),
                  "fp4": ("fp4", "fp8", "fp16", "fp32")}
 MIN_CONTEXT = 256
+STATE_BYTES = 4                      # linear-attention states and their per-token rows stay fp32 (runtime/io_tables.py)
 
 
 @dataclass(frozen=True)
@@ -44,11 +47,20 @@ class PlanRequest:
     target_weight_bytes: int | None = None   # exact bytes (from a bundle manifest) instead of the dims' estimate
     draft_weight_bytes: int | None = None
     draft_duplicates_embeddings: bool = True  # our onnxruntime bundles copy embed/LM head into the drafter
+    kv_bytes: int = 0                     # bytes per target KV element (1: the int8 cache); 0: as the activations
 
 
 def float_bytes(req: PlanRequest) -> int:
     """Activation / KV / scale dtype: fp32 for fp32 and on CPUs (onnxruntime CPU kernels), else fp16."""
     return 4 if req.precision == "fp32" or req.device.device_class == "cpu" else 2
+
+
+def target_kv_bytes(req: PlanRequest) -> int:
+    """The target cache's element size: a bundle's real dtype when known; on CPUs int4/int8 targets get the int8
+    cache (what `export` gives them), everything else caches in the activation dtype."""
+    if req.kv_bytes:
+        return req.kv_bytes
+    return 1 if req.device.device_class == "cpu" and req.precision in ("int8", "int4") else float_bytes(req)
 
 
 def bytes_per_weight(req: PlanRequest) -> float:
@@ -79,13 +91,21 @@ def weight_bytes(req: PlanRequest) -> tuple[float, float]:
     return float(target), float(req.draft_weight_bytes or draft)
 
 
+def linear_state_bytes(t: ModelDims, tokens: int) -> float:
+    """A hybrid target's live linear-attention state: the states a call starts from and those it returns, plus the
+    per-token rollback rows of the previous and the current call (`tokens` each); 0 for a dense target."""
+    if not t.linear:
+        return 0.0
+    return 2 * (t.state_bytes(STATE_BYTES) + tokens * t.linear.row_elements * STATE_BYTES)
+
+
 def memory_plan(req: PlanRequest) -> dict:
     """GB per component, the total, what the device leaves usable, and whether it fits."""
     f = class_factors(req.device.device_class)
     fb, block = float_bytes(req), req.block or req.drafter.block_size
     target_w, draft_w = weight_bytes(req)
     slots = req.context + block
-    kv = slots * (req.target.kv_bytes_per_token(fb) + req.drafter.kv_bytes_per_token(fb))
+    kv = slots * (req.target.kv_bytes_per_token(target_kv_bytes(req)) + req.drafter.kv_bytes_per_token(fb))
     t, inter = req.target, (req.target.experts_per_token * req.target.moe_intermediate_size
                             or req.target.intermediate_size)
     tokens = max(req.prefill_chunk, block)
@@ -95,14 +115,15 @@ def memory_plan(req: PlanRequest) -> dict:
                         + 2 * inter * fb + t.num_heads * slots * 4)
     parts = {"target_weights": target_w * f["weights_residency"] / GB,
              "drafter_weights": draft_w * f["weights_residency"] / GB, "kv_cache": kv / GB,
-             "activations": act / GB, "runtime": f["runtime_overhead_gb"]}
+             "linear_state": linear_state_bytes(t, tokens) / GB, "activations": act / GB,
+             "runtime": f["runtime_overhead_gb"]}
     total = sum(parts.values())
     usable = req.device.usable_memory_gb
     return {"components_gb": {k: round(v, 3) for k, v in parts.items()}, "total_gb": round(total, 3),
             "device_memory_gb": req.device.memory_gb,
             "os_reserve_gb": req.device.os_reserve_gb if req.device.memory_shared_with_os else 0.0,
             "usable_gb": round(usable, 3), "fits": total <= usable,
-            "weights_on_disk_gb": round((target_w + draft_w) / GB, 3), "kv_dtype_bytes": fb}
+            "weights_on_disk_gb": round((target_w + draft_w) / GB, 3), "kv_dtype_bytes": target_kv_bytes(req)}
 
 
 def _compute_tflops(req: PlanRequest) -> float:
@@ -135,13 +156,15 @@ def target_step(req: PlanRequest, tokens: int) -> dict:
     t, bpw, fb = req.target, bytes_per_weight(req), float_bytes(req)
     mlp = (t.mlp_params(active=True) if not t.num_experts else
            _experts_touched(t, tokens) * 3 * t.hidden_size * t.moe_intermediate_size + t.hidden_size * t.num_experts)
-    layer_bytes = t.num_layers * (t.attn_params + mlp) * bpw
+    layer_bytes = (t.mixer_params + t.mlps(mlp)) * bpw
     if req.target_weight_bytes:                       # a bundle: scale the estimate to its real weight bytes
         est = t.layer_params() * bpw + sum(head_bytes(req))
         layer_bytes *= req.target_weight_bytes / est
     pos = req.position or req.context
-    nbytes = layer_bytes + t.embed_params * bpw + pos * t.kv_bytes_per_token(fb)
-    attn_flops = 4 * pos * t.num_heads * t.head_dim * t.num_layers
+    # only full layers' KV grows with the position; a hybrid's states are read and rewritten whole (constant)
+    nbytes = (layer_bytes + t.embed_params * bpw + pos * t.kv_bytes_per_token(target_kv_bytes(req))
+              + linear_state_bytes(t, tokens))
+    attn_flops = 4 * pos * t.num_heads * t.head_dim * t.full_layers + (t.linear.token_flops if t.linear else 0)
     flops = tokens * (2 * t.active_params + attn_flops)
     return _roofline_ms(req, nbytes, flops, t.num_layers)
 

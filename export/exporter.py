@@ -33,7 +33,8 @@ from .weight_store import DATA_FILES
 EXPORTER_VERSION = "0.1.0"
 PARITY_PROMPT = "Explain in two sentences why the sky is blue."
 SCRATCH = ".scratch"                     # inside the partial folder: a random drafter's checkpoint, until parity ends
-OPSETS = {"target": OPSET, "drafter": OPSET, "target_fused": OPSET_FUSED}
+OPSETS = {"target": OPSET, "drafter": OPSET, "target_fused": OPSET_FUSED, "target_hybrid": OPSET}
+WRITTEN = ("fp32", "fp16", "int8", "int4")       # precisions the writer stores weights in directly
 
 
 @dataclass
@@ -49,6 +50,10 @@ class ExportOptions:
     draft_vocab: int = 0                 # >0: the drafter's LM head over this many frequent tokens (draft_vocab.py)
     memory_check: bool = True            # refuse up front when the estimated peak memory exceeds what is available
     fused: bool = True                   # also write `target_fused` (GroupQueryAttention) where the model allows
+    precision: str = "fp32"              # the target graphs' weights: fp32 | int8 | int4 (written as read: weight_format.py)
+    draft_precision: str = "fp32"        # the drafter's own layers (it borrows the target's embedding / head)
+    accuracy_level: int = 4              # MatMulNBits' activations: 4 int8 (row-exact, fast), 0 fp32 (weight_format.py)
+    quant_block: int = 32                # weights per scale of re-quantised (non-GGUF) weights
 
 
 def _check_options(opts: ExportOptions, tc, dc) -> None:
@@ -64,6 +69,24 @@ def _check_options(opts: ExportOptions, tc, dc) -> None:
                               f"model's {limit} positions; use --max-context <= {limit - opts.block_size}")
     if opts.prefill_chunk < 1:
         raise DflashEdgeError(f"--prefill-chunk {opts.prefill_chunk} must be >= 1")
+    for flag, value in (("--precision", opts.precision), ("--draft-precision", opts.draft_precision)):
+        if value not in WRITTEN:
+            raise DflashEdgeError(f"{flag} {value!r}: the exporter writes {', '.join(WRITTEN)}")
+    if "fp16" in (opts.precision, opts.draft_precision) and opts.precision != opts.draft_precision:
+        raise DflashEdgeError(f"--precision {opts.precision} with --draft-precision {opts.draft_precision}: an fp16 "
+                              f"bundle is fp16 throughout (the drafter reads the target's fp16 embedding); pass "
+                              f"both as fp16, or neither")
+
+
+def weight_formats(opts: ExportOptions) -> dict:
+    """graph -> its WeightFormat: the target's precision (and the shared table: 8-bit blocks unless the
+    checkpoint's own table blocks say otherwise) for both target flavours, the drafter's for its own layers."""
+    from .weight_format import WeightFormat
+
+    table = 0 if opts.precision in ("fp32", "fp16") else 8
+    target = WeightFormat(opts.precision, table, opts.quant_block, opts.accuracy_level)
+    drafter = WeightFormat(opts.draft_precision, table, opts.quant_block, opts.accuracy_level)
+    return {"target": target, "target_fused": target, "drafter": drafter, "target_hybrid": target}
 
 
 def fused_supported(cfg) -> str | None:
@@ -103,6 +126,7 @@ def export_bundle(opts: ExportOptions, progress=None) -> Path:
 def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     """Everything of the bundle into the partial folder `tmp`; returns the manifest's graph entries."""
     from .fused_target import build_fused_target
+    from .hybrid_target import build_hybrid_target
     from .portable_drafter import build_drafter
     from .portable_target import build_target
     from .sources import open_sources
@@ -115,13 +139,19 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     _check_options(opts, tc, dc)
     steps.update(1)
     timings["load"] = time.perf_counter() - t0
+    from .weight_format import FormatLog
+
     store, capture, paths = WeightStore(tmp), tuple(dc.target_layer_ids), {}
     fused_note = fused_supported(tc) if opts.fused else "not requested (--no-fused)"
-    writers = {"target": lambda p: build_target(tc, src.target_ckpt, capture, store, p),
-               "target_fused": lambda p: build_fused_target(tc, src.target_ckpt, capture, store, p),
+    formats, log = weight_formats(opts), FormatLog()
+    fmt = {n: dict(fmt=f, log=log) for n, f in formats.items()}
+    writers = {"target": lambda p: build_target(tc, src.target_ckpt, capture, store, p, **fmt["target"]),
+               "target_fused": lambda p: build_fused_target(tc, src.target_ckpt, capture, store, p,
+                                                            **fmt["target_fused"]),
                "drafter": lambda p: build_drafter(tc, dc, src.target_ckpt, src.draft_ckpt, store, p,
-                                                  opts.block_size, src.vocab)}
-    for name in ("target", "target_fused", "drafter"):
+                                                  opts.block_size, src.vocab, **fmt["drafter"]),
+               "target_hybrid": lambda p: build_hybrid_target(tc, src.target_ckpt, capture, store, p, opts)}
+    for name in _graph_names(tc):
         if name == "target_fused" and fused_note is not None:
             continue
         t = time.perf_counter()
@@ -135,15 +165,17 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
         steps.update(name != "target_fused")
     tok_files = _copy_tokenizer(src.target_dir, tmp)
     report = {}
-    if opts.verify:                      # reads the drafter's checkpoint again: a random one lives in the scratch
+    if opts.verify and "target_hybrid" in paths:     # no dense torch reference: tests/test_qwen3_5.py checks it
+        report = {"target_hybrid": "not compared at export; checked against models/linear_attention.py in tests"}
+    elif opts.verify:                    # reads the drafter's checkpoint again: a random one lives in the scratch
         t = time.perf_counter()
         steps.set_postfix_str("parity")
-        report = _parity(src, paths, opts, meter)
+        report = _parity(src, paths, opts, meter, log)
         timings["parity"] = time.perf_counter() - t
     shutil.rmtree(tmp / SCRATCH, ignore_errors=True)       # nothing reads it from here on; never published
     steps.update(1)
     shared = store.manifest()
-    graphs = {n: _graph_entry(tmp, n, _static_shapes(opts)[n], shared) for n in paths}
+    graphs = {n: _graph_entry(tmp, n, _static_shapes(opts)[n], shared, formats[n], log) for n in paths}
     sources = {"target": str(src.target_dir), "drafter": src.draft_source,
                "drafter_random_init": src.draft_source == "random", "parity": report,
                "target_fused": fused_note, "writer": "stream",
@@ -155,33 +187,51 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     return graphs
 
 
-def _parity(src, paths: dict, opts: ExportOptions, meter: MemoryMeter) -> dict:
-    """ORT graphs first (one session at a time), then the layer-by-layer torch reference on the same inputs."""
-    from .parity import Probe, check_graphs
-    from .sources import reference
+def _parity(src, paths: dict, opts: ExportOptions, meter: MemoryMeter, log) -> dict:
+    """ORT graphs first (one session at a time), then the layer-by-layer torch reference on the same inputs,
+    its weights as the bundle stores them (low-bit blocks dequantised: parity at the bundle's own precision)."""
+    import dataclasses
 
+    from .parity import Probe, check_graphs, tolerance_for
+    from .sources import reference
+    from .weight_format import StoredWeights
+
+    src = dataclasses.replace(src, target_ckpt=StoredWeights(src.target_ckpt, log),
+                              draft_ckpt=StoredWeights(src.draft_ckpt, log))
     tc, dc = src.target_cfg, src.draft_cfg
     prompt = src.tokenizer.encode_chat([{"role": "user", "content": PARITY_PROMPT}])
     dims = {"L": tc.num_hidden_layers, "Ld": dc.num_hidden_layers, "Hkv": tc.num_key_value_heads, "D": tc.head_dim}
     probe = Probe(list(prompt), opts.block_size, dc.mask_token_id, dims)
     with meter.stage("parity"):
-        return check_graphs(paths, probe, reference(src, opts.block_size), stage=meter.stage)
+        tol = tolerance_for(opts.precision, opts.accuracy_level)
+        return check_graphs(paths, probe, reference(src, opts.block_size), tol=tol, stage=meter.stage)
 
 
 def _static_shapes(opts: ExportOptions) -> dict:
     """graph -> call name -> the sizes its dynamic symbols take there (TensorRT profiles, static builds)."""
     target = {"decode": {"T": 1}, "verify": {"T": opts.block_size}, "prefill": {"T": opts.prefill_chunk}}
-    return {"target": target, "target_fused": target, "drafter": {"draft": {"B": opts.block_size}}}
+    return {"target": target, "target_fused": target, "target_hybrid": target,
+            "drafter": {"draft": {"B": opts.block_size}}}
 
 
-def _graph_entry(root: Path, name: str, static_shapes: dict, shared: list[dict]) -> dict:
+def _graph_entry(root: Path, name: str, static_shapes: dict, shared: list[dict], fmt, log) -> dict:
     files = [bundle_mod.file_entry(root, f"{name}.onnx"), bundle_mod.file_entry(root, DATA_FILES[name])]
     files += [bundle_mod.file_entry(root, f) for f in sorted({e["file"] for e in shared if name in e["names"]})]
-    return {"files": files, "precision": "fp32", "io": io_manifest(name, "float32"), "opset": OPSETS[name],
-            "static_shapes": static_shapes, "flavour": FLAVOURS[name].kind}
+    entry = {"files": files, "precision": fmt.precision, "io": io_manifest(name, "float32"), "opset": OPSETS[name],
+             "static_shapes": static_shapes, "flavour": FLAVOURS[name].kind}
+    if log.sources.get(name):            # low-bit weights: where each came from (GGUF type, or "rtn": re-quantised)
+        entry["quantization"] = {"from": "checkpoint", "writer": "stream", "settings": fmt.to_dict(),
+                                 "weights_by_source": dict(log.sources[name]),
+                                 "requantised_low_bit": log.requantised}
+    return entry
 
 
 def _manifest(tc, dc, tok_files, graphs, opts, sources, shared: list[dict]) -> dict:
+    windows = {}
+    if dc.window_layers:                  # sliding-window drafter layers: their cache and I/O (io_tables.py)
+        windows = {"draft_layer_types": list(dc.layer_types), "draft_sliding_window": dc.sliding_window}
+        layers = {"Ld": dc.num_hidden_layers - len(dc.window_layers), "Lw": len(dc.window_layers)}
+        graphs["drafter"]["io"] = io_manifest("drafter", "float32", layers)
     return {
         "format": bundle_mod.FORMAT, "manifest_version": bundle_mod.MANIFEST_VERSION,
         "exporter_version": EXPORTER_VERSION,
@@ -192,7 +242,8 @@ def _manifest(tc, dc, tok_files, graphs, opts, sources, shared: list[dict]) -> d
                   "draft_num_layers": dc.num_hidden_layers, "target_layer_ids": list(dc.target_layer_ids),
                   "mask_token_id": dc.mask_token_id, "draft_vocab_size": opts.draft_vocab or tc.vocab_size,
                   "eos_token_ids": list(tc.eos_token_id),
-                  "bos_token_id": tc.bos_token_id, "max_position_embeddings": tc.max_position_embeddings},
+                  "bos_token_id": tc.bos_token_id, "max_position_embeddings": tc.max_position_embeddings,
+                  **windows, **_moe_fields(tc), **_hybrid_fields(tc)},
         "block_size": opts.block_size, "trained_block_size": dc.block_size,
         "max_context": opts.max_context, "prefill_chunk": opts.prefill_chunk,
         "kv_cache": {"layout": bundle_mod.KV_LAYOUT, "dtype": "float32", "slack": opts.block_size},
@@ -208,6 +259,27 @@ def _manifest(tc, dc, tok_files, graphs, opts, sources, shared: list[dict]) -> d
         "tokenizer": tok_files,
         "source": sources,
     }
+
+
+def _moe_fields(tc) -> dict:
+    """An MoE target's expert keys for the manifest's `model` (models/qwen3_moe.manifest_fields); {} when dense."""
+    from dflash_edge.models.qwen3_moe import manifest_fields
+
+    return manifest_fields(tc)
+
+
+def _graph_names(tc) -> tuple[str, ...]:
+    """The graphs a target gets: a hybrid (linear-attention) one only `target_hybrid`, a dense one both flavours."""
+    from dflash_edge.models import HYBRID
+
+    return ("target_hybrid", "drafter") if tc.model_type in HYBRID else ("target", "target_fused", "drafter")
+
+
+def _hybrid_fields(tc) -> dict:
+    """A hybrid target's layer kinds and linear-attention dims for the manifest's `model`; {} when dense."""
+    from dflash_edge.models.qwen3_5 import manifest_fields
+
+    return manifest_fields(tc)
 
 
 def _check_only_named_files(root: Path, graphs: dict, tok_files: dict) -> None:

@@ -20,6 +20,18 @@ EXPORT_PEAK_PER_WEIGHT_BYTE = 1.1
 EXPORT_PEAK_FIXED_BYTES = 0.5e9
 
 
+# bytes per weight the export's peak scales with, per precision: low-bit blocks with their scales; fp16 as fp32
+# (parity's onnxruntime CPU session casts a float16 graph's weights to float32 when it loads them)
+BYTES_PER_WEIGHT = {"fp32": 4.0, "fp16": 4.0, "int8": 1.125, "int4": 0.625}
+
+
+def peak_weight_bytes(params: int, table_params: int, precision: str) -> int:
+    """The weight bytes `check_fits` scales: the target at `precision`, plus, for low-bit bundles, the float32
+    embedding table parity's torch reference holds (measured: docs/BENCHMARKS.md, "Exact low-bit imports")."""
+    extra = 4 * table_params if precision in ("int8", "int4") else 0
+    return int(params * BYTES_PER_WEIGHT.get(precision, 4.0) + extra)     # unknown: named by the exporter later
+
+
 class InsufficientMemoryError(DflashEdgeError):
     """The export would need more memory than this machine has available."""
 
@@ -39,7 +51,7 @@ def check_fits(weight_bytes: int, what: str) -> float:
     if have is not None and need > have + rss_bytes():
         raise InsufficientMemoryError(
             f"exporting {what} needs about {need / 1e9:.1f} GB of memory (estimate: {EXPORT_PEAK_PER_WEIGHT_BYTE:g} x "
-            f"its {weight_bytes / 1e9:.2f} GB of fp32 weights + {EXPORT_PEAK_FIXED_BYTES / 1e9:g} GB) but "
+            f"its {weight_bytes / 1e9:.2f} GB of weights + {EXPORT_PEAK_FIXED_BYTES / 1e9:g} GB) but "
             f"{have / 1e9:.1f} GB is available; free memory, use a machine with more, or pass --no-memory-check "
             f"to try anyway")
     return need

@@ -21,9 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from .graph_builder import MS, OPSET_FUSED, GraphBuilder
-from dflash_edge.models import family_spec
+from dflash_edge.models import family_spec, layer_mlps
+from .moe_layers import moe_fused
 from .portable_layers import Layer, linear, mlp
 from .portable_target import embedding, lm_head
+from .weight_format import matmul
 
 
 def _norm_weight(g: GraphBuilder, ckpt, name: str) -> str:
@@ -50,8 +52,7 @@ def _packed_qkv(g: GraphBuilder, h: str, layer: Layer) -> str:
     """q, k and v projections as one MatMul on the concatenated weight: [1, T, (Hq + 2 Hkv) * D]."""
     name, ckpt = f"{layer.prefix}.self_attn", layer.ckpt
     projs = [f"{name}.{p}_proj" for p in "qkv"]
-    packed = lambda: np.concatenate([ckpt.array(f"{p}.weight") for p in projs]).T     # noqa: E731  [H, (Hq+2Hkv) D]
-    y = g.op("MatMul", [h, g.init(f"{name}.qkv_proj.weight.T", packed)])[0]            # [1, T, (Hq + 2Hkv) D]
+    y = matmul(g, h, ckpt, [f"{p}.weight" for p in projs], f"{name}.qkv_proj.weight")  # [1, T, (Hq + 2Hkv) D]
     if layer.spec.qkv_bias:
         bias = lambda: np.concatenate([ckpt.array(f"{p}.bias") for p in projs])       # noqa: E731
         y = g.op("Add", [y, g.init(f"{name}.qkv_proj.bias", bias)])[0]
@@ -96,7 +97,7 @@ def _rope_halves(g: GraphBuilder, cfg) -> dict:
     return {"cos": g.init("rope.cos_cache", tables[0][:, :half]), "sin": g.init("rope.sin_cache", tables[1][:, :half])}
 
 
-def build_fused_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path) -> dict:
+def build_fused_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, fmt=None, log=None) -> dict:
     """Write `out` (the `target_fused` graph), its weights through `store`; returns {reused, appended} bytes.
 
     Tensors the portable target already stored (same name in `target.onnx.data`, or the shared embedding /
@@ -104,21 +105,21 @@ def build_fused_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path) ->
     are new.
     """
     spec, eps = family_spec(cfg), cfg.rms_norm_eps
-    g = GraphBuilder("target_fused", store)
+    g = GraphBuilder("target_fused", store, fmt, log)
     embed = embedding(g, ckpt)
     io = _rope_halves(g, cfg)
     one32 = g.const(1, np.int32)
     io["seqlens"] = g.op("Add", ["seqlens_k", one32])[0]                           # lengths with the pad row
     io["total"] = g.op("Add", ["total_sequence_length", one32])[0]
-    x = g.op("Gather", [embed, "input_ids"])[0]                                      # [1, T, H]
+    x = embed.gather("input_ids")                                                    # [1, T, H]
     h = g.op("RMSNormalization", [x, _norm_weight(g, ckpt, "model.layers.0.input_layernorm")], axis=-1,
              epsilon=eps)[0]
-    captured = {}
+    captured, mlps = {}, layer_mlps(cfg)
     for i in range(cfg.num_hidden_layers):
         layer = Layer(ckpt, f"model.layers.{i}", spec)
         a = _attention(g, h, layer, i, io)
         h, x = _skip_norm(g, a, x, ckpt, f"{layer.prefix}.post_attention_layernorm", eps)
-        m = mlp(g, h, layer)
+        m = moe_fused(g, h, ckpt, layer.prefix, mlps[i]) if mlps[i] else mlp(g, h, layer)   # [1, T, H]
         last = i + 1 == cfg.num_hidden_layers
         h, x = _skip_norm(g, m, x, ckpt, "model.norm" if last else f"model.layers.{i + 1}.input_layernorm", eps)
         if i in capture:

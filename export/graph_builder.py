@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.runtime.io_tables import GRAPHS, expand_specs
 
 from .weight_store import ONNX_DTYPES, WeightStore
@@ -25,8 +26,12 @@ MS = "com.microsoft"          # onnxruntime's contrib-op domain (GroupQueryAtten
 class GraphBuilder:
     """Nodes + initializers of graph `graph`; every helper returns output names."""
 
-    def __init__(self, graph: str, store: WeightStore):
+    def __init__(self, graph: str, store: WeightStore, fmt=None, log=None):
+        from .weight_format import FormatLog, WeightFormat
+
         self.graph, self.store = graph, store
+        self.fmt, self.log = fmt or WeightFormat(), log or FormatLog()    # how weights are stored; what was done
+        self.memo: dict = {}                                              # per-graph shared nodes (block sums)
         self.nodes, self.inits, self._n = [], [], 0
         self._consts: dict[tuple, str] = {}
         self._names: set[str] = set()
@@ -48,6 +53,8 @@ class GraphBuilder:
         if name in self._names:
             return name
         self._names.add(name)
+        if self.fmt.precision == "fp16":               # stored as float16; the converter at `save` does the rest
+            make = _half(make, name)
         self.inits.append(self.store.tensor(self.graph, name, make, shared))
         return name
 
@@ -77,5 +84,26 @@ class GraphBuilder:
         graph = helper.make_graph(self.nodes, self.graph, value_info("inputs"), value_info("outputs"), self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
                                   producer_name="dflash-edge")
+        if self.fmt.precision == "fp16":
+            from dflash_edge.models.float16_graph import convert
+
+            convert(model)
         onnx.save_model(model, str(out))
         return out
+
+
+def _half(make, name: str):
+    """`make` with float32 weights of INLINE_BELOW bytes or more cast to float16 (smaller ones stay inline in the
+    proto, where the float16 converter casts them itself)."""
+    from dflash_edge.runtime.tensor_file import INLINE_BELOW
+
+    def made():
+        array = make() if callable(make) else make
+        if array.dtype != np.float32 or array.nbytes < INLINE_BELOW:
+            return array
+        peak = float(np.abs(array).max(initial=0.0))
+        if not peak <= float(np.finfo(np.float16).max):
+            raise DflashEdgeError(f"weight {name} holds {peak:.3g}, beyond float16's range (65,504): it cannot be "
+                                  f"stored in fp16; export with --precision fp32, int8 or int4")
+        return array.astype(np.float16)
+    return made

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .graph_builder import GraphBuilder
+from .weight_format import matmul
 from dflash_edge.models.spec import AttentionSpec
 
 
@@ -26,6 +27,7 @@ class Layer:
     ckpt: object
     prefix: str
     spec: AttentionSpec
+    moe: object = None            # models/qwen3_moe.MoESpec when the layer's MLP is sparse (router + experts)
 
 
 @dataclass(frozen=True)
@@ -37,14 +39,9 @@ class Rope:
     sin_kv: str
 
 
-def weight_t(g: GraphBuilder, ckpt, name: str, shared: str | None = None) -> str:
-    """Initializer `name.T`: checkpoint weight `name` [out, in] transposed to [in, out] (MatMul's B)."""
-    return g.init(f"{name}.T", lambda: ckpt.array(name).T, shared)
-
-
 def linear(g: GraphBuilder, x: str, ckpt, name: str, bias: bool) -> str:
-    """x @ W^T (+ b), W = `name.weight`: [.., in] -> [.., out]."""
-    y = g.op("MatMul", [x, weight_t(g, ckpt, f"{name}.weight")])[0]
+    """x @ W^T (+ b), W = `name.weight`: [.., in] -> [.., out], W at the graph's precision (weight_format.py)."""
+    y = matmul(g, x, ckpt, [f"{name}.weight"], f"{name}.weight")
     if bias:
         y = g.op("Add", [y, g.init(f"{name}.bias", lambda: ckpt.array(f"{name}.bias"))])[0]
     return y
@@ -104,11 +101,21 @@ def attention(g: GraphBuilder, h: str, kv_in: str, layer: Layer, rope: Rope, pas
 
 
 def mlp(g: GraphBuilder, h: str, layer: Layer) -> str:
-    """down(silu(gate(h)) * up(h)); silu as x * Sigmoid(x) (onnxruntime fuses it)."""
+    """down(silu(gate(h)) * up(h)); silu as x * Sigmoid(x) (onnxruntime fuses it). A sparse layer: export/moe_layers."""
+    if layer.moe is not None:
+        from .moe_layers import moe_gather
+
+        return moe_gather(g, h, layer.ckpt, layer.prefix, layer.moe)                # [1, T, H]
     name = f"{layer.prefix}.mlp"
-    gate = linear(g, h, layer.ckpt, f"{name}.gate_proj", False)                 # [1, T, I]
+    if g.fmt.bits:           # low-bit: gate and up as one MatMulNBits over stacked rows (one op and one
+        width = layer.ckpt.shape(f"{name}.gate_proj.weight")[0]                  # correction fewer), both flavours
+        both = matmul(g, h, layer.ckpt, [f"{name}.{p}_proj.weight" for p in ("gate", "up")],
+                      f"{name}.gate_up_proj.weight")                                    # [1, T, 2I]
+        gate, up = g.op("Split", [both, g.const([width, width])], 2, axis=-1)           # [1, T, I] each
+    else:
+        gate = linear(g, h, layer.ckpt, f"{name}.gate_proj", False)             # [1, T, I]
+        up = linear(g, h, layer.ckpt, f"{name}.up_proj", False)
     silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])[0]])[0]
-    up = linear(g, h, layer.ckpt, f"{name}.up_proj", False)
     return linear(g, g.op("Mul", [silu, up])[0], layer.ckpt, f"{name}.down_proj", False)   # [1, T, H]
 
 

@@ -12,25 +12,32 @@ from __future__ import annotations
 from pathlib import Path
 
 from .graph_builder import OPSET, GraphBuilder
-from dflash_edge.models import family_spec
+from dflash_edge.models import family_spec, layer_mlps
 from .portable_layers import (Layer, Rope, decoder_layer, float_min, int_range, rms_norm, rope_rows, rope_table,
-                              split_past, stack_new, weight_t)
+                              split_past, stack_new)
+from .weight_format import Table, matmul
 
 EMBED = "model.embed_tokens.weight"
 
 
-def embedding(g: GraphBuilder, ckpt) -> str:
-    return g.init(EMBED, lambda: ckpt.array(EMBED), shared="embed_tokens")
+def embedding(g: GraphBuilder, ckpt) -> Table:
+    """The target's embedding table, stored once for every graph (fp32 or blocks: weight_format.Table)."""
+    return Table(g, ckpt, EMBED)
 
 
-def lm_head(g: GraphBuilder, h: str, cfg, ckpt, embed: str, out: str) -> str:
-    """logits `out` [1, T, V]: Gemm(x, E, transB=1) on the embedding itself when tied (stored once; what
-    quantize/tied_embedding.py expects), MatMul on the shared W^T when not."""
+def untied_head(g: GraphBuilder, h: str, ckpt, out: str | None = None) -> str:
+    """h @ lm_head^T, the weight shared with the drafter, at the table's precision."""
+    return matmul(g, h, ckpt, ["lm_head.weight"], "lm_head.weight", out, shared="lm_head", bits=g.fmt.table_bits)
+
+
+def lm_head(g: GraphBuilder, h: str, cfg, ckpt, embed: Table, out: str) -> str:
+    """logits `out` [1, T, V]: the embedding table itself when tied (Gemm with transB, or MatMulNBits on its
+    blocks: stored once), the shared lm_head weight when not."""
     if cfg.tie_word_embeddings:
         flat = g.op("Reshape", [h, g.const([-1, cfg.hidden_size])])[0]                     # [T, H]
-        logits = g.op("Gemm", [flat, embed], transB=1)[0]                                  # [T, V]
+        logits = embed.head(flat)                                                          # [T, V]
         return g.op("Reshape", [logits, g.const([1, -1, cfg.vocab_size])], [out])[0]       # [1, T, V]
-    return g.op("MatMul", [h, weight_t(g, ckpt, "lm_head.weight", shared="lm_head")], [out])[0]
+    return untied_head(g, h, ckpt, out)
 
 
 def causal_mask(g: GraphBuilder, num_new: str, num_past: str, offsets: str, rep: int) -> str:
@@ -43,10 +50,10 @@ def causal_mask(g: GraphBuilder, num_new: str, num_past: str, offsets: str, rep:
     return mask if rep == 1 else g.op("Tile", [mask, g.const([rep, 1])])[0]                # [rep*T, S + T]
 
 
-def build_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path) -> Path:
+def build_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, fmt=None, log=None) -> Path:
     """Write the portable target graph to `out`, its weights appended to `store` as they are read."""
     spec = family_spec(cfg)
-    g = GraphBuilder("target", store)
+    g = GraphBuilder("target", store, fmt, log)
     num_new = g.op("Shape", ["input_ids"], start=1, end=2)[0]                             # [1] = T
     num_past = g.op("Shape", ["past_key"], start=0, end=1)[0]                             # [1] = S
     offsets = int_range(g, num_new)                                                        # [T]
@@ -55,12 +62,12 @@ def build_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path) -> Path:
     cos, sin = rope_rows(g, rope_table(g, "rope", cfg), positions)                         # [T, D] each
     rope = Rope(cos, sin, cos, sin)
     embed = embedding(g, ckpt)
-    x = g.op("Gather", [embed, "input_ids"], axis=0)[0]                                    # [1, T, H]
+    x = embed.gather("input_ids")                                                          # [1, T, H]
     past_k = split_past(g, "past_key", cfg.num_hidden_layers)
     past_v = split_past(g, "past_value", cfg.num_hidden_layers)
     new_k, new_v, captured = [], [], {}
-    for i in range(cfg.num_hidden_layers):
-        layer = Layer(ckpt, f"model.layers.{i}", spec)
+    for i, moe in enumerate(layer_mlps(cfg)):
+        layer = Layer(ckpt, f"model.layers.{i}", spec, moe)
         x, k, v = decoder_layer(g, x, layer, rope, (past_k[i], past_v[i]), mask)
         new_k.append(k)
         new_v.append(v)

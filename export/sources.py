@@ -37,11 +37,12 @@ def open_sources(opts, scratch: Path) -> Sources:
     from dflash_edge.runtime.tokenizer import ChatTokenizer
 
     from dflash_edge.models.fetch import resolve_target
-    from .fits import check_fits
+    from .fits import check_fits, peak_weight_bytes
     from dflash_edge.models import family_spec
     from dflash_edge.models.checkpoint import Checkpoint
     from dflash_edge.models.config import TargetConfig
     from dflash_edge.models.names import target_tensors
+    from dflash_edge.models.qwen3_5 import HybridConfig, hybrid_tensors
     from dflash_edge.models.checkpoint import check_shapes
 
     target_dir = resolve_target(None if opts.target in (None, "default") else opts.target)
@@ -50,17 +51,63 @@ def open_sources(opts, scratch: Path) -> Sources:
     ckpt.check_dtypes(tc.torch_dtype)
     if opts.memory_check:          # before any weight is read: say so now, with the estimate
         skip = ("lm_head.weight",) if tc.tie_word_embeddings else ()
-        check_fits(4 * ckpt.num_params(skip), f"{target_dir.name} (fp32)")
-    check_shapes(target_tensors(tc, family_spec(tc)), ckpt, ignore=("lm_head.weight",) if tc.tie_word_embeddings else ())
+        precision = getattr(opts, "precision", "fp32")
+        check_fits(peak_weight_bytes(ckpt.num_params(skip), tc.vocab_size * tc.hidden_size, precision),
+                   f"{target_dir.name} ({precision})")
+    if tc.num_experts:             # an expert count off by the config's is named before the per-tensor list
+        from dflash_edge.models.qwen3_moe import check_expert_count
+
+        check_expert_count(tc, ckpt.names())
+    expected = hybrid_tensors(tc) if isinstance(tc, HybridConfig) else target_tensors(tc, family_spec(tc))
+    check_shapes(expected, ckpt, ignore=(("lm_head.weight",) if tc.tie_word_embeddings else ()) + _not_text(ckpt))
+    if isinstance(tc, HybridConfig) and tc.weight_prefix != "model":
+        ckpt = TextNames(ckpt, tc.weight_prefix)
     tok = ChatTokenizer.from_dir(target_dir)
     draft_dir, source = drafter_dir(opts.draft, tc, tok, scratch)
     dc, dckpt = open_drafter(draft_dir, tc)
+    if dc.window_layers and dc.sliding_window > opts.max_context:
+        raise ModelFormatError(f"drafter sliding_window={dc.sliding_window} is larger than the bundle's context "
+                               f"(--max-context {opts.max_context}): its window would never slide; export with "
+                               f"--max-context >= {dc.sliding_window}")
     vocab = None
     if opts.draft_vocab:
         from dflash_edge.models.draft_vocab import load_draft_vocab
 
         vocab = load_draft_vocab(None if source == "random" else source, opts.draft_vocab, tc.vocab_size)
     return Sources(target_dir, tc, ckpt, dc, dckpt, source, tok, vocab)
+
+
+class TextNames:
+    """An image-text checkpoint (text model under `prefix`, e.g. model.language_model) that also answers to the
+    text model's plain names (`model.embed_tokens.weight`: what the drafter writer borrows); all else delegated."""
+
+    def __init__(self, ckpt, prefix: str):
+        self.ckpt, self.prefix = ckpt, prefix
+
+    def _name(self, name: str) -> str:
+        plain = name.startswith("model.") and not name.startswith(self.prefix + ".")
+        return self.prefix + name[len("model"):] if plain else name
+
+    def array(self, name: str, *args, **kwargs):
+        return self.ckpt.array(self._name(name), *args, **kwargs)
+
+    def shape(self, name: str):
+        return self.ckpt.shape(self._name(name))
+
+    def nbits(self, name: str):
+        return self.ckpt.nbits(self._name(name))
+
+    def __getattr__(self, attr):
+        return getattr(self.ckpt, attr)
+
+
+def _not_text(ckpt) -> tuple[str, ...]:
+    """Tensors of an image-text checkpoint that text generation does not read (the vision tower, multi-token
+    prediction heads): left in the checkpoint, said once."""
+    skipped = tuple(n for n in ckpt.names() if n.startswith(("model.visual.", "mtp.")))
+    if skipped:
+        print(f"export: ignoring {len(skipped)} tensors of the vision tower / MTP heads (text only)", file=sys.stderr)
+    return skipped
 
 
 def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple[Path, str]:
@@ -107,16 +154,34 @@ def reference(src: Sources, block: int):
     def run(inputs: dict) -> dict:
         import torch
 
+        from dflash_edge.models.drafter import WindowedDrafterGraph
         from dflash_edge.models.graphs import DrafterGraph, TargetGraph
 
         target, drafter = _lazy_target(src), _lazy_drafter(src)
         vocab = None if src.vocab is None else torch.as_tensor(src.vocab)
+        drafter_graph = WindowedDrafterGraph if src.draft_cfg.window_layers else DrafterGraph   # its I/O
         modules = {"target": TargetGraph(target, tuple(src.draft_cfg.target_layer_ids)),
-                   "drafter": DrafterGraph(target, drafter, vocab)}
+                   "drafter": drafter_graph(target, drafter, vocab)}
         with torch.no_grad():
-            return {g: [tuple(o.numpy() for o in modules[g](*map(torch.from_numpy, feeds))) for feeds in cases]
+            return {g: [_numpy(modules[g](*_tensors(feeds))) for feeds in cases]
                     for g, cases in inputs.items() if g in modules}
     return run
+
+
+def _tensors(feeds: tuple) -> list:
+    """Graph feeds (numpy, None for a tensor the graph lacks) as a module's arguments: trailing Nones dropped
+    (a drafter without sliding layers has no window inputs), the others torch tensors or None."""
+    import torch
+
+    feeds = list(feeds)
+    while feeds and feeds[-1] is None:
+        feeds.pop()
+    return [None if f is None else torch.from_numpy(f) for f in feeds]
+
+
+def _numpy(outputs) -> tuple:
+    """A graph module's outputs as numpy arrays (None stays None: a tensor the graph does not have)."""
+    return tuple(None if o is None else o.numpy() for o in outputs)
 
 
 def _lazy_target(src: Sources):

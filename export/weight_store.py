@@ -21,8 +21,9 @@ from dflash_edge.runtime.tensor_file import INLINE_BELOW, append_aligned
 SHARED_FILE = "shared.onnx.data"    # tensors several graphs hold (the target's embedding / LM head), once
 
 # graph -> its external-data file: the fused target reuses the portable target's weights file
-DATA_FILES = {"target": "target.onnx.data", "target_fused": "target.onnx.data", "drafter": "drafter.onnx.data"}
-ONNX_DTYPES = {"int64": 7, "int32": 6, "float32": 1, "float16": 10}   # TensorProto enums
+DATA_FILES = {"target": "target.onnx.data", "target_fused": "target.onnx.data", "drafter": "drafter.onnx.data",
+              "target_hybrid": "target.onnx.data"}
+ONNX_DTYPES = {"int64": 7, "int32": 6, "float32": 1, "float16": 10, "uint8": 2}   # TensorProto enums
 
 
 class WeightStore:
@@ -34,6 +35,7 @@ class WeightStore:
         self.hashes: dict[tuple[str, bytes], tuple[int, int]] = {}             # dtype, shape; (file, sha) -> offset, length
         self.shared: dict[str, dict] = {}                                    # key -> manifest entry
         self.stats: dict[str, dict[str, int]] = {}
+        self.layouts: dict[str, tuple] = {}          # weight key -> its MatMulNBits layout (export/weight_format.py)
 
     def open_graph(self, graph: str) -> None:
         """Create `graph`'s data file (empty) so the manifest can name it even if every tensor is reused."""

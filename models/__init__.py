@@ -15,8 +15,11 @@ from dflash_edge.runtime.errors import ModelFormatError
 
 from .config import TargetConfig
 
-# model_type -> module in this package defining `attention_spec(cfg) -> AttentionSpec`.
-FAMILIES = ("llama", "qwen2", "qwen3")
+# model_type -> module in this package defining `attention_spec(cfg) -> AttentionSpec` (and, for a family with
+# sparse layers, `mlp_specs(cfg)`: per layer a MoESpec or None). A hybrid family (HYBRID: linear-attention layers,
+# models/linear_attention.py) is exported as `target_hybrid` and has no dense TargetModel.
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5")
+HYBRID = ("qwen3_5",)
 
 
 def family_spec(cfg: TargetConfig):
@@ -26,11 +29,21 @@ def family_spec(cfg: TargetConfig):
     return importlib.import_module(f"{__name__}.{cfg.model_type}").attention_spec(cfg)
 
 
+def layer_mlps(cfg: TargetConfig) -> tuple:
+    """Per decoder layer: the family's sparse-MLP spec (models/qwen3_moe.MoESpec), or None where the MLP is dense."""
+    family_spec(cfg)                                   # an unknown family is refused by name first
+    module = importlib.import_module(f"{__name__}.{cfg.model_type}")
+    return module.mlp_specs(cfg) if hasattr(module, "mlp_specs") else (None,) * cfg.num_hidden_layers
+
+
 def build_target(cfg: TargetConfig):
     """A randomly initialised TargetModel for `cfg` (weights are loaded by `load_target`)."""
     from .target import TargetModel
 
-    return TargetModel(cfg, family_spec(cfg))
+    if cfg.model_type in HYBRID:
+        raise ModelFormatError(f"model_type {cfg.model_type!r} is a hybrid (linear-attention) target: its torch "
+                               f"reference is models/linear_attention.load_hybrid, not the dense TargetModel")
+    return TargetModel(cfg, family_spec(cfg), layer_mlps(cfg))
 
 
 def load_target(path: str | Path, dtype=None):

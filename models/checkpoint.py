@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from dflash_edge.runtime.errors import ModelFormatError
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+BLOCKS = "gguf_blocks.safetensors"     # a low-bit GGUF's exact MatMulNBits operands (models/gguf_import.py)
 FLOAT_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 _NUMPY = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}        # read as; BF16 widened to float32
 # config.json's torch_dtype (transformers >= 5: `dtype`) -> safetensors dtype
@@ -77,10 +79,11 @@ class Checkpoint:
             self._handles[entry.shard] = safe_open(str(entry.shard), framework="pt")
         return self._handles[entry.shard].get_tensor(name)
 
-    def array(self, name: str, shape: tuple[int, ...] | None = None):
+    def array(self, name: str, shape: tuple[int, ...] | None = None, rows: slice | None = None):
         """One tensor as float32 numpy (bf16 / fp16 widened exactly), read from its shard without torch.
 
         `shape`: what the caller expects; a different shape raises ModelFormatError naming the tensor.
+        `rows`: only these rows of the first axis (a 151,936-row table read a chunk at a time).
         """
         import numpy as np
 
@@ -92,13 +95,47 @@ class Checkpoint:
                                    f"— the weights do not match config.json")
         if e.dtype not in _NUMPY:
             raise ModelFormatError(f"{self.root}: tensor {name} is {e.dtype}; only float checkpoints are supported")
-        raw = np.fromfile(e.shard, dtype=_NUMPY[e.dtype], count=_numel(e.shape), offset=e.offset)
+        out_shape, offset = e.shape, e.offset
+        if rows is not None:                         # contiguous rows: an offset and a count
+            start, stop, _ = rows.indices(e.shape[0])
+            row = _numel(e.shape[1:])
+            out_shape, offset = (max(stop - start, 0), *e.shape[1:]), e.offset + start * row * FLOAT_DTYPES[e.dtype]
+        raw = np.fromfile(e.shard, dtype=_NUMPY[e.dtype], count=_numel(out_shape), offset=offset)
         if e.dtype == "BF16":                        # bf16 is the top half of a float32: widen exactly
             wide = raw.astype(np.uint32)
             del raw
             wide <<= 16
-            return wide.view(np.float32).reshape(e.shape)
-        return raw.astype(np.float32, copy=False).reshape(e.shape)
+            return wide.view(np.float32).reshape(out_shape)
+        return raw.astype(np.float32, copy=False).reshape(out_shape)
+
+    def nbits(self, name: str):
+        """Weight `name` as exact low-bit MatMulNBits operands (models/nbits.NBitsWeight) when the checkpoint was
+        imported from a low-bit GGUF (its `gguf_blocks.safetensors`), else None (a float weight only)."""
+        blocks = self._block_file
+        if blocks is None or name not in blocks[1]:
+            return None
+        from .nbits import FIELDS, NBitsWeight
+
+        handle, meta = blocks
+        keys = set(handle.keys())
+        return NBitsWeight.from_arrays(meta[name], {f: handle.get_tensor(f"{name}/{f}") for f in FIELDS
+                                                    if f"{name}/{f}" in keys})
+
+    def unmapped_low_bit(self) -> dict[str, str]:
+        """{weight: GGUF type} of the source's low-bit tensors with no exact mapping (the exporter re-quantises them)."""
+        blocks = self._block_file
+        return {} if blocks is None else json.loads(blocks[1].get("unmapped", "{}"))
+
+    @cached_property
+    def _block_file(self):
+        """(safetensors handle, metadata) of `gguf_blocks.safetensors`, or None when the checkpoint has none."""
+        path = self.root / BLOCKS
+        if not path.is_file():
+            return None
+        from safetensors import safe_open
+
+        handle = safe_open(str(path), framework="numpy")
+        return handle, handle.metadata() or {}
 
     def close(self) -> None:
         self._handles.clear()

@@ -1,11 +1,16 @@
 """Target model configuration: one dataclass built from a Hugging Face `config.json`."""
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from dflash_edge.runtime.errors import ModelFormatError
+
+# model_type -> (module of this package, its config class) for families whose config.json has fields of its own
+# (hybrid Qwen3.5: linear-attention dims, `text_config`); TargetConfig.from_dict hands those configs over.
+OWN_CONFIGS = {"qwen3_5": ("qwen3_5", "HybridConfig"), "qwen3_5_text": ("qwen3_5", "HybridConfig")}
 
 # Fields every supported family must declare (others have defaults below).
 _REQUIRED = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -40,6 +45,13 @@ class TargetConfig:
     eos_token_id: list[int] = field(default_factory=list)
     torch_dtype: str | None = None        # the checkpoint's declared dtype ("bfloat16", ...), checked on load
     hidden_act: str = "silu"              # the only MLP activation the families here use
+    # mixture of experts (qwen3_moe; models/qwen3_moe.py): 0 experts = every layer dense
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1          # layer i is sparse when (i + 1) % step == 0 and i not in mlp_only_layers
+    mlp_only_layers: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
@@ -50,6 +62,9 @@ class TargetConfig:
         if self.hidden_act != "silu":
             raise ModelFormatError(f"config.json hidden_act={self.hidden_act!r} is not supported (only 'silu': "
                                    f"the SwiGLU MLP of llama/qwen2/qwen3); this checkpoint needs another architecture")
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ModelFormatError(f"config.json num_experts_per_tok={self.num_experts_per_tok} must be in 1.."
+                                   f"num_experts={self.num_experts}; fix config.json")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ModelFormatError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -57,11 +72,16 @@ class TargetConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "TargetConfig":
+        if cls is TargetConfig and raw.get("model_type") in OWN_CONFIGS:      # a family with fields of its own
+            module, name = OWN_CONFIGS[raw["model_type"]]
+            return getattr(importlib.import_module(f"{__package__}.{module}"), name).from_dict(raw)
         missing = [k for k in _REQUIRED if raw.get(k) is None]
         if missing:
             raise ModelFormatError(f"config.json lacks required key(s) {missing}; is this a decoder-only LLM config?")
         raw = dict(raw)
+        _refuse_unsupported_moe(raw)
         _refuse_sliding_window(raw)
+        raw.setdefault("num_experts", raw.get("num_local_experts"))   # transformers 5 writes num_local_experts
         raw.setdefault("torch_dtype", raw.get("dtype"))   # transformers >= 5 writes `dtype`
         # transformers >= 5 folds rope_theta and rope_scaling into one `rope_parameters` dict.
         rope = raw.pop("rope_parameters", None)
@@ -104,17 +124,50 @@ def _merge_ids(*values) -> list[int]:
     return out
 
 
-def _refuse_sliding_window(raw: dict) -> None:
-    """Every layer here attends to the whole context: refuse, by name, a config whose layers slide.
+def _refuse_unsupported_moe(raw: dict) -> None:
+    """Mixture-of-experts variants whose layers this package does not compute, refused by name with the reason."""
+    kind = raw.get("model_type")
+    if kind == "gpt_oss":
+        raise ModelFormatError("model_type 'gpt_oss' is not supported: its attention has learned sinks and its "
+                               "experts are MXFP4 with a clamped, biased SwiGLU; only qwen3_moe experts are computed here")
+    if raw.get("shared_expert_intermediate_size") or kind == "qwen2_moe":
+        raise ModelFormatError(f"model_type {kind!r} is not supported: shared_expert_intermediate_size="
+                               f"{raw.get('shared_expert_intermediate_size')} adds a gated shared expert to every "
+                               f"MoE layer, which only qwen3_moe (no shared expert) leaves out; use a qwen3_moe model")
 
-    transformers decides per layer from `layer_types`, or (older configs) from `use_sliding_window`,
-    `sliding_window` and `max_window_layers`.
+
+# The attention kinds a `layer_types` entry may name; a target here runs only full attention, a DFlash
+# drafter may also slide (models/draft_config.py), and hybrid families add their own kinds.
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def layer_types_of(raw: dict, known: tuple[str, ...] = LAYER_TYPES) -> list[str]:
+    """Each layer's attention kind, as transformers decides it: from `layer_types`, or (older configs) from
+    `use_sliding_window`, `sliding_window` and `max_window_layers`. Unknown kinds are refused by name.
+
+    >>> layer_types_of({"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"]})
+    ['sliding_attention', 'full_attention']
     """
     n = raw.get("num_hidden_layers") or 0
     types = raw.get("layer_types")
     if types is None and raw.get("use_sliding_window") and raw.get("sliding_window"):
         types = ["full_attention" if i < raw.get("max_window_layers", n) else "sliding_attention" for i in range(n)]
-    sliding = [i for i, kind in enumerate(types or []) if kind != "full_attention"]
+    types = list(types or ["full_attention"] * n)
+    unknown = sorted({kind for kind in types if kind not in known})
+    if unknown:
+        raise ModelFormatError(f"config.json layer_types names unknown layer type(s) {unknown}; known: "
+                               f"{', '.join(known)}")
+    if len(types) != n:
+        raise ModelFormatError(f"config.json layer_types has {len(types)} entries for num_hidden_layers={n}; "
+                               f"give one per layer")
+    return types
+
+
+def _refuse_sliding_window(raw: dict) -> None:
+    """Every target layer here attends to the whole context: refuse, by name, a config whose layers slide
+    (DFlash drafters may: draft_config.DraftConfig parses their windows itself)."""
+    types = layer_types_of(raw)
+    sliding = [i for i, kind in enumerate(types) if kind != "full_attention"]
     if sliding:
         raise ModelFormatError(f"config.json layer_types marks layer(s) {sliding} as {types[sliding[0]]!r} "
                                f"(sliding_window={raw.get('sliding_window')}): only full attention is supported, "

@@ -1,5 +1,20 @@
 """The DFlash drafter's configuration in z-lab's `config.json` layout (torch-free: the streamed export reads it).
 
+Sliding-window layers (`layer_types` entries "sliding_attention", window `sliding_window` = W), as z-lab's
+reference (dflash/model.py `_attention_mask`), vLLM (`qwen3_dflash._resolve_layer_attention`) and SGLang
+(`models/dflash.py`: RadixAttention DECODER with window_left = W - 1) all apply them:
+
+- keys are placed by absolute position: cached context [0, start), new context [start, start + C), then the
+  block [start + C, start + C + B); every block position p is a query;
+- a full-attention layer is non-causal: every query sees every context position and the whole block;
+- a sliding layer is causal, the window counting the query itself: the query at p sees the keys at
+  positions k with p - W < k <= p, i.e. the last W - 1 - j context positions before the block plus block
+  positions 0..j for block row j. The block therefore never needs more than the W - 1 context positions
+  before `start + C`: that is all a sliding layer's cache keeps (runtime/kv.WindowKV);
+- `is_causal` (z-lab, vLLM) or `dflash_config.causal` (vLLM) overrides causality for every layer; a
+  non-causal sliding layer also hides keys W or more positions *after* the query (z-lab's rule).
+  vLLM's `dflash_config.use_swa` / `swa_window_size` (MiMo drafters) is refused by name.
+
 >>> cfg = DraftConfig.from_dict(json.loads(Path("drafter/config.json").read_text()))   # doctest: +SKIP
 >>> default_target_layer_ids(28, 5)
 [1, 7, 13, 19, 25]
@@ -10,7 +25,9 @@ from dataclasses import dataclass, field, fields
 
 from dflash_edge.runtime.errors import ModelFormatError
 
-from .config import TargetConfig
+from .config import TargetConfig, layer_types_of
+
+FULL, SLIDING = "full_attention", "sliding_attention"
 
 # SmolLM2's vocabulary has no mask token; we use a special token that chat never produces.
 # (`<empty_output>`, id 16, a Jupyter-notebook marker from SmolLM2's code pre-training data.)
@@ -28,6 +45,10 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     return [int(round(start + i * (end - start) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
 
 
+# config.json keys describing windows: parsed here, kept from the target's refusal of sliding layers
+_WINDOW_KEYS = ("layer_types", "sliding_window", "use_sliding_window", "max_window_layers", "is_causal", "causal")
+
+
 @dataclass
 class DraftConfig(TargetConfig):
     """Qwen3-style dims plus the DFlash fields of a z-lab `config.json`."""
@@ -36,6 +57,36 @@ class DraftConfig(TargetConfig):
     num_target_layers: int = 0
     mask_token_id: int = 0
     target_layer_ids: list[int] = field(default_factory=list)
+    layer_types: list[str] = field(default_factory=list)   # per draft layer: FULL or SLIDING ([] -> all FULL)
+    sliding_window: int | None = None                        # W of the SLIDING layers (None when none slides)
+    causal: bool | None = None      # `is_causal` / `dflash_config.causal`; None: sliding layers causal, full not
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.layer_types = list(self.layer_types or [FULL] * self.num_hidden_layers)
+        self.check_windows()
+
+    def check_windows(self) -> None:
+        """Raise ModelFormatError unless `layer_types` / `sliding_window` describe this drafter's layers."""
+        layer_types_of({"num_hidden_layers": self.num_hidden_layers, "layer_types": self.layer_types},
+                       (FULL, SLIDING))
+        w = self.sliding_window
+        if SLIDING in self.layer_types and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
+            raise ModelFormatError(f"drafter config.json sliding_window={w!r}: layer_types has "
+                                   f"'sliding_attention' layers, which need a positive integer window")
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s window W (None: full attention)."""
+        return self.sliding_window if self.layer_types[layer] == SLIDING else None
+
+    def layer_causal(self, layer: int) -> bool:
+        """Whether layer `layer`'s block queries are causal (see the module docstring)."""
+        return self.layer_types[layer] == SLIDING if self.causal is None else self.causal
+
+    @property
+    def window_layers(self) -> list[int]:
+        """Indices of the sliding layers (their context cache keeps W - 1 positions)."""
+        return [i for i, kind in enumerate(self.layer_types) if kind == SLIDING]
 
     @classmethod
     def for_target(cls, target: TargetConfig, *, num_layers: int = 1, block_size: int = 16,
@@ -60,8 +111,17 @@ class DraftConfig(TargetConfig):
                 raise ModelFormatError("drafter config.json has neither dflash_config.target_layer_ids nor "
                                        "num_target_layers (+ num_hidden_layers) to derive them from")
             dflash["target_layer_ids"] = default_target_layer_ids(raw["num_target_layers"], raw["num_hidden_layers"])
+        if dflash.get("use_swa"):
+            raise ModelFormatError("drafter config.json dflash_config.use_swa is not supported (vLLM's MiMo form); "
+                                   "declare the windows as layer_types 'sliding_attention' + sliding_window")
         merged = {**raw, "model_type": "qwen3", **dflash}
-        return super().from_dict(merged)
+        kinds = layer_types_of(merged, (FULL, SLIDING))
+        causal = merged.get("is_causal", dflash.get("causal"))
+        window = merged.get("sliding_window") if SLIDING in kinds else None
+        cfg = super().from_dict({k: v for k, v in merged.items() if k not in _WINDOW_KEYS})   # (the target's
+        cfg.layer_types, cfg.sliding_window, cfg.causal = kinds, window, causal             # refusal of windows)
+        cfg.check_windows()
+        return cfg
 
     def to_dict(self) -> dict:
         """z-lab's config.json layout."""
@@ -70,7 +130,8 @@ class DraftConfig(TargetConfig):
         return {
             "architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": ZLAB_MODEL_CLASS},
             **base, "model_type": "qwen3",
-            "layer_types": ["full_attention"] * self.num_hidden_layers, "sliding_window": None,
+            "layer_types": list(self.layer_types), "sliding_window": self.sliding_window,
+            **({} if self.causal is None else {"is_causal": self.causal}),
             "block_size": self.block_size, "num_target_layers": self.num_target_layers,
             "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
             "torch_dtype": "bfloat16",

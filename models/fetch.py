@@ -54,9 +54,11 @@ def fetch_default_model(*, force: bool = False) -> Path:
         >>> (fetch_default_model() / "config.json").exists()  # doctest: +SKIP
         True
     """
+    from .checkpoint import BLOCKS
+
     out = models_dir() / DEFAULT_MODEL["name"]
-    if (out / "config.json").is_file() and not force:
-        return out
+    if (out / "config.json").is_file() and (out / BLOCKS).is_file() and not force:
+        return out                       # (an import from before exact blocks existed is imported again)
     from .gguf_import import import_gguf
 
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,8 @@ import numpy as np
 
 from dflash_edge.runtime.errors import ModelFormatError
 
+from .nbits import NBitsWeight
+
 
 class UnsupportedQuantType(ModelFormatError):
     """A GGUF tensor type with no exact MatMulNBits mapping here (`qtype`: its name, e.g. "IQ4_XS")."""
@@ -37,26 +39,6 @@ class UnsupportedQuantType(ModelFormatError):
         self.qtype = qtype
         where = f" (tensor shape {list(shape)})" if shape is not None else ""
         super().__init__(f"GGUF type {qtype}{where} has no exact MatMulNBits mapping; mapped: {', '.join(TYPES)}")
-
-
-@dataclass(frozen=True)
-class NBitsWeight:
-    """MatMulNBits operands for a weight W [N, K] used as y = x @ W^T (attributes K=k, N=n, bits, block_size).
-
-    B            uint8 [N, K/bs, bs*bits/8]: codes, 4-bit ones packed two a byte, low nibble first
-    scales       float32 [N, K/bs]
-    zero_points  uint8 [N, ceil(K/bs/2)] packed (4-bit) or [N, K/bs] (8-bit): MatMulNBits' own layout
-    correction   float32 [K/bs, N] or None: for affine types y = MatMulNBits(x) + blocksum(x) @ correction
-    """
-    bits: int
-    block_size: int
-    n: int
-    k: int
-    B: np.ndarray
-    scales: np.ndarray
-    zero_points: np.ndarray
-    correction: np.ndarray | None
-    qtype: str
 
 
 # ---- byte fields of GGUF blocks (layouts as in gguf/quants.py's dequantize_blocks) ----
@@ -218,5 +200,5 @@ def nbits_operands(data, qtype, shape=None, name: str = "tensor") -> NBitsWeight
     correction = None if offset is None else np.ascontiguousarray(                          # [K/bs, N]
         (offset.reshape(n, -1) + np.float32(spec.centre) * scales).T, dtype=np.float32)
     pack, zero_points = PACKERS[spec.bits]
-    return NBitsWeight(spec.bits, spec.block_size, n, k, pack(q, spec.block_size), scales,
-                       zero_points(spec.centre, n, scales.shape[1]), correction, type_name)
+    zps = None if spec.centre == 1 << (spec.bits - 1) else zero_points(spec.centre, n, scales.shape[1])  # op default
+    return NBitsWeight(spec.bits, spec.block_size, n, k, pack(q, spec.block_size), scales, zps, correction, type_name)

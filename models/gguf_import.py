@@ -2,7 +2,9 @@
 
 The output is what `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` and the rest of
 dflash-edge read: `config.json`, float32 `model.safetensors`, `tokenizer.json`,
-`tokenizer_config.json`, `generation_config.json`, plus `SOURCE.json` (where the weights came from).
+`tokenizer_config.json`, `generation_config.json`, plus `SOURCE.json` (where the weights came from) and,
+for low-bit tensors, `gguf_blocks.safetensors`: their exact MatMulNBits operands (models/gguf_blocks.py),
+which the exporter writes as they are instead of re-quantising the float32 weights.
 
     >>> from dflash_edge.models.gguf_import import import_gguf
     >>> import_gguf("SmolLM2-135M-Instruct.Q4_1.gguf", "models/smollm2")   # doctest: +SKIP
@@ -25,6 +27,8 @@ from dflash_edge.runtime.publish import publish_dir
 from dflash_edge.runtime.errors import ModelFormatError
 
 GGUF_MAGIC = b"GGUF"
+BLOCKS_FILE = "gguf_blocks.safetensors"      # exact low-bit operands beside the float32 checkpoint
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 
 
 @dataclass(frozen=True)
@@ -99,12 +103,14 @@ def import_gguf(gguf_path, out_dir, *, source: dict | None = None) -> Path:
     reader = open_gguf(gguf_path)
     arch = architecture(reader, gguf_path)
     tensors = read_tensors(reader, arch, gguf_path)
+    blocks = read_blocks(reader, arch, gguf_path)
     config = build_config(reader, arch, tensors, gguf_path)
     tokenizer = build_tokenizer(reader, gguf_path)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         _write_checkpoint(tmp, reader, gguf_path, config, tensors, tokenizer)
+        write_blocks(tmp / BLOCKS_FILE, *blocks)
         _write_json(tmp / "SOURCE.json", _source_record(reader, gguf_path, source))
         publish_dir(tmp, out_dir)
     finally:
@@ -165,6 +171,44 @@ def read_tensors(reader, arch: str, path: Path) -> dict:
             w = unpermute_rotary(w, n_kv)
         out[hf_tensor_name(t.name, path)] = w
     return out
+
+
+def read_blocks(reader, arch: str, path: Path) -> tuple[dict, dict]:
+    """({HF name: NBitsWeight} for every 2-D low-bit tensor with an exact mapping, {HF name: GGUF type} for the
+    low-bit ones without one); Q/K rows un-permuted like the float weights."""
+    import numpy as np
+
+    from .gguf_blocks import TYPES, nbits_operands
+
+    spec = ARCHS[arch]
+    n_heads = _field(reader, f"{arch}.attention.head_count", path)
+    heads = {".attn_q.weight": n_heads, ".attn_k.weight": _field(reader, f"{arch}.attention.head_count_kv", path,
+                                                                   default=n_heads)}
+    exact, unmapped = {}, {}
+    for t in reader.tensors:
+        qtype = t.tensor_type.name
+        if qtype in FLOAT_TYPES or len(t.shape) != 2:
+            continue
+        name = hf_tensor_name(t.name, path)
+        if qtype not in TYPES:
+            unmapped[name] = qtype
+            continue
+        w = nbits_operands(t.data, t.tensor_type, name=name)
+        suffix = next((s for s in heads if t.name.endswith(s)), None)
+        if spec.rotary_permuted and suffix:
+            w = w.rows(unpermute_rotary(np.arange(w.n), heads[suffix]))
+        exact[name] = w
+    return exact, unmapped
+
+
+def write_blocks(path: Path, exact: dict, unmapped: dict) -> None:
+    """`exact` as safetensors `NAME/FIELD` tensors, each weight's layout in the metadata under NAME; the
+    unmapped low-bit types under the key `unmapped` (the exporter re-quantises those, with a warning)."""
+    from safetensors.numpy import save_file
+
+    arrays = {f"{name}/{field}": a for name, w in exact.items() for field, a in w.arrays().items()}
+    meta = {name: w.meta() for name, w in exact.items()}
+    save_file(arrays, str(path), metadata={**meta, "unmapped": json.dumps(unmapped)})
 
 
 def unpermute_rotary(w, n_heads: int):
@@ -382,6 +426,7 @@ def _source_record(reader, gguf_path: Path, source: dict | None) -> dict:
         "file_type": gguf.LlamaFileType(file_type).name if file_type is not None else None,
         "license": _field(reader, "general.license", gguf_path, default=None),
         "dequantized_to": "float32",
+        "exact_blocks": BLOCKS_FILE,
     }
     return {**record, **(source or {})}
 

@@ -109,12 +109,13 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm decoder layer. `ctx` (drafter only) is prepended to the layer's key/value input."""
 
-    def __init__(self, s: AttentionSpec, intermediate: int):
+    def __init__(self, s: AttentionSpec, intermediate: int, mlp: nn.Module | None = None):
+        """`mlp`: the layer's MLP when it is not the dense SwiGLU of width `intermediate` (an MoE layer's)."""
         super().__init__()
         self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.self_attn = Attention(s)
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.mlp = MLP(s.hidden_size, intermediate)
+        self.mlp = mlp if mlp is not None else MLP(s.hidden_size, intermediate)
 
     def forward(self, x, rope_q, past_k, past_v, mask, ctx=None, rope_kv=None):
         h = self.input_layernorm(x)

@@ -33,9 +33,16 @@ def layer_tensors(prefix: str, s: AttentionSpec, intermediate: int) -> dict[str,
 
 def target_tensors(cfg, spec: AttentionSpec) -> dict[str, tuple[int, ...]]:
     """A target checkpoint's tensors (Hugging Face names); a tied model's `lm_head.weight` is not required."""
+    from . import layer_mlps
+    from .qwen3_moe import moe_tensors
+
     out = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,)}
-    for i in range(cfg.num_hidden_layers):
-        out.update(layer_tensors(f"model.layers.{i}", spec, cfg.intermediate_size))
+    for i, moe in enumerate(layer_mlps(cfg)):
+        prefix = f"model.layers.{i}"
+        layer = layer_tensors(prefix, spec, cfg.intermediate_size)
+        if moe is not None:                        # a sparse layer: router + experts instead of the dense MLP
+            layer = {k: v for k, v in layer.items() if not k.startswith(f"{prefix}.mlp.")} | moe_tensors(prefix, moe)
+        out.update(layer)
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
     return out

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .config import TargetConfig
+from .moe import SparseMoE
 from .static_cache import StaticKVCache
 from .layers import AttentionSpec, DecoderLayer, RMSNorm, RotaryTable, causal_mask
 
@@ -28,10 +29,11 @@ class TargetOutput:
 
 
 class _Body(nn.Module):
-    def __init__(self, cfg: TargetConfig, spec: AttentionSpec):
+    def __init__(self, cfg: TargetConfig, spec: AttentionSpec, mlps: tuple = ()):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec, cfg.intermediate_size) for _ in range(cfg.num_hidden_layers))
+        mlps = mlps or (None,) * cfg.num_hidden_layers                 # per layer: dense, or router + experts
+        self.layers = nn.ModuleList(DecoderLayer(spec, cfg.intermediate_size, moe and SparseMoE(moe)) for moe in mlps)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -45,10 +47,11 @@ class TargetModel(nn.Module):
     >>> out = model(torch.tensor([[1, 2, 3]]), cache, capture=(1, 4))  # doctest: +SKIP
     """
 
-    def __init__(self, cfg: TargetConfig, spec: AttentionSpec):
+    def __init__(self, cfg: TargetConfig, spec: AttentionSpec, mlps: tuple = ()):
+        """`mlps`: per layer, a sparse MLP's spec (models/qwen3_moe.MoESpec) or None (dense); () is all dense."""
         super().__init__()
         self.config = cfg
-        self.model = _Body(cfg, spec)
+        self.model = _Body(cfg, spec, mlps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)

@@ -1,52 +1,14 @@
-"""fp16: weights and most compute in float16 (onnxruntime's float16 converter); I/O stays float32.
-
-RMSNorm's Pow/ReduceMean/Sqrt/Div, Softmax and the final ArgMax run in float32 (fp16 sums of
-squares overflow and softmax loses the tail); graph inputs and outputs keep float32, so the KV
-cache and the runtime's buffers are unchanged.
+"""fp16: weights and most compute in float16, I/O float32 (models/float16_graph.py, onnxruntime's converter).
 
 >>> info = quantize(model, QuantSettings())     # doctest: +SKIP
 """
 from __future__ import annotations
 
-from .precisions import QuantSettings
+from dflash_edge.models.float16_graph import KEEP_FP32, convert  # noqa: F401  (KEEP_FP32: what stays fp32)
 
-KEEP_FP32 = ("Pow", "ReduceMean", "Sqrt", "Div", "Softmax", "ArgMax", "Range", "CumSum")
+from .precisions import QuantSettings
 
 
 def quantize(model, settings: QuantSettings) -> dict:
     """Convert `model` to float16 in place (settings unused: fp16 has no knobs); returns what was done."""
-    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
-
-    block = sorted(set(DEFAULT_OP_BLOCK_LIST) | set(KEEP_FP32))
-    record_types(model)
-    converted = convert_float_to_float16(model, keep_io_types=True, op_block_list=block, disable_shape_infer=True)
-    model.CopyFrom(converted)
-    return {"kept_fp32_ops": list(KEEP_FP32)}
-
-
-def record_types(model) -> None:
-    """Give every intermediate tensor a value_info entry: the converter inserts its Casts around the fp32
-    ops only where it knows an input's type, and a graph written node by node (the streamed export) has none.
-    Shape inference runs on the graph with its large initializers' bytes set aside (any size of model).
-
-    >>> record_types(model); len(model.graph.value_info) > 0     # doctest: +SKIP
-    True
-    """
-    import onnx
-
-    g = model.graph
-    known = {v.name for v in (*g.value_info, *g.input, *g.output)}
-    if all(o in known for n in g.node for o in n.output if o):
-        return
-    stash = {}
-    for t in g.initializer:                     # dims and type stay: all inference needs of a weight
-        if t.HasField("raw_data") and len(t.raw_data) > 4096:
-            stash[t.name] = t.raw_data
-            t.ClearField("raw_data")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    finally:
-        for t in g.initializer:
-            if t.name in stash:
-                t.raw_data = stash[t.name]
-    g.value_info.extend(v for v in inferred.graph.value_info if v.name not in known)
+    return convert(model)

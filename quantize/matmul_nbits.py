@@ -13,25 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from dflash_edge.models.nbits import pack_blocks  # noqa: F401  (the quantiser's own RTN blocks, shared with export)
+
 from .precisions import QuantSettings
 
 MS = "com.microsoft"
-
-
-def pack_blocks(weight: np.ndarray, bits: int, block_size: int, symmetric: bool):
-    """[K, N] float32 -> (packed uint8 [N, ceil(K/bs), bs*bits/8], scales [N, ceil(K/bs)], zero points uint8);
-    a last partial block along K is onnxruntime's to fill."""
-    from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
-
-    k, n = weight.shape
-    k_blocks = -(-k // block_size)
-    per_byte = 8 // bits
-    packed = np.zeros((n, k_blocks, block_size // per_byte), np.uint8)
-    scales = np.zeros((n, k_blocks), weight.dtype)
-    zero_points = np.zeros((n, -(-k_blocks // per_byte)), np.uint8)
-    fn = {4: quantize_matmul_4bits, 8: quantize_matmul_8bits}[bits]
-    fn(packed, np.ascontiguousarray(weight), scales, zero_points, block_size, n, k, symmetric)
-    return packed, scales, zero_points
 
 
 def _quantize_weight(init, settings: QuantSettings, bits: int, weights) -> tuple[list, dict]:

@@ -38,20 +38,12 @@ def _plain_gather(node, name: str) -> bool:
 
 
 def block_quantize(weight: np.ndarray, bits: int, block_size: int, rows: int = 8192) -> tuple[np.ndarray, np.ndarray]:
-    """[N, K] float -> (packed uint8 [N, K/bs, bs*bits/8], scales float32 [N, K/bs]), symmetric.
+    """[N, K] float -> (packed uint8 [N, K/bs, bs*bits/8], scales float32 [N, K/bs]), symmetric, `rows` rows at a
+    time (models/nbits.rtn: the whole table is never transposed at once)."""
+    from dflash_edge.models.nbits import rtn
 
-    Each row's blocks depend on that row only, so `rows` rows at a time are transposed to onnxruntime's
-    [K, N] layout: the whole table is never copied (a 151936-row table is 622 MB of fp32).
-    """
-    from .matmul_nbits import pack_blocks
-
-    n, k = weight.shape
-    packed = np.zeros((n, k // block_size, block_size * bits // 8), np.uint8)
-    scales = np.zeros((n, k // block_size), np.float32)
-    for start in range(0, n, rows):
-        chunk = np.ascontiguousarray(weight[start:start + rows].T, dtype=np.float32)     # [K, rows]
-        packed[start:start + rows], scales[start:start + rows], _ = pack_blocks(chunk, bits, block_size, True)
-    return packed, scales
+    w = rtn(weight, bits, block_size, symmetric=True, rows=rows)
+    return w.B, w.scales
 
 
 def quantize_tied_embedding(model, bits: int, block_size: int, accuracy_level: int, weights=None) -> list[str]:

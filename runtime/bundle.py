@@ -29,7 +29,12 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
          "quality"),                                  # quality: quantize's report file (path, bytes, sha256)
     "model": ("family", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
               "draft_num_layers", "target_layer_ids", "mask_token_id", "eos_token_ids", "bos_token_id",
-              "max_position_embeddings", "draft_vocab_size"),
+              "max_position_embeddings", "draft_vocab_size",
+              "draft_layer_types", "draft_sliding_window",     # a drafter with sliding-window layers (io_tables)
+              "num_experts", "experts_per_token", "moe_intermediate_size", "intermediate_size",
+              "sparse_layers",                                # an MoE target (models/qwen3_moe.manifest_fields)
+              "layer_types", "linear_conv_kernel_dim", "linear_num_key_heads", "linear_num_value_heads",
+              "linear_key_head_dim", "linear_value_head_dim"),    # a hybrid target (models/qwen3_5.manifest_fields)
     "kv_cache": ("layout", "dtype", "slack"),
     "tokenizer": ("file", "config", "checksums"),
     "graph": ("files", "precision", "io", "static_shapes", "opset", "flavour",   # flavour: io_tables.FLAVOURS
@@ -40,6 +45,10 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
     "engines": None,
 }
 OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset", "draft_vocab_size", "flavour",
+            "draft_layer_types", "draft_sliding_window",
+            "num_experts", "experts_per_token", "moe_intermediate_size", "intermediate_size", "sparse_layers",
+            "layer_types", "linear_conv_kernel_dim", "linear_num_key_heads", "linear_num_value_heads",
+            "linear_key_head_dim", "linear_value_head_dim",
             "quality", "quantization",
             "checksum", "checksums"}     # older bundles lack the manifest's and the tokenizer files' sha256
 OPTIONAL_IN = {"graph": {"kv_cache"}}   # optional in that section only (the top-level kv_cache is required)
@@ -166,9 +175,26 @@ def validate_manifest(manifest: dict, where: str = MANIFEST) -> None:
     _file_entries(manifest, where)
     if manifest["kv_cache"]["layout"] != KV_LAYOUT:
         raise BundleError(f"{where}: kv_cache.layout {manifest['kv_cache']['layout']!r} is not {KV_LAYOUT!r}")
-    for required in ("target", "drafter"):
-        if required not in manifest["graphs"]:
-            raise BundleError(f"{where}: graphs lacks {required!r}; re-export the bundle")
+    for required in (("target", "target_hybrid"), ("drafter",)):     # a hybrid target's graph is target_hybrid
+        if not set(required) & set(manifest["graphs"]):
+            raise BundleError(f"{where}: graphs lacks {required[0]!r}; re-export the bundle")
+    _check_windows(manifest, where)
+
+
+def _check_windows(manifest: dict, where: str) -> None:
+    """`model.draft_layer_types` (one known kind per draft layer) and `draft_sliding_window` (1..max_context)."""
+    model = manifest["model"]
+    kinds = model.get("draft_layer_types")
+    if kinds is None:
+        return
+    known = ("full_attention", "sliding_attention")
+    if not isinstance(kinds, list) or len(kinds) != model["draft_num_layers"] or not set(kinds) <= set(known):
+        raise BundleError(f"{where} [model.draft_layer_types] is {kinds!r:.80}: expected one of {known} per draft "
+                          f"layer ({model['draft_num_layers']}); re-export the bundle")
+    window = model.get("draft_sliding_window")
+    if "sliding_attention" in kinds and not (isinstance(window, int) and 1 <= window <= manifest["max_context"]):
+        raise BundleError(f"{where} [model.draft_sliding_window] is {window!r}: the sliding layers need a window "
+                          f"of 1..max_context ({manifest['max_context']}) positions; re-export the bundle")
 
 
 def read_bundle(path: str | Path, verify: bool = True) -> Bundle:

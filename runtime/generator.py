@@ -305,6 +305,7 @@ class Generator:
         self.target.forward(size, start)
         accepted, bonus = self._accept(step, block, start, sampling)
         self.target.kv.pos = start + accepted + 1                   # rollback: rejected rows are just ignored
+        self.target.keep(accepted + 1)                              # (a recurrent state: rebuilt after these)
         return block[1:1 + accepted].tolist() + [bonus] if accepted else [bonus]
 
     # ---- helpers -----------------------------------------------------------------------------------
@@ -331,14 +332,15 @@ class Generator:
 
     def _prefill(self, ids: list[int], sampling: SamplingParams) -> int:
         """Run the prompt in static chunks of P from an empty cache; returns the first generated token."""
-        self.target.kv.pos = self.drafter.kv.pos = 0
+        self.target.reset()
+        self.drafter.kv.pos = 0
         size, n = self.prefill_chunk, len(ids)
-        step = self.target.steps[size]
-        for start in _chunk_starts(n, size):
+        for start in _chunk_starts(n, size, self.target.RERUN_OK):
             chunk = ids[start:start + size]
+            step = self.target.step(size if self.target.RERUN_OK else len(chunk))   # else: a shorter last chunk
             step["input_ids"][0, :len(chunk)] = chunk
             step["input_ids"][0, len(chunk):] = chunk[-1]           # padding (only when n < P): causal, ignored
-            self.target.forward(size, start)
+            self.target.forward(step["input_ids"].shape[1], start)
         self.target.kv.pos = n
         return self._select(step, n - 1 - start, n, sampling)    # the last chunk's row of token n-1
 
@@ -400,17 +402,19 @@ def _shorthands(max_new_tokens: int | None, sampling: SamplingParams | None) -> 
             "seed": sampling.seed}
 
 
-def _chunk_starts(n: int, size: int) -> list[int]:
-    """Chunk starts covering [0, n): the last chunk overlaps the previous one instead of running past n."""
+def _chunk_starts(n: int, size: int, rerun_ok: bool = True) -> list[int]:
+    """Chunk starts covering [0, n): the last chunk overlaps the previous one instead of running past n (unless
+    re-running a position is not allowed: then it is shorter)."""
     starts = list(range(0, n, size))
-    if n >= size and starts[-1] + size > n:
+    if rerun_ok and n >= size and starts[-1] + size > n:
         starts[-1] = n - size                     # recomputes a few cached rows (identical K/V), never pads
     return starts
 
 
 def _check_io_tables(b: Bundle) -> None:
+    dims = model_dims(b.model, b.block_size)           # a drafter's window I/O is there only when it has windows
     for name in b.manifest["graphs"]:                  # graphs this version has no table for are not used
-        if name in GRAPHS and b.manifest["graphs"][name]["io"] != io_manifest(name, b.graph_kv_dtype(name)):
+        if name in GRAPHS and b.manifest["graphs"][name]["io"] != io_manifest(name, b.graph_kv_dtype(name), dims):
             raise BundleError(f"{b.root}: graph {name!r} declares inputs/outputs that this runtime does not "
                               f"implement; re-export the bundle with this dflash-edge version")
 

@@ -8,6 +8,8 @@ so new K/V land in the cache without a copy and rollback is moving `pos`.
 The target's `hidden` output is bound the same way into a `[capacity, N]` buffer; the drafter's
 `ctx_hidden` input is the slice of it it has not cached yet: no copy between the two graphs.
 Small per-step tensors (ids, `start`, logits, argmax ids) live in host numpy arrays bound once.
+A drafter's sliding-window layers (models/draft_config.py) keep only the W-1 positions their block queries
+can see (`WindowKV`, a buffer of W-1 + C rows that slides), beside the full layers' cache (`DraftKV`).
 
 The fused target flavour (`FusedTargetModel`, issue 12) keeps its cache per layer, head-major
 (`LayerKV`: layer i is `[1, Hkv, capacity, D]`), each slab bound as both the past input and the present
@@ -88,6 +90,84 @@ class KVCache:
         self.value.bind_output(binding, "new_value", start, start + count)
 
 
+class WindowKV:
+    """The drafter's sliding-window layers' context K/V: only the `keep` = W-1 positions before each run's `start`
+    (the most any block query of those layers sees, models/draft_config.py), so memory and cost stop growing.
+
+    Buffers `[keep + max_new, Lw, Hkv, D]`; row r holds position `base + r` (rows of negative positions are empty
+    and masked by the graph). A run binds the `keep` rows before `start` as `window_key` and the `count` rows
+    after them as `new_window_key` (both by pointer). When the next run would not fit, the `keep` rows before
+    its start move to the front (`slide`: one copy of W-1 rows every ~max_new positions, never the context).
+
+    >>> win = WindowKV(keep=3, max_new=4, layers=1, kv_heads=1, head_dim=2, dtype=np.float32)
+    >>> win.rows_for(start=0, count=4)
+    (0, 3, 7)
+    >>> win.rows_for(start=4, count=2)        # rows 4..6 (positions 1..3) move to the front
+    (0, 3, 5)
+    """
+
+    def __init__(self, keep: int, max_new: int, layers: int, kv_heads: int, head_dim: int, dtype, device="cpu",
+                 device_id=0):
+        row = (layers, kv_heads, head_dim)
+        self.keep = keep
+        self.key = DeviceBuffer(keep + max_new, row, dtype, device, device_id)
+        self.value = DeviceBuffer(keep + max_new, row, dtype, device, device_id)
+        self.base = -keep                         # position of row 0: the window before position 0 is empty
+
+    @property
+    def nbytes(self) -> int:
+        return self.key.nbytes + self.value.nbytes
+
+    def rows_for(self, start: int, count: int) -> tuple[int, int, int]:
+        """(first window row, first new row, end row) for `count` new positions at `start`, sliding first if needed."""
+        row = start - self.base
+        if row < self.keep or row + count > self.key.rows:
+            self.slide(start)
+            row = self.keep
+        return row - self.keep, row, row + count
+
+    def slide(self, start: int) -> None:
+        """Make rows [0:keep] hold positions start-keep .. start-1 (zeros where they were never written: a reset to
+        position 0, or a jump past what is held, as cost benchmarks do)."""
+        lo, hi = start - self.keep - self.base, start - self.base
+        for buf in (self.key, self.value):
+            host = buf.array if buf.array is not None else buf._value.numpy()     # a device buffer: via the host
+            if 0 <= lo and hi <= buf.rows:
+                host[:self.keep] = host[lo:hi]                                    # numpy handles the overlap
+            else:
+                host[:self.keep] = 0
+            if buf.array is None:
+                buf._value.update_inplace(host)
+        self.base = start - self.keep
+
+    def bind(self, binding, start: int, count: int) -> None:
+        first, row, end = self.rows_for(start, count)
+        self.key.bind_input(binding, "window_key", first, row)
+        self.value.bind_input(binding, "window_value", first, row)
+        self.key.bind_output(binding, "new_window_key", row, end)
+        self.value.bind_output(binding, "new_window_value", row, end)
+
+
+class DraftKV(KVCache):
+    """The drafter's context cache: a KVCache of its full-attention layers (every position) plus, when some layers
+    slide, a WindowKV of those (`window`); one host-side `pos` (positions consumed) for both."""
+
+    def __init__(self, capacity: int, dims: dict[str, int], max_new: int, dtype, device="cpu", device_id=0):
+        super().__init__(capacity, dims["Ld"], dims["Hkv"], dims["D"], dtype, device, device_id)
+        self.window = WindowKV(dims["Wm1"], max_new, dims["Lw"], dims["Hkv"], dims["D"], dtype, device,
+                               device_id) if dims.get("Lw") else None
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + (self.window.nbytes if self.window else 0)
+
+    def bind(self, binding, start: int, count: int) -> None:
+        if self.key.row_shape[0]:                 # a drafter whose layers all slide has no past_key input
+            super().bind(binding, start, count)
+        if self.window is not None:
+            self.window.bind(binding, start, count)
+
+
 class HostStep:
     """One static step shape of a graph: host arrays for its small tensors, bound once, plus its binding."""
 
@@ -164,6 +244,17 @@ class TargetModel:
     def step(self, size: int) -> HostStep:
         return self.steps.get(size) or self.add_step(size)
 
+    # Whether a prefill chunk may re-run positions already cached (the last chunk overlapping the previous one
+    # instead of padding): harmless for a KV cache (identical rows), not for a recurrent state.
+    RERUN_OK = True
+
+    def reset(self) -> None:
+        """An empty sequence (the next call starts at position 0)."""
+        self.kv.pos = 0
+
+    def keep(self, count: int) -> None:
+        """The last call's first `count` tokens are accepted: a KV cache rolls back by `pos` alone."""
+
     def _place(self, step: HostStep, size: int, start: int) -> None:
         step["start"][0] = start
         self.kv.bind(step.binding, start, size)
@@ -208,18 +299,110 @@ class FusedTargetModel(TargetModel):
         step["total_sequence_length"][...] = start + size
 
 
-TARGET_MODELS = {"target": TargetModel, "target_fused": FusedTargetModel}   # graph name -> its runtime wrapper
+class LinearState:
+    """A hybrid target's linear-attention carry between calls (io_tables `target_hybrid`): the states at a call's
+    start and its per-token rows, twice (the call reads one set and writes the other; `swap` flips them), and how
+    many of the last call's tokens the next one keeps (its rollback: export/hybrid_target.py rebuilds the state).
+
+    >>> st = LinearState({"Ll": 1, "Cv": 4, "Km1": 3, "Hv": 2, "Dk": 2, "Dv": 2}, max_tokens=8)
+    >>> st.sets[0]["rec_base"].array.shape, st.sets[0]["prev_k"].array.shape
+    ((1, 2, 2, 2), (8, 1, 2, 2))
+    """
+
+    BASES = {"conv_base": ("conv_start", ("Cv", "Km1")), "rec_base": ("rec_start", ("Hv", "Dk", "Dv"))}
+    ROWS = {"prev_qkv": ("qkv", ("Ll", "Cv")), "prev_k": ("delta_k", ("Ll", "Hv", "Dk")),
+            "prev_u": ("delta_u", ("Ll", "Hv", "Dv")), "prev_decay": ("decay", ("Ll", "Hv"))}
+
+    def __init__(self, dims: dict[str, int], max_tokens: int, device="cpu", device_id=0):
+        def buffers() -> dict[str, DeviceBuffer]:         # bases [Ll, ...]; rows [max_tokens, Ll, ...]
+            out = {n: DeviceBuffer(dims["Ll"], tuple(dims[d] for d in shape), np.float32, device, device_id)
+                   for n, (_, shape) in self.BASES.items()}
+            out.update({n: DeviceBuffer(max_tokens, tuple(dims[d] for d in shape), np.float32, device, device_id)
+                        for n, (_, shape) in self.ROWS.items()})
+            return out
+        self.sets = [buffers(), buffers()]
+        self.reset()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for bufs in self.sets for b in bufs.values())
+
+    def reset(self) -> None:
+        """Zero states, no previous tokens."""
+        self.cur, self.last, self.kept = 0, 0, 0
+        for buf in self.sets[0].values():
+            if buf.array is not None:
+                buf.array[...] = 0
+            else:
+                buf._value.update_inplace(np.zeros((buf.rows, *buf.row_shape), buf.dtype))
+
+    def bind(self, binding, count: int) -> None:
+        """Inputs: the current set (the last call's `last` rows); outputs: the other set (`count` rows)."""
+        now, nxt = self.sets[self.cur], self.sets[1 - self.cur]
+        for name, (out, _) in self.BASES.items():
+            now[name].bind_input(binding, name, 0, now[name].rows)
+            nxt[name].bind_output(binding, out, 0, nxt[name].rows)
+        for name, (out, _) in self.ROWS.items():
+            now[name].bind_input(binding, name, 0, self.last)
+            nxt[name].bind_output(binding, out, 0, count)
+
+    def advance(self, count: int) -> None:
+        """After a call of `count` tokens: its outputs are the next inputs; all of them kept unless told less."""
+        self.cur, self.last, self.kept = 1 - self.cur, count, count
+
+
+class HybridTargetModel(TargetModel):
+    """`target_hybrid` (export/hybrid_target.py): the full-attention layers' KV cache (Lf layers) as `target`'s,
+    plus the linear layers' `LinearState`. Rollback after a verify is `keep(accepted + 1)`: the next call rebuilds
+    the recurrent state after exactly those tokens, so prefill chunks must never re-run a position (RERUN_OK)."""
+
+    GRAPH = "target_hybrid"
+    HOST = ("input_ids", "start", "kept", "logits", "next_ids")
+    RERUN_OK = False
+
+    def __init__(self, runner, dims: dict[str, int], capacity: int, step_sizes: tuple[int, ...], kv_dtype: str,
+                 pad_rows: int | None = None):
+        self.state = LinearState(dims, max(step_sizes), runner.device, runner.device_id)
+        super().__init__(runner, dims, capacity, step_sizes, kv_dtype, pad_rows)
+
+    def _new_cache(self, capacity: int, kv_dtype: str):
+        d = self.dims
+        return KVCache(capacity, d["Lf"], d["Hkv"], d["D"], kv_dtype, self.runner.device, self.runner.device_id)
+
+    def reset(self) -> None:
+        super().reset()
+        self.state.reset()
+
+    def keep(self, count: int) -> None:
+        if not 1 <= count <= self.state.last:
+            raise ValueError(f"keep({count}): the last call ran {self.state.last} tokens; keep 1..{self.state.last}")
+        self.state.kept = count
+
+    def _place(self, step: HostStep, size: int, start: int) -> None:
+        super()._place(step, size, start)
+        step["kept"][0] = self.state.kept
+        self.state.bind(step.binding, size)
+
+    def forward(self, size: int, start: int) -> HostStep:
+        step = super().forward(size, start)
+        self.state.advance(size)
+        return step
+
+
+# graph name -> its runtime wrapper
+TARGET_MODELS = {"target": TargetModel, "target_fused": FusedTargetModel, "target_hybrid": HybridTargetModel}
 
 
 class DraftModel:
-    """The drafter graph: its context KV cache (positions [0:pos] of the target's features) and block I/O."""
+    """The drafter graph: its context KV cache (DraftKV: positions [0:pos] of the target's features, the sliding
+    layers' last W-1 of them) and block I/O."""
 
     HOST = ("block_ids", "start", "draft_ids")
 
     def __init__(self, runner, dims: dict[str, int], capacity: int, ctx: DeviceBuffer, mask_id: int, kv_dtype: str,
                  max_ctx_rows: int):
         self.runner = runner
-        self.kv = KVCache(capacity, dims["Ld"], dims["Hkv"], dims["D"], kv_dtype, runner.device, runner.device_id)
+        self.kv = DraftKV(capacity, dims, max_ctx_rows, kv_dtype, runner.device, runner.device_id)
         self.ctx = ctx
         self.max_ctx_rows = max_ctx_rows          # the C range the graph is built for (trt_profiles)
         self.step = HostStep(runner, "drafter", dims, self.HOST)

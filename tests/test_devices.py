@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,18 @@ def test_kv_cache_grows_with_context():
     assert kv[1] - kv[0] == pytest.approx(7168 * per_token / 1e9, rel=1e-3)
 
 
+def test_cpu_int4_budgets_the_int8_cache_it_gets():
+    """On a CPU, int4/int8 bundles run the fused target's int8 cache (export's default): 1 byte per element, the
+    drafter's cache and fp32 bundles stay float32; a bundle's own cache dtype (kv_bytes) overrides the guess."""
+    t, d, _ = preset("llama-3.1-8b")
+    target_kv, draft_kv = 2 * 32 * 8 * 128, 2 * 5 * 8 * 128                  # elements per token
+    for prec, want in (("int4", target_kv * 1 + draft_kv * 4), ("fp32", (target_kv + draft_kv) * 4)):
+        kv = [memory_plan(PlanRequest(t, d, cpu_profile(), prec, c))["components_gb"]["kv_cache"] for c in (1024, 2048)]
+        assert kv[1] - kv[0] == pytest.approx(1024 * want / 1e9, abs=1.5e-3), prec
+    req = PlanRequest(t, d, cpu_profile(), "int4", 2048, kv_bytes=4)
+    assert memory_plan(req)["kv_dtype_bytes"] == 4
+
+
 def test_moe_counts_active_params_and_verify_touches_more_experts():
     t, d, _ = preset("qwen3-coder-30b-a3b")
     assert t.total_params / 1e9 == pytest.approx(30.5, abs=0.2) and t.active_params / 1e9 < 3.5
@@ -330,3 +343,44 @@ def test_bundle_mlp_width_recovered_from_bytes(precision):
     assert abs(got.target.intermediate_size - 1536) <= 1 and abs(got.drafter.intermediate_size - 1536) <= 1
     with pytest.raises(DeviceError, match="do not match its manifest's dims"):
         _with_intermediate(replace(unknown, target_weight_bytes=1000), t.vocab_size)
+
+
+# --- hybrid (linear-attention) targets ----------------------------------------------------------------------
+
+def test_hybrid_state_is_constant_and_kv_grows_only_with_full_layers():
+    """Qwen3.5-4B: 24 Gated DeltaNet layers hold a conv state [8192, 3] and a recurrent state [32, 128, 128] in
+    fp32 at any context; only the 8 full-attention layers (and the drafter) cache K/V per position."""
+    t, d, _ = preset("qwen3.5-4b")
+    assert (t.full_layers, t.linear.num_layers) == (8, 24)
+    assert t.state_bytes(4) == 24 * (8192 * 3 + 32 * 128 * 128) * 4
+    dev = get_profile("jetson-agx-orin-64gb")
+    mems = [memory_plan(PlanRequest(t, d, dev, "fp16", c))["components_gb"] for c in (1024, 8192)]
+    assert mems[0]["linear_state"] == mems[1]["linear_state"] >= 2 * t.state_bytes(4) / 1e9   # started-from + returned
+    per_token = 2 * 8 * 4 * 256 * 2 + 2 * 5 * 4 * 256 * 2                   # target's 8 full layers + drafter, fp16
+    assert mems[1]["kv_cache"] - mems[0]["kv_cache"] == pytest.approx(7168 * per_token / 1e9, rel=1e-3)
+    dense = memory_plan(PlanRequest(replace(t, linear=None), d, dev, "fp16", 1024))["components_gb"]
+    assert dense["linear_state"] == 0                    # 24 more KV layers instead, at 1024 + 16 slots
+    assert dense["kv_cache"] - mems[0]["kv_cache"] == pytest.approx(1040 * 2 * 24 * 4 * 256 * 2 / 1e9, abs=1.5e-3)
+
+
+def test_hybrid_decode_grows_with_the_full_layers_kv_only():
+    t, d, _ = preset("qwen3.5-9b")
+    dense = replace(t, linear=None)                        # the same model with every layer full attention
+
+    def growth(dims):
+        at = [target_step(PlanRequest(dims, d, get_profile("jetson-agx-thor"), "int4", 32768, position=p), 1)
+              for p in (1024, 32768)]
+        return at[1]["memory_ms"] - at[0]["memory_ms"]
+    assert growth(t) == pytest.approx(growth(dense) * 8 / 32, rel=1e-3)
+    out = plan(PlanRequest(t, d, get_profile("jetson-agx-thor"), "int4", 32768))
+    assert out["fits"] and out["memory"]["components_gb"]["linear_state"] > 0
+
+
+def test_hybrid_dims_from_transformers_qwen3_5_config():
+    """The 9B preset is transformers' documented Qwen3.5-9B-style default (image-text layout, text_config)."""
+    configuration_qwen3_5 = pytest.importorskip("transformers.models.qwen3_5.configuration_qwen3_5")
+    cfg = configuration_qwen3_5.Qwen3_5Config().to_dict()
+    want = preset("qwen3.5-9b")[0]
+    assert dims_from_hf_config(cfg) == replace(want, max_position_embeddings=cfg["text_config"]["max_position_embeddings"])
+    with pytest.raises(DeviceError, match="linear.num_layers=32 must be in 1..31"):
+        replace(want, linear={**vars(want.linear), "num_layers": 32})

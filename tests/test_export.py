@@ -149,18 +149,22 @@ def test_manifest_errors_name_the_problem(tiny_checkpoints, tmp_path):
 
 @pytest.mark.tier2
 def test_default_export_end_to_end(smollm2_dir, tmp_path):
-    """`dflash-edge export --out DIR` with no other arguments: default target + drafter, parity on."""
+    """`dflash-edge export --out DIR` with no other arguments: default target + drafter, parity on; the target is
+    the GGUF's own 4-bit blocks (no re-quantisation) with the int8 KV cache."""
     from dflash_edge.cli import main
-    from dflash_edge.engines.readiness import bundle_trt_readiness
 
     out = tmp_path / "bundle"
     assert main(["export", "--out", str(out)]) == 0
     m = read_bundle(out).manifest                    # every sha256 checked
-    parity = m["source"]["parity"]
-    assert parity["target.logits.max_abs_diff"] <= 1e-3
-    assert parity["target.next_ids.agreement"] == parity["drafter.draft_ids.agreement"] == 1.0
-    assert bundle_trt_readiness(out)["ok"]
+    parity = m["source"]["parity"]                   # int8 activations (level 4) against fp32 arithmetic
+    assert parity["target.logits.max_abs_diff"] <= 5.0 and parity["target.hidden.max_abs_diff"] > 0
+    assert parity["target.next_ids.agreement"] >= 0.85 and parity["drafter.draft_ids.agreement"] >= 0.85
     assert m["model"]["vocab_size"] == 49152 and m["block_size"] == 16
+    target = m["graphs"]["target_fused"]
+    assert (target["precision"], target["kv_cache"]["dtype"], m["graphs"]["drafter"]["precision"]) == \
+        ("int4", "int8", "fp32")
+    assert target["quantization"]["weights_by_source"] == {"Q4_1": 210, "Q8_0": 1}      # 7 x 30 layers + table
+    assert target["quantization"]["requantised_low_bit"] == {}
     for graph in m["graphs"].values():
         onnx.checker.check_model(str(out / graph["files"][0]["path"]))
 

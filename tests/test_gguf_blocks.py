@@ -15,6 +15,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
 from dflash_edge.models.gguf_blocks import TYPES, UnsupportedQuantType, nbits_operands  # noqa: E402
+from dflash_edge.models.nbits import dequantize as dequant_operands  # noqa: E402
 from dflash_edge.runtime.errors import ModelFormatError  # noqa: E402
 
 N, K = 64, 256
@@ -44,28 +45,15 @@ def _raw(name: str) -> np.ndarray:
     return quantize(w, T[name])                                              # [N, bytes per row], as GGUFReader
 
 
-def dequant_operands(w) -> np.ndarray:
-    """W [N, K] from MatMulNBits' formula: (q - zp) * scale per block, plus the correction term when present."""
-    blocks = w.k // w.block_size
-    if w.bits == 4:
-        q = np.stack([w.B & 0x0F, w.B >> 4], axis=-1).reshape(w.n, blocks, w.block_size)   # 2i low, 2i+1 high
-        zp = np.stack([w.zero_points & 0x0F, w.zero_points >> 4], axis=-1).reshape(w.n, -1)[:, :blocks]
-    else:
-        q, zp = w.B.reshape(w.n, blocks, w.block_size), w.zero_points
-    x = (q.astype(np.float32) - zp[..., None].astype(np.float32)) * w.scales[..., None]
-    if w.correction is not None:
-        x = x + w.correction.T[..., None]
-    return x.reshape(w.n, w.k)
-
-
 def _session(w):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     attrs = dict(domain="com.microsoft", K=w.k, N=w.n, bits=w.bits, block_size=w.block_size, accuracy_level=0)
-    nodes = [helper.make_node("MatMulNBits", ["A", "B", "s", "z"], ["Y" if w.correction is None else "Y0"], **attrs)]
-    inits = [numpy_helper.from_array(w.B, "B"), numpy_helper.from_array(w.scales, "s"),
-             numpy_helper.from_array(w.zero_points, "z")]
+    zp = [] if w.zero_points is None else ["z"]                                        # None: the op's default
+    nodes = [helper.make_node("MatMulNBits", ["A", "B", "s", *zp], ["Y" if w.correction is None else "Y0"], **attrs)]
+    inits = [numpy_helper.from_array(w.B, "B"), numpy_helper.from_array(w.scales, "s")]
+    inits += [numpy_helper.from_array(w.zero_points, "z")] if zp else []
     if w.correction is not None:
         nodes += [helper.make_node("Reshape", ["A", "shape"], ["Ab"]),                       # [M, K/bs, bs]
                   helper.make_node("ReduceSum", ["Ab", "axis"], ["As"], keepdims=0),         # [M, K/bs]
@@ -97,7 +85,8 @@ def test_operands_dequantise_to_gguf(name):
     raw = _raw(name)
     truth = dequantize(raw, T[name])                                         # [N, K] float32
     w = nbits_operands(raw, T[name])
-    assert (w.n, w.k, w.B.dtype, w.scales.dtype, w.zero_points.dtype) == (N, K, np.uint8, np.float32, np.uint8)
+    assert (w.n, w.k, w.B.dtype, w.scales.dtype) == (N, K, np.uint8, np.float32)
+    assert w.zero_points is None or w.zero_points.dtype == np.uint8
     assert w.B.shape == (N, K // w.block_size, w.block_size * w.bits // 8)
     diff = np.abs(dequant_operands(w) - truth).max()
     assert diff <= 1e-6 * np.abs(truth).max(), (name, diff, np.abs(truth).max())

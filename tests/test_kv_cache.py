@@ -200,7 +200,7 @@ def test_fp16_target_is_refused_up_front(tiny_bundle, tmp_path):
 
 
 def test_export_kv_cache_int8_is_export_then_quantise(tiny_bundle, tmp_path, prompts_file):
-    from dflash_edge.cli.export import export_quantized
+    from dflash_edge.cli.export import export_with_int8_cache
     from dflash_edge.export.exporter import ExportOptions
     from dflash_edge.quantize.quality import ReportOptions
     from dflash_edge.runtime import Generator
@@ -209,7 +209,7 @@ def test_export_kv_cache_int8_is_export_then_quantise(tiny_bundle, tmp_path, pro
     opts = ExportOptions(out=tmp_path / "kv8", target=str(root / "target"), draft=str(root / "drafter"),
                          block_size=8, max_context=128, prefill_chunk=8, verify=False)
     report = ReportOptions(positions=24, max_new_tokens=12, accept_prompts=1, prompts=prompts_file, threads=1)
-    out = export_quantized(opts, "fp32", report=report, kv_cache="int8")
+    out = export_with_int8_cache(opts, report=report)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kv8"]                       # no fp32 leftovers
     gen = Generator.load(out, threads=1)
     assert gen.target.kv.key.array.dtype == np.int8

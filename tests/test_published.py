@@ -129,13 +129,21 @@ def test_drafter_that_does_not_fit_the_target(published, tmp_path):
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 64},
-     r"layer_types marks layer\(s\) \[1\] as 'sliding_attention' \(sliding_window=64\)"),
-    ({"layer_types": None, "use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1},
-     r"marks layer\(s\) \[1\] as 'sliding_attention'"),
+    ({"layer_types": ["full_attention", "chunked_attention"], "sliding_window": 64},
+     r"unknown layer type\(s\) \['chunked_attention'\]"),
+    ({"layer_types": ["full_attention", "sliding_attention"], "sliding_window": None}, r"sliding_window=None"),
     ({"hidden_act": "gelu"}, r"hidden_act='gelu' is not supported"),
 ])
 def test_drafter_config_features_we_cannot_run_are_refused_by_name(change, message):
     cfg = {**zlab_config(reduced("Qwen3-8B"), num_layers=2), **change}
     with pytest.raises(ModelFormatError, match=message):
         DraftConfig.from_dict(cfg)
+
+
+@pytest.mark.parametrize("change", [{"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 64},
+                                    {"layer_types": None, "use_sliding_window": True, "sliding_window": 64,
+                                     "max_window_layers": 1}])
+def test_drafter_sliding_windows_are_honoured(change):
+    """z-lab's sliding-window drafters (issue 26: tests/test_sliding_window.py runs them end to end)."""
+    cfg = DraftConfig.from_dict({**zlab_config(reduced("Qwen3-8B"), num_layers=2), **change})
+    assert cfg.window_layers == [1] and cfg.window(1) == 64 and cfg.window(0) is None

@@ -213,16 +213,16 @@ def test_quantised_top1_agrees_with_fp32_on_tiny_model(quantized):
     assert report["top1_agreement"] >= 0.9
 
 
-def test_export_precision_is_export_then_quantise(tiny_bundle, tmp_path, prompts_file):
-    from dflash_edge.cli.export import export_quantized
-    from dflash_edge.export.exporter import ExportOptions
+def test_export_precision_writes_int4_directly(tiny_bundle, tmp_path):
+    from dflash_edge.export.exporter import ExportOptions, export_bundle
     from dflash_edge.runtime import Generator
 
     root = tiny_bundle("llama", 8).path.parent
     opts = ExportOptions(out=tmp_path / "int4", target=str(root / "target"), draft=str(root / "drafter"),
-                         block_size=8, max_context=128, prefill_chunk=8, verify=False)
-    out = export_quantized(opts, "int4", report=small_report(prompts_file))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["int4"]                    # no fp32 leftovers
+                         block_size=8, max_context=128, prefill_chunk=8, verify=False, precision="int4",
+                         draft_precision="int4")
+    out = export_bundle(opts, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["int4"]                    # no fp32 detour
     gen = Generator.load(out, threads=1)
     assert {g["precision"] for g in gen.bundle.manifest["graphs"].values()} == {"int4"}
     assert gen.generate_ids(PROMPTS[0], 20, draft="drafter").token_ids == gen.generate_ids(PROMPTS[0], 20, draft="none").token_ids

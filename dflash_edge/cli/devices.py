@@ -116,19 +116,35 @@ def bundle_request(args, device) -> PlanRequest:
         raise DeviceError(f"bundle {args.bundle} was exported for context <= {bundle.max_context}, not {args.context}; "
                           f"re-export with --max-context {args.context} or plan with --context <= {bundle.max_context}")
     nbytes = {g: sum(f["bytes"] for f in man["graphs"][g]["files"]) for g in ("target", "drafter")}
-    target = ModelDims(family=m["family"], hidden_size=m["hidden_size"], intermediate_size=0,
+    target = ModelDims(family=m["family"], hidden_size=m["hidden_size"], intermediate_size=m.get("intermediate_size", 0),
                        num_layers=m["num_layers"], num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"],
                        head_dim=m["head_dim"], vocab_size=m["vocab_size"],
                        tie_word_embeddings="tied" in man.get("shared_weights", {}).get("lm_head", ""),
-                       max_position_embeddings=m["max_position_embeddings"])
+                       max_position_embeddings=m["max_position_embeddings"], **_experts(m))
     drafter = DraftDims(num_layers=m["draft_num_layers"], hidden_size=m["hidden_size"], intermediate_size=0,
                         num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"],
                         num_target_layer_ids=len(m["target_layer_ids"]), block_size=man["trained_block_size"])
     req = PlanRequest(target, drafter, device, precision=precision, context=bundle.max_context,
                       position=args.context or 0, block=bundle.block_size, prefill_chunk=man["prefill_chunk"],
                       tau=args.tau or DEFAULT_TAU, target_weight_bytes=nbytes["target"],
-                      draft_weight_bytes=nbytes["drafter"])
-    return _with_intermediate(req, m.get("draft_vocab_size") or m["vocab_size"])
+                      draft_weight_bytes=nbytes["drafter"], kv_bytes=_cache_bytes(man, device))
+    sized = _with_intermediate(req, m.get("draft_vocab_size") or m["vocab_size"])
+    return replace(sized, target=target) if target.num_experts else sized   # MoE: the manifest states its widths
+
+
+def _experts(m: dict) -> dict:
+    """An MoE bundle's expert dims from its manifest `model` (models/qwen3_moe.manifest_fields); {} when dense."""
+    if not m.get("num_experts"):
+        return {}
+    return {"num_experts": m["num_experts"], "experts_per_token": m["experts_per_token"],
+            "moe_intermediate_size": m["moe_intermediate_size"], "dense_layers": m["num_layers"] - len(m["sparse_layers"])}
+
+
+def _cache_bytes(man: dict, device) -> int:
+    """Bytes per cached K/V element of the target the device would run: on a CPU the fused graph, whose int8
+    cache is 1 byte (0: as the activations; GPUs run the portable graph)."""
+    fused = man["graphs"].get("target_fused", {})
+    return 1 if fused.get("kv_cache", {}).get("dtype") == "int8" and device.device_class == "cpu" else 0
 
 
 def _with_intermediate(req: PlanRequest, draft_vocab: int) -> PlanRequest:

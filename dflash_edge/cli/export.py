@@ -1,7 +1,11 @@
-"""`dflash-edge export`: target + drafter -> bundle (`--precision` other than fp32: export, then quantise).
+"""`dflash-edge export`: target + drafter -> bundle, its weights written at `--precision` as they are read.
 
-Chaining export -> quantize is this module's job (export/ and quantize/ never import each other); so is
-the one line on the bundle's TensorRT readiness (engines/) printed after a successful export.
+`--precision auto` (the default) keeps a low-bit source low-bit: a checkpoint imported from a GGUF carries
+its exact blocks (int4 for Q4_*), anything else is written in fp32. int4 / int8 are written by the exporter
+itself, tensor by tensor; fp16 is still exported in fp32, then converted (`dflash-edge quantize`). The int8
+KV cache (`--kv-cache auto`: int8 for quantised targets) is calibrated on the written bundle. Chaining
+export -> quantize is this module's job (export/ and quantize/ never import each other); so is the one line
+on the bundle's TensorRT readiness (engines/) printed after a successful export.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.export.exporter import ExportOptions, export_bundle
 
 SHORTEST_CHAT = [{"role": "user", "content": "Hi"}]
+AUTO = "auto"
 
 
 def add_arguments(p) -> None:
@@ -33,13 +38,18 @@ def add_arguments(p) -> None:
                    help="write only the portable target graph (no GroupQueryAttention `target_fused` flavour)")
     p.add_argument("--no-memory-check", action="store_true",
                    help="start even when the estimated peak memory exceeds what is available")
-    p.add_argument("--precision", default=None, choices=PRECISIONS,
-                   help="then quantise target and drafter to this precision (`dflash-edge quantize`, with its "
-                        "report); default fp32, or the plan's choice with --device")
+    p.add_argument("--precision", default=None, choices=(AUTO, *PRECISIONS),
+                   help="the target's weights, written as each tensor is read: int4 / int8 blocks (a GGUF source's "
+                        "own blocks exactly, others re-quantised), fp16, fp32; default auto: int4 for a low-bit GGUF "
+                        "source, else fp32 (with --device: the plan's choice)")
+    p.add_argument("--draft-precision", default=None, choices=PRECISIONS,
+                   help="the drafter's own layers (it borrows the target's embedding and head); default fp32 "
+                        "(fp16 with an fp16 target: that bundle is fp16 throughout)")
     from dflash_edge.quantize.int8_cache import KV_CACHES
 
-    p.add_argument("--kv-cache", default="fp32", choices=KV_CACHES,
-                   help="the fused target's KV cache (int8: `dflash-edge quantize --kv-cache int8` after export)")
+    p.add_argument("--kv-cache", default=AUTO, choices=(AUTO, *KV_CACHES),
+                   help="the fused target's KV cache; auto: int8 for int4/int8 targets (calibrated after export), "
+                        "else fp32")
     p.add_argument("--device", default=None, help="plan for this device profile (`dflash-edge devices`): take the "
                                                   "precision and max context that fit, or refuse naming what would fit")
 
@@ -55,43 +65,52 @@ def run(args) -> int:
         args.precision, args.max_context = choose_for_device(args.device, target_dir, args.draft, args.block_size,
                                                              args.max_context, (args.precision,) if args.precision
                                                              else PRECISIONS)
-    args.precision = args.precision or "fp32"
     check_up_front(args)
+    precision = resolve_precision(args.precision, args.target)
+    kv_cache = args.kv_cache if args.kv_cache != AUTO else ("fp32" if precision in ("fp32", "fp16") or args.no_fused
+                                                            else "int8")
     opts = ExportOptions(out=args.out, target=args.target, draft=args.draft, block_size=args.block_size,
                          max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
                          verify=not args.no_verify, draft_vocab=args.draft_vocab, fused=not args.no_fused,
-                         memory_check=not args.no_memory_check)
-    if args.precision == "fp32" and args.kv_cache == "fp32":
-        out = export_bundle(opts)
-    else:
-        out = export_quantized(opts, args.precision, kv_cache=args.kv_cache)
+                         memory_check=not args.no_memory_check,
+                         precision=precision,
+                         draft_precision=args.draft_precision or ("fp16" if precision == "fp16" else "fp32"))
+    out = export_bundle(opts) if kv_cache == "fp32" else export_with_int8_cache(opts)
     print(trt_readiness_line(out), file=sys.stderr)
     return 0
 
 
-def export_quantized(opts: ExportOptions, precision: str, report=None, kv_cache: str = "fp32") -> Path:
-    """`export --precision`: export an fp32 bundle into a temp folder beside `opts.out`, quantise it into `opts.out`.
+def resolve_precision(precision: str | None, target: str | None) -> str:
+    """`--precision auto`: int4 when the target checkpoint holds exact low-bit blocks (a GGUF import), else fp32."""
+    if precision not in (None, AUTO):
+        return precision
+    from dflash_edge.models.checkpoint import BLOCKS
+    from dflash_edge.models.fetch import resolve_target
 
-    `report` (quantize.quality.ReportOptions) defaults to the full quality report; the fp32 bundle is removed.
-    """
+    low_bit = (resolve_target(None if target == "default" else target) / BLOCKS).is_file()
+    return "int4" if low_bit else "fp32"
+
+
+def export_with_int8_cache(opts: ExportOptions, report=None) -> Path:
+    """Export at `opts.precision` into a temp folder beside `opts.out`, then give its fused target the int8 KV cache
+    (calibrated on the written graphs; every graph file copied as it is) into `opts.out`. `report`
+    (quantize.quality.ReportOptions): its prompts and threads calibrate the cache, and a quality report is written."""
     import dataclasses
     import shutil
     import tempfile
 
     from dflash_edge.quantize.bundle_quant import QuantizeOptions, quantize_bundle
-    from dflash_edge.quantize.precisions import QuantizeError, check_precision
-    from dflash_edge.quantize.quality import ReportOptions
+    from dflash_edge.quantize.precisions import QuantizeError
 
-    check_precision(precision)
     out = Path(opts.out).expanduser()
     if out.exists() and not opts.force:
         raise QuantizeError(f"{out} already exists; pass --force to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.fp32-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
-        fp32 = export_bundle(dataclasses.replace(opts, out=tmp / "fp32", force=True))
-        return quantize_bundle(QuantizeOptions(fp32, out, target=precision, draft=precision, force=opts.force,
-                                               report=report or ReportOptions(), kv_cache=kv_cache))
+        first = export_bundle(dataclasses.replace(opts, out=tmp / "bundle", force=True))
+        return quantize_bundle(QuantizeOptions(first, out, target=opts.precision, draft=opts.draft_precision,
+                                               force=opts.force, report=report, kv_cache="int8"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
