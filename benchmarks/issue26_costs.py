@@ -2,10 +2,11 @@
 
     python benchmarks/issue26_costs.py window   # draft ms and drafter-cache MB at 64 / 1,024 / 2,000 cached
                                                 # positions: a 2-layer drafter (hidden 512) all full vs all W=64
-    python benchmarks/issue26_costs.py hybrid   # a Qwen3.5-4B-dimension slice (3 Gated DeltaNet + 1 gated full
+    python benchmarks/issue26_costs.py hybrid [--precision int4]   # a Qwen3.5-4B-dimension slice (3 Gated DeltaNet + 1 gated full
                                                 # layer, vocab cut to 1,024), fp32, 512 cached positions: decode
                                                 # (T=1) and verify (T=16) ms of export/hybrid_target.py's graph,
-                                                # the bytes of state it returns, the rebuild after a partial accept
+                                                # the bytes of state it returns, the rebuild after a partial accept;
+                                                # decode at 64 vs 1,800 cached positions (what grows with context)
 
 Random weights (seeded), built in a temp folder; medians of interleaved runs on `--threads` threads.
 """
@@ -68,7 +69,7 @@ def window(root: Path, threads: int) -> None:
     print("drafter cache MB: " + ", ".join(f"{n} {g.drafter.kv.nbytes / 1e6:.2f}" for n, g in gens.items()))
 
 
-def hybrid(root: Path, threads: int) -> None:
+def hybrid(root: Path, threads: int, precision: str = "fp32") -> None:
     import onnxruntime as ort
     import torch
     import transformers
@@ -86,14 +87,17 @@ def hybrid(root: Path, threads: int) -> None:
     with torch.no_grad():
         transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**text)).save_pretrained(root / "ck")
     cfg = TargetConfig.from_json(root / "ck")
-    path = build_hybrid_target(cfg, Checkpoint.open(root / "ck"), (1,), WeightStore(root), root / "h.onnx")
+    from dflash_edge.export.weight_format import WeightFormat
+
+    fmt = WeightFormat(precision, 0 if precision == "fp32" else 8)          # as the exporter's weight_formats
+    path = build_hybrid_target(cfg, Checkpoint.open(root / "ck"), (1,), WeightStore(root), root / "h.onnx", fmt=fmt)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     lin, hv, cached = len(cfg.linear_layers), cfg.linear_num_value_heads, 512
     rng = np.random.default_rng(0)
 
-    def feeds(num: int, carried: int, kept: int) -> dict:
+    def feeds(num: int, carried: int, kept: int, cached: int = cached) -> dict:
         return {"input_ids": np.arange(num)[None] % 1000, "start": np.array([cached]), "kept": np.array([kept]),
                 "past_key": rng.random((cached, 1, 4, 256), np.float32),
                 "past_value": rng.random((cached, 1, 4, 256), np.float32),
@@ -104,7 +108,8 @@ def hybrid(root: Path, threads: int) -> None:
                 "prev_u": rng.random((carried, lin, hv, 128), np.float32),
                 "prev_decay": -rng.random((carried, lin, hv), np.float32)}
     cases = {"decode after a decode": feeds(1, 1, 1), "verify after a full accept": feeds(16, 16, 16),
-             "verify after a partial accept (7 of 16)": feeds(16, 16, 7)}
+             "verify after a partial accept (7 of 16)": feeds(16, 16, 7),
+             "decode at 64 cached positions": feeds(1, 1, 1, 64), "decode at 1,800 cached positions": feeds(1, 1, 1, 1800)}
     names = [o.name for o in session.get_outputs()]
     state = sum(o.nbytes for n, o in zip(names, session.run(None, cases["verify after a full accept"]))
                 if n in ("conv_start", "rec_start", "qkv", "delta_k", "delta_u", "decay"))
@@ -124,9 +129,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("window", "hybrid"))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "int8", "int4"), help="hybrid: the weights")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        {"window": window, "hybrid": hybrid}[args.what](Path(tmp), args.threads)
+        if args.what == "window":
+            window(Path(tmp), args.threads)
+        else:
+            hybrid(Path(tmp), args.threads, args.precision)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from dflash_edge.models.qwen3_5 import LINEAR, attention_spec
 from .graph_builder import OPSET, GraphBuilder
 from .portable_layers import Layer, float_min, int_range, linear, mlp, rope_rows, split_past, stack_new
 from .portable_target import causal_mask, untied_head
+from .weight_format import Table
 
 GRAPH = "target_hybrid"
 MAX_TOKENS = 64                  # the most tokens one call may carry (the solve's factor count follows from it)
@@ -222,19 +223,21 @@ def check_options(opts) -> None:
         if value > MAX_TOKENS:
             raise DflashEdgeError(f"{flag} {value}: a hybrid target's call carries at most {MAX_TOKENS} tokens "
                                   f"(export/hybrid_target.MAX_TOKENS); use {flag} <= {MAX_TOKENS}")
-    if opts.precision != "fp32":
-        raise DflashEdgeError(f"--precision {opts.precision}: the hybrid target is written in fp32 only so far; "
-                              f"pass --precision fp32")
+    if opts.precision == "fp16":
+        raise DflashEdgeError("--precision fp16: the hybrid target is written in fp32, int8 or int4 (its float16 "
+                              "graph is not checked); pass one of those")
 
 
-def build_hybrid_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, opts=None) -> Path:
-    """Write the hybrid target graph to `out` (weights appended to `store` as they are read)."""
+def build_hybrid_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, opts=None, fmt=None,
+                        log=None) -> Path:
+    """Write the hybrid target graph to `out` (weights appended to `store` as they are read, in `fmt`: the
+    projections and the embedding / head at the bundle's precision, export/weight_format.py)."""
     from dflash_edge.models.rope import rope_tables
 
     if opts is not None:
         check_options(opts)
     p = cfg.weight_prefix
-    g = GraphBuilder(GRAPH, store)             # its weights go to the target's data file (DATA_FILES)
+    g = GraphBuilder(GRAPH, store, fmt, log)   # its weights go to the target's data file (DATA_FILES)
     num_new = g.op("Shape", ["input_ids"], start=1, end=2)[0]                              # [1] = T
     num_past = g.op("Shape", ["past_key"], start=0, end=1)[0]                              # [1] = S
     offsets = int_range(g, num_new)                                                        # [T]
@@ -249,8 +252,8 @@ def build_hybrid_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, o
                      g.op("Add", ["start", offsets])[0])                                   # [T, R] each
     mask = causal_mask(g, num_new, num_past, offsets, cfg.num_attention_heads // cfg.num_key_value_heads)
     tri = _masks(g, offsets)
-    embed = g.init(f"{p}.embed_tokens.weight", lambda: ckpt.array(f"{p}.embed_tokens.weight"), shared="embed_tokens")
-    x = g.op("Gather", [embed, g.op("Squeeze", ["input_ids", g.const([0])])[0]], axis=0)[0]   # [T, H]
+    embed = Table(g, ckpt, f"{p}.embed_tokens.weight")                                     # shared with the drafter
+    x = embed.gather(g.op("Squeeze", ["input_ids", g.const([0])])[0])                      # [T, H]
     linear_ids = cfg.linear_layers
     full_ids = [i for i in range(cfg.num_hidden_layers) if i not in linear_ids]
     past = dict(zip(full_ids, zip(split_past(g, "past_key", len(full_ids)), split_past(g, "past_value",
@@ -278,8 +281,7 @@ def build_hybrid_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, o
     hidden = g.op("Concat", [captured[i] for i in capture], axis=-1)[0]                    # [T, N]
     g.op("Unsqueeze", [hidden, g.const([0])], ["hidden"])                                  # [1, T, N]
     normed = centred_norm(g, x, ckpt, f"{p}.norm", cfg.rms_norm_eps)
-    head = g.op("Gemm", [normed, embed], transB=1)[0] if cfg.tie_word_embeddings else \
-        untied_head(g, normed, ckpt)                                                       # [T, V]
+    head = embed.head(normed) if cfg.tie_word_embeddings else untied_head(g, normed, ckpt)  # [T, V]
     g.op("Unsqueeze", [head, g.const([0])], ["logits"])                                    # [1, T, V]
     g.op("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0)                          # [1, T]
     stack_new(g, new_k, "new_key")                                                         # [T, Lf, Hkv, D]

@@ -4,9 +4,10 @@ chosen experts' weights:
 - `moe_gather` (portable, opset 17, what TensorRT parses): softmax router -> TopK -> Gather of the chosen experts'
   rows of the stacked weights -> batched MatMul -> weighted sum over the k slots.
 - `moe_fused` (target_fused, CPU): onnxruntime's com.microsoft `MoE` op (fp32 experts) or `QMoE` (int4 / int8
-  experts) on the same stacked weights. It routes (softmax, top-k, optional renormalisation) and runs each chosen
-  expert once on the tokens that chose it, so a verify of T tokens reads each distinct expert once (measured
-  against the gather: benchmarks/moe_slice.py).
+  experts) on the same stacked weights, fed one top-1 row per (token, slot) so that a token's output does not
+  depend on the other tokens of the call (see `moe_fused`). It runs each chosen expert once on the rows that
+  chose it, so a verify of T tokens reads each distinct expert once (measured against the gather:
+  benchmarks/moe_slice.py).
 
 Both use one stack per projection and sparse layer (the two flavours share them in target.onnx.data): `fc1`
 [E, 2I, H] with gate and up rows interleaved (row 2i = gate_i, 2i + 1 = up_i: the only SwiGLU layout the CPU
@@ -125,6 +126,15 @@ def router_logits(g: GraphBuilder, h: str, ckpt, prefix: str) -> str:
     return g.op("MatMul", [h, g.init(f"{name}.T", lambda: ckpt.array(name).T)])[0]
 
 
+def route(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> tuple[str, str]:
+    """(weights [1, T, k], expert ids [1, T, k]) of tokens h [1, T, H]: softmax, top-k, renormalised if asked."""
+    probs = g.op("Softmax", [router_logits(g, h, ckpt, prefix)], axis=-1)[0]               # [1, T, E]
+    weights, ids = g.op("TopK", [probs, g.const([m.top_k])], 2, axis=-1, largest=1, sorted=1)   # [1, T, k] each
+    if m.norm_topk_prob:
+        weights = g.op("Div", [weights, g.op("ReduceSum", [weights, g.const([-1])], keepdims=1)[0]])[0]
+    return weights, ids
+
+
 def chosen(g: GraphBuilder, s: Stack, ids: str, m) -> str:
     """The stacked matrices of experts `ids` [T*k] as fp32 [T*k, N, K] (low-bit ones dequantised after the Gather,
     so only the chosen experts' codes are read)."""
@@ -147,10 +157,7 @@ def chosen(g: GraphBuilder, s: Stack, ids: str, m) -> str:
 
 def moe_gather(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> str:
     """Sparse MLP on h [1, T, H] -> [1, T, H] with standard ops: each token's k chosen experts gathered and run."""
-    probs = g.op("Softmax", [router_logits(g, h, ckpt, prefix)], axis=-1)[0]               # [1, T, E]
-    weights, ids = g.op("TopK", [probs, g.const([m.top_k])], 2, axis=-1, largest=1, sorted=1)   # [1, T, k] each
-    if m.norm_topk_prob:
-        weights = g.op("Div", [weights, g.op("ReduceSum", [weights, g.const([-1])], keepdims=1)[0]])[0]
+    weights, ids = route(g, h, ckpt, prefix, m)                                            # [1, T, k] each
     fc1, fc2 = stacked(g, ckpt, prefix, m, FC1), stacked(g, ckpt, prefix, m, FC2)
     flat_ids = g.op("Reshape", [ids, g.const([-1])])[0]                                    # [T*k]
     w1 = g.op("Reshape", [chosen(g, fc1, flat_ids, m),
@@ -169,17 +176,38 @@ def moe_gather(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> str:
 
 
 def moe_fused(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> str:
-    """Sparse MLP on h [1, T, H] -> [1, T, H] as onnxruntime's com.microsoft MoE / QMoE (routing inside the op)."""
-    logits = g.op("Reshape", [router_logits(g, h, ckpt, prefix), g.const([-1, m.num_experts])])[0]   # [T, E]
+    """Sparse MLP on h [1, T, H] -> [1, T, H] as onnxruntime's com.microsoft MoE / QMoE.
+
+    Routing stays outside the op: each (token, slot) is its own row of a top-1 call whose one-hot router picks the
+    slot's expert with weight exactly 1 (one weight renormalised), and a token's k rows are weighted and added in
+    slot order here. The op's own k-way sum runs in an order that depends on the other tokens of the call, so a
+    token's output would differ by an ulp between a decode and a verify; top-1 rows do not (benchmarks/moe_slice.py
+    op: rows_stable). The op still runs each chosen expert once on all the rows that chose it."""
+    weights, ids = route(g, h, ckpt, prefix, m)                                            # [1, T, k] each
+    flat_ids = g.op("Reshape", [ids, g.const([-1])])[0]                                    # [T*k]
+    one_hot = g.op("OneHot", [flat_ids, g.const(m.num_experts), g.const([0.0, 1.0], np.float32)], axis=-1)[0]
+    rows = g.op("Expand", [g.op("Reshape", [h, g.const([-1, 1, m.hidden_size])])[0],
+                           g.const([1, m.top_k, 1])])[0]                                   # [T, k, H]
+    rows = g.op("Reshape", [rows, g.const([-1, m.hidden_size])])[0]                        # [T*k, H]
     fc1, fc2 = stacked(g, ckpt, prefix, m, FC1), stacked(g, ckpt, prefix, m, FC2)
-    attrs = dict(k=m.top_k, activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=int(m.norm_topk_prob),
-                 activation_alpha=1.0, activation_beta=0.0)
+    attrs = dict(k=1, activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=1, activation_alpha=1.0,
+                 activation_beta=0.0)
     if fc1.scales is None:
-        return g.op("MoE", [h, logits, fc1.weights, "", fc2.weights], domain=MS, **attrs)[0]
-    bits, bs = expert_blocks(g, m)
-    if bits == 8 and not g.fmt.accuracy_level:
-        raise DflashEdgeError("int8 experts with accuracy_level 0: onnxruntime's QMoE has no fp32-activation kernel "
-                              "for 8-bit experts, so the fused target cannot match the fp32 reference; export with "
-                              "accuracy_level 4 (the default), at int4, or without the fused target (--no-fused)")
-    return g.op("QMoE", [h, logits, fc1.weights, fc1.scales, "", fc2.weights, fc2.scales], domain=MS, **attrs,
-                expert_weight_bits=bits, block_size=bs, accuracy_level=g.fmt.accuracy_level, weights_prepacked=0)[0]
+        y = g.op("MoE", [rows, one_hot, fc1.weights, "", fc2.weights], domain=MS, **attrs)[0]   # [T*k, H]
+    else:
+        bits, bs = expert_blocks(g, m)
+        if bits == 8 and not g.fmt.accuracy_level:
+            raise DflashEdgeError("int8 experts with accuracy_level 0: onnxruntime's QMoE has no fp32-activation "
+                                  "kernel for 8-bit experts, so the fused target cannot match the fp32 reference; "
+                                  "export with accuracy_level 4 (the default), at int4, or without the fused target "
+                                  "(--no-fused)")
+        y = g.op("QMoE", [rows, one_hot, fc1.weights, fc1.scales, "", fc2.weights, fc2.scales], domain=MS, **attrs,
+                 expert_weight_bits=bits, block_size=bs, accuracy_level=g.fmt.accuracy_level,
+                 weights_prepacked=0)[0]                                                   # [T*k, H]
+    slots = g.op("Mul", [g.op("Reshape", [y, g.const([-1, m.top_k, m.hidden_size])])[0],
+                         g.op("Reshape", [weights, g.const([-1, m.top_k, 1])])[0]])[0]     # [T, k, H]
+    parts = g.op("Split", [slots, g.const([1] * m.top_k)], m.top_k, axis=1)               # k x [T, 1, H]
+    out = parts[0]
+    for part in parts[1:]:                  # slot order, elementwise: the same sum for every T
+        out = g.op("Add", [out, part])[0]
+    return g.op("Reshape", [out, g.const([1, -1, m.hidden_size])])[0]                      # [1, T, H]

@@ -112,6 +112,10 @@ def _not_text(ckpt) -> tuple[str, ...]:
 
 def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple[Path, str]:
     """(z-lab drafter folder, source label) for `spec`: a folder, 'default' (shipped) or 'random' (written to `scratch`)."""
+    from dflash_edge.models.qwen3_5 import HybridConfig
+
+    if isinstance(target_cfg, HybridConfig):          # a drafter is sized from the dims a dense config shares
+        target_cfg = target_cfg.dense_view()
     if spec in (None, "default"):
         from dflash_edge.models.resolve_drafter import default_drafter_path
 

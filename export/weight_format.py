@@ -136,8 +136,8 @@ def nbits_node(g, x: str, key: str, lazy, out: str | None = None, shared: str | 
     y = g.op("MatMulNBits", inputs, [out] if out and not lay.correction else 1, domain=MS, **attrs)[0]
     if lay.correction:
         corr = g.op("MatMul", [block_sums(g, x, lay.k, lay.block_size), g.init(f"{key}_correction", get("correction"),
-                                                                _share(shared, "correction"))])[0]   # [M, N]
-        y = g.op("Add", [y, corr], [out] if out else 1)[0]          # [1, T, N] + [T, N]: batch is 1
+                                                                _share(shared, "correction"))])[0]   # [.., N]
+        y = g.op("Add", [y, corr], [out] if out else 1)[0]
     return y
 
 
@@ -146,11 +146,13 @@ def _share(shared: str | None, part: str) -> str | None:
 
 
 def block_sums(g, x: str, k: int, bs: int) -> str:
-    """Sums of x over each block of `bs` inputs: [.., K] -> [M, K/bs] (M: all rows), once per (x, bs)."""
+    """Sums of x over each block of `bs` inputs, [.., K] -> [.., K/bs], once per (x, bs): one MatMul on a 0/1
+    matrix [K, K/bs] (5% faster decode than Reshape + ReduceSum: two ops per input; docs/BENCHMARKS.md)."""
     key = ("block_sums", x, bs)
     if key not in g.memo:
-        blocks = g.op("Reshape", [x, g.const([-1, k // bs, bs])])[0]                   # [M, K/bs, bs]
-        g.memo[key] = g.op("ReduceSum", [blocks, g.const([-1])], keepdims=0)[0]         # [M, K/bs]
+        ones = g.init(f"block_sum_{k}_{bs}", lambda: np.kron(np.eye(k // bs, dtype=np.float32),
+                                                              np.ones((bs, 1), np.float32)))     # [K, K/bs]
+        g.memo[key] = g.op("MatMul", [x, ones])[0]                                        # [.., K/bs]
     return g.memo[key]
 
 
@@ -190,8 +192,7 @@ class Table:
         self.layout, get = _lazy(g, self.key, self._build)           # no zero points, no correction
         g.log.count(g.graph, self.layout.qtype)
         self.B = g.init(f"{self.key}_Q{self.layout.bits}", get("B"), "embed_tokens.B")
-        self.scales = g.init(f"{self.key}_scales", get("scales"), "embed_tokens.scales")
-        self.get = get
+        self.get = get                 # the scales are stored by the op that reads them (in its rank)
 
     def _build(self):
         """Exact when the source's blocks need no zero point or correction (Q8_0, Q4_0), else RTN at `bits`."""

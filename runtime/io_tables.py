@@ -87,7 +87,7 @@ GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
             TensorSpec("new_window_value", KV, ("C", "Lw", "Hkv", "D"), when="Lw"),
         ),
     },
-    # A hybrid (Qwen3.5) target, export/hybrid_target.py (issue 26 groundwork: no runtime wrapper yet). Lf full-
+    # A hybrid (Qwen3.5) target, export/hybrid_target.py (runtime wrapper: kv.HybridTargetModel). Lf full-
     # attention layers cache K/V as `target` does; the Ll Gated DeltaNet layers carry no per-token state: each call
     # gets the states at the previous call's start (`*_base`), that call's per-token rows (Tp of them) and how many
     # it `kept` (all after a prefill chunk, a + 1 after a verify accepting a drafts), rebuilds the states after

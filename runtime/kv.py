@@ -15,6 +15,10 @@ The fused target flavour (`FusedTargetModel`, issue 12) keeps its cache per laye
 (`LayerKV`: layer i is `[1, Hkv, capacity, D]`), each slab bound as both the past input and the present
 output of onnxruntime's GroupQueryAttention: the op reads the prefix in place and writes only the new
 rows, so a step's cost grows with what attention reads, not with copying the cache.
+
+A hybrid target (`HybridTargetModel`, issue 26) caches K/V for its full-attention layers only; its linear layers'
+conv and recurrent states (`LinearState`: fixed size whatever the context) are handed from call to call with the
+last call's per-token rows, and rollback is telling the next call how many of those tokens to keep.
 """
 from __future__ import annotations
 

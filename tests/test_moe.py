@@ -402,3 +402,62 @@ def test_int8_experts_with_fp32_activations_are_refused_by_name(moe, tmp_path):
     with pytest.raises(DflashEdgeError, match="int8 experts with accuracy_level 0.*--no-fused"):
         export_bundle(ExportOptions(out=tmp_path / "b", target=str(ckpt), draft="random", block_size=4, max_context=64,
                                     precision="int8", accuracy_level=0, quant_block=16), progress=False)
+
+
+def test_expert_blocks_qmoe_cannot_take_are_refused_by_name(moe, tmp_path):
+    from dflash_edge.export.exporter import ExportOptions, export_bundle
+    from dflash_edge.runtime.errors import DflashEdgeError
+
+    _, ckpt, _ = moe("renorm")                      # moe_intermediate_size 16: blocks of 32 do not divide it
+    with pytest.raises(DflashEdgeError, match="blocks of 32.*moe_intermediate_size 16"):
+        export_bundle(ExportOptions(out=tmp_path / "b", target=str(ckpt), draft="random", block_size=4, max_context=64,
+                                    precision="int4"), progress=False)
+
+
+class _RandomExperts:
+    """Checkpoint stand-in for one sparse layer: each named tensor random (seeded by its name), float32."""
+    root = "random"
+
+    def __init__(self, m):
+        from dflash_edge.models.qwen3_moe import moe_tensors
+
+        self.shapes = moe_tensors("model.layers.0", m)
+
+    def array(self, name, shape=None):
+        import zlib
+
+        return np.random.default_rng(zlib.crc32(name.encode())).standard_normal(self.shapes[name], np.float32) * 0.2
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4", "int8"])
+def test_fused_experts_give_a_token_the_same_row_in_any_call(tmp_path, precision):
+    """A token's output row from a 16-token call (a verify) equals its row alone (a decode) bit for bit, so greedy
+    stays lossless: QMoE's own k-way sum would depend on the other tokens (an ulp off with k >= 3), so routing and
+    the slot sum stay outside it. The portable gather is row-stable too; onnxruntime's fp32 MoE op is not (its
+    GEMM differs with the rows per expert, ~4e-6 here): a known limit of fp32 fused MoE bundles."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    from dflash_edge.export.graph_builder import MS, GraphBuilder
+    from dflash_edge.export.moe_layers import moe_fused, moe_gather
+    from dflash_edge.export.weight_format import WeightFormat
+    from dflash_edge.export.weight_store import WeightStore
+    from dflash_edge.models.qwen3_moe import MoESpec
+
+    m, store = MoESpec(64, 8, 3, 32, True), WeightStore(tmp_path)
+    sessions = {}
+    for form, write in (("fused", moe_fused), ("gather", moe_gather)):
+        g = GraphBuilder("target", store, WeightFormat(precision, block_size=16))
+        g.op("Identity", [write(g, "h", _RandomExperts(m), "model.layers.0", m)], ["y"])
+        io = [helper.make_tensor_value_info(n, 1, [1, "T", 64]) for n in ("h", "y")]
+        model = helper.make_model(helper.make_graph(g.nodes, form, io[:1], io[1:], g.inits),
+                                  opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+        onnx.save_model(model, str(tmp_path / f"{form}.onnx"))
+        sessions[form] = ort.InferenceSession(str(tmp_path / f"{form}.onnx"), providers=["CPUExecutionProvider"])
+    h = np.random.default_rng(1).standard_normal((1, 16, 64), np.float32)
+    call = {form: s.run(None, {"h": h})[0] for form, s in sessions.items()}               # [1, 16, H]
+    for form in ("gather",) if precision == "fp32" else ("gather", "fused"):
+        alone = np.concatenate([sessions[form].run(None, {"h": h[:, t:t + 1]})[0] for t in range(16)], axis=1)
+        assert np.array_equal(alone, call[form]), form
+    assert np.abs(call["fused"] - call["gather"]).max() < (1e-5 if precision == "fp32" else 0.05 * np.abs(h).max())

@@ -243,10 +243,10 @@ def test_greedy_tokens_equal_transformers_generate(published, tmp_path):
     assert tokens == want
 
 
-@pytest.fixture(scope="module")
-def hybrid_bundle(published, tmp_path_factory):
-    """The text-layout checkpoint exported (target_hybrid + a random 2-layer drafter, block 4, prefill chunks of 8)
-    and loaded by the runtime's Generator."""
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_text"])
+def hybrid_bundle(published, tmp_path_factory, request):
+    """(transformers model, Generator): a published layout exported (target_hybrid + a random 2-layer drafter,
+    block 4, prefill chunks of 8) and loaded by the runtime."""
     import shutil
 
     from dflash_edge.export.exporter import ExportOptions, export_bundle
@@ -254,29 +254,83 @@ def hybrid_bundle(published, tmp_path_factory):
     from dflash_edge.runtime import Generator
     from fixtures_bundle import add_tiny_tokenizer
 
-    root = tmp_path_factory.mktemp("hybrid-bundle")
+    model, path = published[request.param]
+    root = tmp_path_factory.mktemp(f"bundle-{request.param}")
     ckpt = root / "target"
-    shutil.copytree(published["qwen3_5_text"][1], ckpt)
+    shutil.copytree(path, ckpt)
     add_tiny_tokenizer(ckpt)
     cfg = DraftConfig.for_target(TargetConfig.from_json(ckpt).dense_view(), num_layers=2, block_size=4,
                                  mask_token_id=5)
     save_drafter(new_drafter(cfg, seed=4), root / "drafter")
     out = export_bundle(ExportOptions(out=root / "bundle", target=str(ckpt), draft=str(root / "drafter"), block_size=4,
                                       max_context=400, prefill_chunk=8, force=True), progress=False)
-    return Generator.load(out)
+    return model, Generator.load(out)
 
 
 @pytest.mark.parametrize("length", [5, 300])
-def test_generator_on_a_hybrid_bundle_gives_transformers_greedy_tokens(published, hybrid_bundle, length):
+def test_generator_on_a_hybrid_bundle_gives_transformers_greedy_tokens(hybrid_bundle, length, oracle):
     """Exported and run by the runtime: transformers' own greedy tokens, decoding plainly, drafting every step (the
-    drafter's misses roll the recurrent state back to the accepted tokens) and verifying prompt lookups (partial
-    accepts of several tokens). Prompts of 5 (one padded-free short chunk) and 300 tokens (37 chunks + a short one)."""
-    model = published["qwen3_5_text"][0]
-    gen = hybrid_bundle
+    random drafter's misses: the recurrent state rolls back to the bonus token) and with drafts that are right at
+    random (partial accepts of 1-3 tokens). Prompts of 5 (one short chunk) and 300 tokens (37 chunks + a short one:
+    no position runs twice)."""
+    model, gen = hybrid_bundle
     assert gen.target_graph == "target_hybrid" and not gen.target.RERUN_OK
+    assert set(gen.bundle.manifest["graphs"]) == {"target_hybrid", "drafter"}
+    assert gen.bundle.model["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
     prompt = [(31 * i + 7) % 96 for i in range(length)]
     with torch.no_grad():
         want = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, length:].tolist()
-    for draft in ("none", "drafter", "lookup"):
-        res = gen.generate_ids(prompt, 24, draft=draft, verify_len=3 if draft != "none" else None)
-        assert res.token_ids == want, draft
+    for draft in ("none", "drafter"):
+        assert gen.generate_ids(prompt, 24, draft=draft, verify_len=3 if draft != "none" else None).token_ids == want
+    oracle(gen, prompt + want, 0.6, seed=length)
+    res = gen.generate_ids(prompt, 24, draft="drafter", verify_len=3)
+    assert res.token_ids == want
+    assert 1.5 < res.stats.mean_acceptance_length < 4           # partial accepts, not all-or-nothing
+    sampled = gen.generate_ids(prompt, 24, draft="none", temperature=0.9, seed=7).token_ids
+    oracle(gen, prompt + sampled, 0.6, seed=length + 1)                 # sampling: each token keyed by position
+    res = gen.generate_ids(prompt, 24, draft="drafter", verify_len=3, temperature=0.9, seed=7)
+    assert res.token_ids == sampled and res.stats.mean_acceptance_length > 1.5
+    for bad in (0, 99):                                          # more than the last call ran, or none of it
+        with pytest.raises(ValueError, match=rf"keep\({bad}\): the last call ran \d+ tokens; keep 1\.\.\d+"):
+            gen.target.keep(bad)
+
+
+def test_hybrid_export_refuses_what_its_graph_cannot_carry():
+    from types import SimpleNamespace
+
+    from dflash_edge.export.hybrid_target import MAX_TOKENS, check_options
+    from dflash_edge.runtime.errors import DflashEdgeError
+
+    ok = SimpleNamespace(prefill_chunk=MAX_TOKENS, block_size=16, precision="fp32")
+    check_options(ok)
+    with pytest.raises(DflashEdgeError, match=r"--prefill-chunk 65: .* at most 64 tokens.*<= 64"):
+        check_options(SimpleNamespace(**{**vars(ok), "prefill_chunk": 65}))
+    check_options(SimpleNamespace(**{**vars(ok), "precision": "int4"}))
+    with pytest.raises(DflashEdgeError, match=r"--precision fp16: .*fp32, int8 or int4"):
+        check_options(SimpleNamespace(**{**vars(ok), "precision": "fp16"}))
+
+
+def test_int4_hybrid_bundle_is_lossless(published, tmp_path, oracle):
+    """The hybrid target written at int4 as its weights are read (export/weight_format.py: projections, the
+    shared embedding / head in blocks): drafting, with partial accepts through the recurrent state, changes no
+    token of its own plain decoding."""
+    import shutil
+
+    from dflash_edge.cli import main
+    from dflash_edge.runtime import Generator
+    from fixtures_bundle import add_tiny_tokenizer
+
+    ckpt = tmp_path / "target"
+    shutil.copytree(published["qwen3_5"][1], ckpt)
+    add_tiny_tokenizer(ckpt)
+    out = tmp_path / "b"            # the CLI: --kv-cache auto asks int8 of an int4 target, which a hybrid lacks
+    assert main(["export", "--out", str(out), "--target", str(ckpt), "--draft", "random", "--block-size", "4",
+                 "--max-context", "400", "--prefill-chunk", "8", "--precision", "int4"]) == 0
+    entry = json.loads((out / "manifest.json").read_text())["graphs"]["target_hybrid"]
+    assert entry["precision"] == "int4" and entry["quantization"]["weights_by_source"]["rtn"] > 0
+    gen = Generator.load(out)
+    prompt = [(31 * i + 7) % 96 for i in range(40)]
+    plain = gen.generate_ids(prompt, 24, draft="none").token_ids
+    oracle(gen, prompt + plain, 0.6, seed=3)
+    res = gen.generate_ids(prompt, 24, draft="drafter", verify_len=3)
+    assert res.token_ids == plain and res.stats.mean_acceptance_length > 1.5

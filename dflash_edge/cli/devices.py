@@ -116,7 +116,8 @@ def bundle_request(args, device) -> PlanRequest:
         raise DeviceError(f"bundle {args.bundle} was exported for context <= {bundle.max_context}, not {args.context}; "
                           f"re-export with --max-context {args.context} or plan with --context <= {bundle.max_context}")
     nbytes = {g: sum(f["bytes"] for f in man["graphs"][g]["files"]) for g in ("target", "drafter")}
-    target = ModelDims(family=m["family"], hidden_size=m["hidden_size"], intermediate_size=m.get("intermediate_size", 0),
+    target = ModelDims(family=m["family"], hidden_size=m["hidden_size"],
+                       intermediate_size=m.get("intermediate_size", 0),                 # MoE: its dense layers'
                        num_layers=m["num_layers"], num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"],
                        head_dim=m["head_dim"], vocab_size=m["vocab_size"],
                        tie_word_embeddings="tied" in man.get("shared_weights", {}).get("lm_head", ""),

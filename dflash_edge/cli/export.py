@@ -101,6 +101,8 @@ def export_with_int8_cache(opts: ExportOptions, report=None) -> Path:
 
     from dflash_edge.quantize.bundle_quant import QuantizeOptions, quantize_bundle
     from dflash_edge.quantize.precisions import QuantizeError
+    from dflash_edge.runtime.bundle import read_bundle
+    from dflash_edge.runtime.publish import publish_dir
 
     out = Path(opts.out).expanduser()
     if out.exists() and not opts.force:
@@ -109,6 +111,10 @@ def export_with_int8_cache(opts: ExportOptions, report=None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
         first = export_bundle(dataclasses.replace(opts, out=tmp / "bundle", force=True))
+        if "target_fused" not in read_bundle(first, verify=False).manifest["graphs"]:     # e.g. a hybrid target:
+            print("export: no fused target, so no int8 KV cache (its KV stays float32)", file=sys.stderr)
+            publish_dir(first, out)                                                     # published as written
+            return out
         return quantize_bundle(QuantizeOptions(first, out, target=opts.precision, draft=opts.draft_precision,
                                                force=opts.force, report=report, kv_cache="int8"))
     finally:
@@ -124,7 +130,10 @@ def trt_readiness_line(bundle: Path) -> str:
     if summary["ok"]:
         return f"{head}: ok (`dflash-edge build-engines {bundle}` on a GPU machine)"
     problems = [f"{n}: {p}" for n, g in summary["graphs"].items() for p in g["problems"]]
-    return f"{head}: not ready ({len(problems)} problem(s); the first, {problems[0]})"
+    low_bit = any("MatMulNBits" in p or "GatherBlockQuantized" in p for p in problems)
+    hint = ("; int4/int8 graphs use onnxruntime's MatMulNBits blocks (the CPU runtime's): for TensorRT export "
+            "with --precision fp16") if low_bit else ""
+    return f"{head}: not ready ({len(problems)} problem(s); the first, {problems[0]}){hint}"
 
 
 def check_up_front(args) -> None:
