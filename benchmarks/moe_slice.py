@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -40,6 +41,7 @@ LAYERS = 4
 
 class _RandomCkpt:
     """Checkpoint stand-in for the op benchmark: each named tensor random (seeded by name), float32."""
+    root = "random"
 
     def __init__(self, shapes: dict):
         self.shapes = shapes
@@ -95,8 +97,17 @@ def op_bench(reps: int, experts: int, int4: bool = False, accuracy_level: int = 
         formats["_int4"] = WeightFormat("int4", accuracy_level=accuracy_level)
     sessions = {f"{form}{suffix}": _session(write, ckpt, m, tmp, store, fmt, f"{form}{suffix}")
                 for suffix, fmt in formats.items() for form, write in (("gather", moe_gather), ("moe_op", moe_fused))}
+    try:
+        return _op_figures(sessions, m, reps, int4, accuracy_level)
+    finally:
+        del sessions
+        shutil.rmtree(tmp, ignore_errors=True)              # GBs of stacked experts
+
+
+def _op_figures(sessions: dict, m, reps: int, int4: bool, accuracy_level: int) -> dict:
     rng = np.random.default_rng(0)
-    report = {"experts": experts, "top_k": 8, "hidden": 2048, "expert_width": 768, "reps": reps,
+    report = {"experts": m.num_experts, "top_k": m.top_k, "hidden": m.hidden_size, "expert_width": m.intermediate,
+              "reps": reps,
               "int4_accuracy_level": accuracy_level if int4 else None}
     for tokens in (1, 4, 16):
         feeds = {"h": rng.standard_normal((1, tokens, m.hidden_size), np.float32)}

@@ -82,6 +82,8 @@ class GraphBuilder:
                     for t in expand_specs(spec[side], dims)]
 
         graph = helper.make_graph(self.nodes, self.graph, value_info("inputs"), value_info("outputs"), self.inits)
+        if any(n.domain == MS for n in self.nodes):        # low-bit weights: MatMulNBits / GatherBlockQuantized
+            opsets = {MS: 1, **opsets}
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
                                   producer_name="dflash-edge")
         if self.fmt.precision == "fp16":

@@ -239,12 +239,20 @@ class StoredWeights:
     def __getattr__(self, item):
         return getattr(self.ckpt, item)
 
-    def array(self, name: str, shape=None, rows=None):
+    def array(self, name: str, shape=None, rows=None, chunk: int = 8192):
         from dflash_edge.models.nbits import dequantize
 
         recipe = self.recipes.get(name)
         if recipe is None:
             return self.ckpt.array(name, shape, rows)
-        w = self.ckpt.nbits(name) if recipe[0] == "exact" else rtn_from(self.ckpt, name, *recipe[1:])
-        full = dequantize(w).reshape(self.ckpt.shape(name))
-        return full if rows is None else full[rows]
+        if recipe[0] == "exact":
+            full = dequantize(self.ckpt.nbits(name)).reshape(self.ckpt.shape(name))
+            return full if rows is None else full[rows]
+        n = self.ckpt.shape(name)[0]            # re-quantised `chunk` rows at a time: never the blocks of all of W
+        start, stop, _ = (rows or slice(None)).indices(n)
+        out = np.empty((max(stop - start, 0), *self.ckpt.shape(name)[1:]), np.float32)
+        for at in range(start, stop, chunk):
+            part = slice(at, min(at + chunk, stop))
+            block = rtn(self.ckpt.array(name, rows=part), *recipe[1:])
+            out[at - start:part.stop - start] = dequantize(block).reshape(-1, *out.shape[1:])
+        return out

@@ -125,6 +125,10 @@ def test_float_checkpoint_is_written_low_bit_and_stays_lossless(tiny_checkpoints
     assert gen.generate_ids(PROMPT, 32, draft="drafter").token_ids == plain
     raw = json.loads((out / "manifest.json").read_text())
     assert "MatMulNBits" in (out / "target_fused.onnx").read_bytes().decode("latin-1")
+    import onnx
+
+    for name in raw["graphs"]:                          # valid ONNX: the contrib ops' domain is imported
+        onnx.checker.check_model(str(out / f"{name}.onnx"))
     assert raw["graphs"]["drafter"]["quantization"]["settings"]["block_size"] == 32
 
 

