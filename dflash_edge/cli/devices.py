@@ -105,6 +105,9 @@ def bundle_request(args, device) -> PlanRequest:
 
     bundle = read_bundle(args.bundle, verify=False)
     m, man = bundle.model, bundle.manifest
+    if "target" not in man["graphs"]:          # a hybrid bundle (target_hybrid): its manifest lacks the dense dims
+        raise DeviceError(f"bundle {args.bundle} has a {', '.join(man['graphs'])} target, which plans from its "
+                          f"checkpoint: `dflash-edge devices plan --target DIR` (or a preset: --model qwen3.5-4b)")
     precision = man["graphs"]["target"]["precision"]
     if args.precision and args.precision != precision:
         raise DeviceError(f"bundle {args.bundle} holds {precision} weights, not {args.precision}; plan it as "

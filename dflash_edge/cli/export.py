@@ -41,7 +41,7 @@ def add_arguments(p) -> None:
     p.add_argument("--precision", default=None, choices=(AUTO, *PRECISIONS),
                    help="the target's weights, written as each tensor is read: int4 / int8 blocks (a GGUF source's "
                         "own blocks exactly, others re-quantised), fp16, fp32; default auto: int4 for a low-bit GGUF "
-                        "source, else fp32 (with --device: the plan's choice)")
+                        "source or a mixture-of-experts target, else fp32 (with --device: the plan's choice)")
     p.add_argument("--draft-precision", default=None, choices=PRECISIONS,
                    help="the drafter's own layers (it borrows the target's embedding and head); default fp32 "
                         "(fp16 with an fp16 target: that bundle is fp16 throughout)")
@@ -81,13 +81,17 @@ def run(args) -> int:
 
 
 def resolve_precision(precision: str | None, target: str | None) -> str:
-    """`--precision auto`: int4 when the target checkpoint holds exact low-bit blocks (a GGUF import), else fp32."""
+    """`--precision auto`: int4 when the target checkpoint holds exact low-bit blocks (a GGUF import) or is a
+    mixture of experts (onnxruntime's QMoE is its only expert kernel whose rows do not depend on the step's
+    length: docs/BENCHMARKS.md), else fp32."""
     if precision not in (None, AUTO):
         return precision
     from dflash_edge.models.checkpoint import BLOCKS
+    from dflash_edge.models.config import TargetConfig
     from dflash_edge.models.fetch import resolve_target
 
-    low_bit = (resolve_target(None if target == "default" else target) / BLOCKS).is_file()
+    path = resolve_target(None if target == "default" else target)
+    low_bit = (path / BLOCKS).is_file() or bool(getattr(TargetConfig.from_json(path), "num_experts", 0))
     return "int4" if low_bit else "fp32"
 
 
