@@ -50,7 +50,7 @@ class ExportOptions:
     draft_vocab: int = 0                 # >0: the drafter's LM head over this many frequent tokens (draft_vocab.py)
     memory_check: bool = True            # refuse up front when the estimated peak memory exceeds what is available
     fused: bool = True                   # also write `target_fused` (GroupQueryAttention) where the model allows
-    precision: str = "fp32"              # the target graphs' weights: fp32 | int8 | int4 (written as read: weight_format.py)
+    precision: str = "fp32"              # the target's weights: fp32 | fp16 | int8 | int4, written as read (weight_format.py)
     draft_precision: str = "fp32"        # the drafter's own layers (it borrows the target's embedding / head)
     accuracy_level: int = 4              # MatMulNBits' activations: 4 int8 (row-exact, fast), 0 fp32 (weight_format.py)
     quant_block: int = 32                # weights per scale of re-quantised (non-GGUF) weights
@@ -131,6 +131,7 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     from .portable_drafter import build_drafter
     from .portable_target import build_target
     from .sources import open_sources
+    from .weight_format import FormatLog
     from .weight_store import WeightStore
 
     timings, t0 = {}, time.perf_counter()
@@ -140,8 +141,6 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     _check_options(opts, tc, dc)
     steps.update(1)
     timings["load"] = time.perf_counter() - t0
-    from .weight_format import FormatLog
-
     store, capture, paths = WeightStore(tmp), tuple(dc.target_layer_ids), {}
     fused_note = fused_supported(tc) if opts.fused else "not requested (--no-fused)"
     formats, log = weight_formats(opts), FormatLog()
