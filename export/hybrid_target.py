@@ -28,7 +28,8 @@ import numpy as np
 from dflash_edge.models.qwen3_5 import LINEAR, attention_spec
 
 from .graph_builder import OPSET, GraphBuilder
-from .portable_layers import Layer, float_min, int_range, linear, mlp, rope_rows, split_past, stack_new
+from .portable_layers import (Layer, float_min, int_range, linear, mlp, rope_rows, rope_table, split_past,
+                              stack_new)
 from .portable_target import causal_mask, untied_head
 from .weight_format import Table
 
@@ -232,8 +233,6 @@ def build_hybrid_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, o
                         log=None) -> Path:
     """Write the hybrid target graph to `out` (weights appended to `store` as they are read, in `fmt`: the
     projections and the embedding / head at the bundle's precision, export/weight_format.py)."""
-    from dflash_edge.models.rope import rope_tables
-
     if opts is not None:
         check_options(opts)
     p = cfg.weight_prefix
@@ -241,15 +240,7 @@ def build_hybrid_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, o
     num_new = g.op("Shape", ["input_ids"], start=1, end=2)[0]                              # [1] = T
     num_past = g.op("Shape", ["past_key"], start=0, end=1)[0]                              # [1] = S
     offsets = int_range(g, num_new)                                                        # [T]
-    tables = {}
-
-    def table(which):
-        if not tables:
-            tables["cos"], tables["sin"] = rope_tables(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling,
-                                                       cfg.max_position_embeddings)
-        return tables.pop(which)
-    rope = rope_rows(g, (g.init("rope.cos", lambda: table("cos")), g.init("rope.sin", lambda: table("sin"))),
-                     g.op("Add", ["start", offsets])[0])                                   # [T, R] each
+    rope = rope_rows(g, rope_table(g, "rope", cfg, cfg.rotary_dim), g.op("Add", ["start", offsets])[0])  # [T, R]
     mask = causal_mask(g, num_new, num_past, offsets, cfg.num_attention_heads // cfg.num_key_value_heads)
     tri = _masks(g, offsets)
     embed = Table(g, ckpt, f"{p}.embed_tokens.weight")                                     # shared with the drafter

@@ -107,7 +107,8 @@ def rtn_from(ckpt, name: str, bits: int, block_size: int):
 
 def _lazy(g, key: str, build):
     """(layout, getter) of weight `key`: `build()` runs at most once per export, and only when a tensor of it is
-    not stored yet (the fused target re-references the portable target's weights without reading them)."""
+    not stored yet (the fused target re-references the portable target's weights without reading them).
+    `getter(field)` is a function making that field of the weight; `getter(None)` makes the whole NBitsWeight."""
     layouts = g.store.layouts
     memo = {}
 
@@ -115,7 +116,7 @@ def _lazy(g, key: str, build):
         def make():
             if "w" not in memo:
                 memo["w"] = build()
-            return getattr(memo["w"], field_name)
+            return memo["w"] if field_name is None else getattr(memo["w"], field_name)
         return make
     if key not in layouts:
         w = memo["w"] = build()
@@ -171,7 +172,7 @@ def matmul(g, x: str, ckpt, names: list[str], key: str, out: str | None = None, 
     if len(names) == 1:                       # `key` is the weight's own name
         return nbits_node(g, x, key, lazies[names[0]], out, shared)
     if len({layout.packs_with() for layout, _ in lazies.values()}) == 1:    # one MatMulNBits, rows stacked
-        packed = _lazy(g, key, lambda: concat_rows([_operands(g, ckpt, n, bits) for n in names]))
+        packed = _lazy(g, key, lambda: concat_rows([get(None)() for _, get in lazies.values()]))  # read once
         return nbits_node(g, x, key, packed, out, shared)
     parts = [nbits_node(g, x, n, lazies[n]) for n in names]
     return g.op("Concat", parts, [out] if out else 1, axis=-1)[0]

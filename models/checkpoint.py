@@ -116,8 +116,7 @@ class Checkpoint:
             return None
         from .nbits import FIELDS, NBitsWeight
 
-        handle, meta = blocks
-        keys = set(handle.keys())
+        handle, meta, keys = blocks
         return NBitsWeight.from_arrays(meta[name], {f: handle.get_tensor(f"{name}/{f}") for f in FIELDS
                                                     if f"{name}/{f}" in keys})
 
@@ -128,14 +127,14 @@ class Checkpoint:
 
     @cached_property
     def _block_file(self):
-        """(safetensors handle, metadata) of `gguf_blocks.safetensors`, or None when the checkpoint has none."""
+        """(safetensors handle, metadata, tensor names) of `gguf_blocks.safetensors`, or None when there is none."""
         path = self.root / BLOCKS
         if not path.is_file():
             return None
         from safetensors import safe_open
 
         handle = safe_open(str(path), framework="numpy")
-        return handle, handle.metadata() or {}
+        return handle, handle.metadata() or {}, set(handle.keys())
 
     def close(self) -> None:
         self._handles.clear()
