@@ -42,6 +42,8 @@ def stream_layers(build: Callable[[], nn.Module], ckpt: Checkpoint, layers: str,
                   ignore: tuple[str, ...] = ()) -> nn.Module:
     """`build()` on the meta device with every tensor outside `layers` (a ModuleList's name) loaded, and
     each layer's own read when it runs (forward pre-hook) and dropped back to meta after it (forward hook).
+    A ModuleList inside a layer (a mixture-of-experts MLP's `experts`) streams the same way, item by item: an
+    expert is read only if a token chose it, and one at a time.
 
     >>> model = stream_layers(lambda: TargetModel(cfg, spec), ckpt, "model.layers")   # doctest: +SKIP
     """
@@ -53,9 +55,19 @@ def stream_layers(build: Callable[[], nn.Module], ckpt: Checkpoint, layers: str,
             _set(model, name, _read(ckpt, name, dtype))
     for i, layer in enumerate(model.get_submodule(layers)):
         own = [n for n in names if n.startswith(f"{layers}.{i}.")]
-        layer.register_forward_pre_hook(_loader(model, ckpt, own, dtype))
-        layer.register_forward_hook(_dropper(model, ckpt, own))
+        for inner, items in layer.named_modules(prefix=f"{layers}.{i}"):
+            if isinstance(items, nn.ModuleList):
+                for j, item in enumerate(items):
+                    mine = [n for n in own if n.startswith(f"{inner}.{j}.")]
+                    own = [n for n in own if not n.startswith(f"{inner}.{j}.")]
+                    _stream(item, model, ckpt, mine, dtype)
+        _stream(layer, model, ckpt, own, dtype)
     return model
+
+
+def _stream(module: nn.Module, model: nn.Module, ckpt: Checkpoint, names: list[str], dtype: torch.dtype) -> None:
+    module.register_forward_pre_hook(_loader(model, ckpt, names, dtype))
+    module.register_forward_hook(_dropper(model, ckpt, names))
 
 
 def _loader(model: nn.Module, ckpt: Checkpoint, names: list[str], dtype: torch.dtype):

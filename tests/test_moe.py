@@ -141,6 +141,40 @@ def test_graphs_read_only_the_chosen_experts(moe):
     assert all(where(fused)[name] == shared[name] for name in fc1)          # one stored copy for both flavours
 
 
+def test_parity_reference_reads_only_the_chosen_experts_one_at_a_time(moe):
+    """The export's torch reference (models/weights.stream_layers) reads an expert only when a token chose it and
+    drops it after: a sparse layer never holds all its experts (what keeps a 30B-A3B parity within the bundle's
+    size), and the streamed model still gives the loaded model's logits."""
+    from dflash_edge.models import build_target, load_target
+    from dflash_edge.models.checkpoint import Checkpoint
+    from dflash_edge.models.weights import stream_layers
+
+    _, ckpt_dir, _ = moe("renorm")
+    ckpt, reads, live = Checkpoint.open(ckpt_dir), [], []
+    cfg = TargetConfig.from_json(ckpt_dir)
+    real = ckpt.array
+
+    def counted(name, *a, **k):
+        reads.append(name)
+        return real(name, *a, **k)
+    ckpt.array = counted
+    streamed = stream_layers(lambda: build_target(cfg), ckpt, "model.layers")
+    for layer in streamed.model.layers:
+        if hasattr(layer.mlp, "experts"):
+            for expert in layer.mlp.experts:   # after each expert's own forward hook (registered first), count live
+                expert.register_forward_hook(lambda *_: live.append(sum(
+                    not p.is_meta for x in streamed.model.layers if hasattr(x.mlp, "experts")
+                    for e in x.mlp.experts for p in e.parameters())))
+    ids = torch.tensor([[SHORT[0]]])
+    with torch.no_grad():
+        got = streamed(ids, streamed.new_cache(8)).logits
+        want = load_target(ckpt_dir)(ids, streamed.new_cache(8)).logits
+    assert torch.equal(got, want)
+    experts_read = {n.rsplit(".", 2)[0] for n in reads if ".mlp.experts." in n}
+    assert len(experts_read) == 3 * BASE["num_experts_per_tok"]          # 3 sparse layers x top-3, not 3 x 8
+    assert live and max(live) == 0 and all(p.is_meta for p in streamed.model.layers[0].mlp.experts.parameters())
+
+
 # ---------------------------------------------------------------- bad input, named
 def _cfg(**change) -> dict:
     raw = {"model_type": "qwen3_moe", **BASE, **VARIANTS["renorm"], **change}
