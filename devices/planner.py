@@ -1,8 +1,11 @@
 """Memory and speed plan of a target + DFlash drafter on a device (profiles + model dims, no graphs).
 
 Memory: weights at the chosen precision (int4/int8 = MatMulNBits blocks of 32 with a float scale and a
-zero point each), the drafter (our ONNX bundles duplicate the embedding and LM head into it), KV caches
-preallocated at context + block, activations, the runtime, and the OS reserve where the OS shares memory.
+zero point each; the embedding and LM head of an int4/int8 target as 8-bit blocks, stored once for target and
+drafter, as `export` writes them), the drafter's own layers (fp32 beside a low-bit target: export's default),
+KV caches preallocated at context + block, activations, the runtime, and the OS reserve where the OS shares
+memory. On a CPU the runtime maps the shared tables read-only from the bundle and the embedding is a Gather, so
+only the rows used become resident.
 Speed: a roofline per step (bytes ÷ bandwidth vs FLOPs ÷ compute, with the device class's efficiency
 factors, devices/classes.json) plus a per-layer dispatch cost; on a hybrid target (Qwen3.5) only the full-attention
 layers' KV grows with context, the linear layers' conv + recurrent states (fp32, STATE_BYTES) are read and
@@ -29,6 +32,7 @@ FLOAT_PRECISIONS = ("fp32", "fp16", "bf16")
 COMPUTE_CHAIN = {"fp32": ("fp32",), "fp16": ("fp16", "fp32"), "bf16": ("bf16", "fp16", "fp32"),
                  "fp8": ("fp8", "fp16", "fp32"), "int8": ("int8", "fp16", "fp32"), "int4": ("fp16", "fp32"),
                  "fp4": ("fp4", "fp8", "fp16", "fp32")}
+TABLE_PRECISION = {"int4": "int8", "int8": "int8"}   # a low-bit target's embedding / LM head (export.weight_formats)
 MIN_CONTEXT = 256
 STATE_BYTES = 4                      # linear-attention states and their per-token rows stay fp32 (runtime/io_tables.py)
 
@@ -45,9 +49,15 @@ class PlanRequest:
     prefill_chunk: int = 64
     tau: float = 2.0                      # acceptance length assumed for the recommended verify length
     target_weight_bytes: int | None = None   # exact bytes (from a bundle manifest) instead of the dims' estimate
-    draft_weight_bytes: int | None = None
-    draft_duplicates_embeddings: bool = True  # our onnxruntime bundles copy embed/LM head into the drafter
+    draft_weight_bytes: int | None = None    # the drafter's own (the tables it borrows are the target's)
+    table_bytes: tuple[float, float] | None = None   # exact (embedding, LM head) bytes of a bundle; tied: (0, head)
     kv_bytes: int = 0                     # bytes per target KV element (1: the int8 cache); 0: as the activations
+    draft_precision: str = ""             # the drafter's own layers; "": what export writes (draft_precision_of)
+
+
+def draft_precision_of(req: PlanRequest) -> str:
+    """The drafter's precision: as asked, else export's default (fp32 beside fp32 / int8 / int4 targets)."""
+    return req.draft_precision or {"int4": "fp32", "int8": "fp32"}.get(req.precision, req.precision)
 
 
 def float_bytes(req: PlanRequest) -> int:
@@ -63,32 +73,54 @@ def target_kv_bytes(req: PlanRequest) -> int:
     return 1 if req.device.device_class == "cpu" and req.precision in ("int8", "int4") else float_bytes(req)
 
 
-def bytes_per_weight(req: PlanRequest) -> float:
-    bits, fb = WEIGHT_BITS[req.precision], float_bytes(req)
-    if req.precision in ("int8", "int4"):
+def bytes_per_weight(req: PlanRequest, precision: str | None = None) -> float:
+    """Bytes per weight at `precision` (default the request's)."""
+    precision = precision or req.precision
+    bits, fb = WEIGHT_BITS[precision], float_bytes(req)
+    if precision in ("int8", "int4"):
         return bits / 8 + (fb + bits / 8) / QUANT_BLOCK        # + scale and zero point per block
-    if req.precision == "fp4":
+    if precision == "fp4":
         return 0.5 + 1 / 16                                    # NVFP4: an fp8 scale per 16 weights
     return bits / 8
 
 
 def head_bytes(req: PlanRequest) -> tuple[float, float]:
-    """(embedding table, LM head) bytes: the LM head is quantised, the embedding (a Gather) stays float."""
-    vh, bpw, fb = req.target.embed_params, bytes_per_weight(req), float_bytes(req)
-    shared = req.target.tie_word_embeddings and req.precision in FLOAT_PRECISIONS
-    return (0.0 if shared else vh * fb), vh * bpw
+    """(embedding table, LM head) bytes, stored once for target and drafter: a bundle's own when given; a low-bit
+    target's as 8-bit blocks (one table when tied); otherwise the LM head at the precision and the embedding (a
+    Gather) in the float dtype, shared with a tied head."""
+    if req.table_bytes:
+        return req.table_bytes
+    vh, fb = req.target.embed_params, float_bytes(req)
+    tied = req.target.tie_word_embeddings
+    if req.precision in TABLE_PRECISION:
+        table = vh * bytes_per_weight(req, TABLE_PRECISION[req.precision])
+        return (0.0 if tied else table), table
+    shared = tied and req.precision in FLOAT_PRECISIONS
+    return (0.0 if shared else vh * fb), vh * bytes_per_weight(req)
 
 
 def weight_bytes(req: PlanRequest) -> tuple[float, float]:
-    """(target, drafter) weight bytes at the request's precision (a bundle's exact bytes when given)."""
-    bpw = bytes_per_weight(req)
+    """(target incl. the tables, drafter's own layers) weight bytes (a bundle's exact bytes when given)."""
     embed, head = head_bytes(req)
-    target = req.target_weight_bytes or req.target.layer_params() * bpw + embed + head
+    target = req.target_weight_bytes or req.target.layer_params() * bytes_per_weight(req) + embed + head
     d = req.drafter
-    draft = d.layer_params * bpw + d.fc_params(req.target.hidden_size) * bpw
-    if req.draft_duplicates_embeddings:
-        draft += embed + head
+    draft = (d.layer_params + d.fc_params(req.target.hidden_size)) * bytes_per_weight(req, draft_precision_of(req))
     return float(target), float(req.draft_weight_bytes or draft)
+
+
+def resident_weight_bytes(req: PlanRequest) -> tuple[float, float]:
+    """(target, drafter) weight bytes in memory once loaded: the bytes times the device class's residency (its
+    low-bit figure for int4 / int8 where it has one); on a CPU without the embedding table, which the runtime
+    Gathers from a read-only map of the bundle (only the rows used become resident)."""
+    f = class_factors(req.device.device_class)
+
+    def residency(precision):
+        low = precision in TABLE_PRECISION and "weights_residency_low_bit" in f
+        return f["weights_residency_low_bit"] if low else f["weights_residency"]
+    target_w, draft_w = weight_bytes(req)
+    if req.device.device_class == "cpu":
+        target_w -= head_bytes(req)[0]
+    return target_w * residency(req.precision), draft_w * residency(draft_precision_of(req))
 
 
 def linear_state_bytes(t: ModelDims, tokens: int) -> float:
@@ -104,6 +136,7 @@ def memory_plan(req: PlanRequest) -> dict:
     f = class_factors(req.device.device_class)
     fb, block = float_bytes(req), req.block or req.drafter.block_size
     target_w, draft_w = weight_bytes(req)
+    target_res, draft_res = resident_weight_bytes(req)
     slots = req.context + block
     kv = slots * (req.target.kv_bytes_per_token(target_kv_bytes(req)) + req.drafter.kv_bytes_per_token(fb))
     t, inter = req.target, (req.target.experts_per_token * req.target.moe_intermediate_size
@@ -113,8 +146,7 @@ def memory_plan(req: PlanRequest) -> dict:
     # scores), x2: onnxruntime's arena keeps inputs and outputs of neighbouring nodes alive
     act = 2 * tokens * (t.vocab_size * 4 + t.hidden_size * (req.drafter.num_target_layer_ids + 6) * fb
                         + 2 * inter * fb + t.num_heads * slots * 4)
-    parts = {"target_weights": target_w * f["weights_residency"] / GB,
-             "drafter_weights": draft_w * f["weights_residency"] / GB, "kv_cache": kv / GB,
+    parts = {"target_weights": target_res / GB, "drafter_weights": draft_res / GB, "kv_cache": kv / GB,
              "linear_state": linear_state_bytes(t, tokens) / GB, "activations": act / GB,
              "runtime": f["runtime_overhead_gb"]}
     total = sum(parts.values())
@@ -126,21 +158,21 @@ def memory_plan(req: PlanRequest) -> dict:
             "weights_on_disk_gb": round((target_w + draft_w) / GB, 3), "kv_dtype_bytes": target_kv_bytes(req)}
 
 
-def _compute_tflops(req: PlanRequest) -> float:
-    rates = req.device.compute_tflops
-    for key in COMPUTE_CHAIN[req.precision]:
+def _compute_tflops(req: PlanRequest, precision: str | None = None) -> float:
+    rates, precision = req.device.compute_tflops, precision or req.precision
+    for key in COMPUTE_CHAIN[precision]:
         if rates.get(key):
             return float(rates[key])
-    raise DeviceError(f"device {req.device.name!r} has no compute figure for {req.precision} (or a fallback); "
+    raise DeviceError(f"device {req.device.name!r} has no compute figure for {precision} (or a fallback); "
                       f"its profile lists {sorted(k for k, v in rates.items() if v)}")
 
 
-def _roofline_ms(req: PlanRequest, nbytes: float, flops: float, layers: int) -> dict:
+def _roofline_ms(req: PlanRequest, nbytes: float, flops: float, layers: int, precision: str | None = None) -> dict:
     f = class_factors(req.device.device_class)
     if not req.device.bandwidth_gb_s:
         raise DeviceError(f"device {req.device.name!r} has no bandwidth figure; detect it first (cpu) or fix its profile")
     mem = 1e3 * nbytes / (req.device.bandwidth_gb_s * GB * f["bandwidth_efficiency"])
-    comp = 1e3 * flops / (_compute_tflops(req) * 1e12 * f["compute_efficiency"])
+    comp = 1e3 * flops / (_compute_tflops(req, precision) * 1e12 * f["compute_efficiency"])
     over = layers * f["layer_overhead_ms"]
     return {"ms": round(max(mem, comp) + over, 4), "memory_ms": round(mem, 4), "compute_ms": round(comp, 4),
             "overhead_ms": round(over, 4), "bound": "memory" if mem >= comp else "compute"}
@@ -153,16 +185,16 @@ def _experts_touched(t: ModelDims, tokens: int) -> float:
 
 def target_step(req: PlanRequest, tokens: int) -> dict:
     """Roofline of one target call on `tokens` tokens at position `context` (1: plain decode)."""
-    t, bpw, fb = req.target, bytes_per_weight(req), float_bytes(req)
+    t, bpw = req.target, bytes_per_weight(req)
     mlp = (t.mlp_params(active=True) if not t.num_experts else
            _experts_touched(t, tokens) * 3 * t.hidden_size * t.moe_intermediate_size + t.hidden_size * t.num_experts)
     layer_bytes = (t.mixer_params + t.mlps(mlp)) * bpw
-    if req.target_weight_bytes:                       # a bundle: scale the estimate to its real weight bytes
-        est = t.layer_params() * bpw + sum(head_bytes(req))
-        layer_bytes *= req.target_weight_bytes / est
+    tables = head_bytes(req)
+    if req.target_weight_bytes:                       # a bundle: scale the layers to its real layer bytes
+        layer_bytes *= (req.target_weight_bytes - sum(tables)) / (t.layer_params() * bpw)
     pos = req.position or req.context
     # only full layers' KV grows with the position; a hybrid's states are read and rewritten whole (constant)
-    nbytes = (layer_bytes + t.embed_params * bpw + pos * t.kv_bytes_per_token(target_kv_bytes(req))
+    nbytes = (layer_bytes + tables[1] + pos * t.kv_bytes_per_token(target_kv_bytes(req))
               + linear_state_bytes(t, tokens))
     attn_flops = 4 * pos * t.num_heads * t.head_dim * t.full_layers + (t.linear.token_flops if t.linear else 0)
     flops = tokens * (2 * t.active_params + attn_flops)
@@ -171,12 +203,12 @@ def target_step(req: PlanRequest, tokens: int) -> dict:
 
 def draft_step(req: PlanRequest, block: int) -> dict:
     """Roofline of one drafter call: `block` positions over the cached context features."""
-    d, t, bpw, fb = req.drafter, req.target, bytes_per_weight(req), float_bytes(req)
-    params = d.layer_params + d.fc_params(t.hidden_size) + t.embed_params
+    d, t, fb, precision = req.drafter, req.target, float_bytes(req), draft_precision_of(req)
+    own = d.layer_params + d.fc_params(t.hidden_size)
     pos = req.position or req.context
-    nbytes = params * bpw + pos * d.kv_bytes_per_token(fb)
-    flops = block * (2 * params + 4 * pos * d.num_heads * d.head_dim * d.num_layers)
-    return _roofline_ms(req, nbytes, flops, d.num_layers)
+    nbytes = own * bytes_per_weight(req, precision) + head_bytes(req)[1] + pos * d.kv_bytes_per_token(fb)
+    flops = block * (2 * (own + t.embed_params) + 4 * pos * d.num_heads * d.head_dim * d.num_layers)
+    return _roofline_ms(req, nbytes, flops, d.num_layers, precision)
 
 
 def alpha_for_tau(tau: float, block: int) -> float:
@@ -233,7 +265,8 @@ def alternatives(req: PlanRequest) -> list[dict]:
     """What would fit: each supported precision at the requested context, else its largest context."""
     out = []
     for prec in sorted((p for p in req.device.precisions if p in WEIGHT_BITS), key=lambda p: -WEIGHT_BITS[p]):
-        alt = replace(req, precision=prec, target_weight_bytes=None, draft_weight_bytes=None)
+        alt = replace(req, precision=prec, target_weight_bytes=None, draft_weight_bytes=None, table_bytes=None,
+                      draft_precision="")
         if memory_plan(alt)["fits"]:
             out.append({"precision": prec, "context": req.context})
         elif ctx := max_context(alt):

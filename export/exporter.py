@@ -55,6 +55,12 @@ class ExportOptions:
     accuracy_level: int = 4              # MatMulNBits' activations: 4 int8 (row-exact, fast), 0 fp32 (weight_format.py)
     quant_block: int = 32                # weights per scale of re-quantised (non-GGUF) weights
 
+    @property
+    def positions(self) -> int:
+        """Positions the bundle's graphs can see (the RoPE tables' rows): the runtime's KV capacity, max context
+        plus the widest step past it (runtime/generator.py), and the fused target's pad row."""
+        return self.max_context + max(self.block_size, self.prefill_chunk) + 1
+
 
 def _check_options(opts: ExportOptions, tc, dc) -> None:
     """`opts` against the target config `tc` and drafter config `dc`, before any graph is written."""
@@ -145,11 +151,13 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     fused_note = fused_supported(tc) if opts.fused else "not requested (--no-fused)"
     formats, log = weight_formats(opts), FormatLog()
     fmt = {n: dict(fmt=f, log=log) for n, f in formats.items()}
-    writers = {"target": lambda p: build_target(tc, src.target_ckpt, capture, store, p, **fmt["target"]),
+    reach = opts.positions
+    writers = {"target": lambda p: build_target(tc, src.target_ckpt, capture, store, p, **fmt["target"],
+                                                reach=reach),
                "target_fused": lambda p: build_fused_target(tc, src.target_ckpt, capture, store, p,
-                                                            **fmt["target_fused"]),
+                                                            **fmt["target_fused"], reach=reach),
                "drafter": lambda p: build_drafter(tc, dc, src.target_ckpt, src.draft_ckpt, store, p,
-                                                  opts.block_size, src.vocab, **fmt["drafter"]),
+                                                  opts.block_size, src.vocab, **fmt["drafter"], reach=reach),
                "target_hybrid": lambda p: build_hybrid_target(tc, src.target_ckpt, capture, store, p, opts,
                                                               **fmt["target_hybrid"])}
     for name in _graph_names(tc):
@@ -201,8 +209,13 @@ def _parity(src, paths: dict, opts: ExportOptions, meter: MemoryMeter, log) -> d
                               draft_ckpt=StoredWeights(src.draft_ckpt, log))
     tc, dc = src.target_cfg, src.draft_cfg
     prompt = src.tokenizer.encode_chat([{"role": "user", "content": PARITY_PROMPT}])
+    # within the positions the graphs reach (its verify block after it); an MoE target's to one block: the
+    # portable graph dequantises each token's expert per slot, [T, 2I, H] fp32 (0.5 GB at T = 40 and
+    # Qwen3-Coder-30B-A3B's widths), and a block still routes to ~80 of 128 experts per layer
+    keep = opts.positions - 1 - opts.block_size
+    prompt = list(prompt)[:min(keep, opts.block_size) if tc.num_experts else keep]
     dims = {"L": tc.num_hidden_layers, "Ld": dc.num_hidden_layers, "Hkv": tc.num_key_value_heads, "D": tc.head_dim}
-    probe = Probe(list(prompt), opts.block_size, dc.mask_token_id, dims)
+    probe = Probe(prompt, opts.block_size, dc.mask_token_id, dims)
     with meter.stage("parity"):
         tol = tolerance_for(opts.precision, opts.accuracy_level)
         return check_graphs(paths, probe, reference(src, opts.block_size), tol=tol, stage=meter.stage)
@@ -240,6 +253,7 @@ def _manifest(tc, dc, tok_files, graphs, opts, sources, shared: list[dict]) -> d
         "model": {"family": tc.model_type, "vocab_size": tc.vocab_size, "hidden_size": tc.hidden_size,
                   "num_layers": tc.num_hidden_layers, "num_heads": tc.num_attention_heads,
                   "num_kv_heads": tc.num_key_value_heads, "head_dim": tc.head_dim,
+                  "intermediate_size": tc.intermediate_size, "draft_intermediate_size": dc.intermediate_size,
                   "draft_num_layers": dc.num_hidden_layers, "target_layer_ids": list(dc.target_layer_ids),
                   "mask_token_id": dc.mask_token_id, "draft_vocab_size": opts.draft_vocab or tc.vocab_size,
                   "eos_token_ids": list(tc.eos_token_id),

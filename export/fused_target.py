@@ -88,16 +88,18 @@ def _attention(g: GraphBuilder, h: str, layer: Layer, i: int, io: dict) -> str:
     return linear(g, real, layer.ckpt, f"{layer.prefix}.self_attn.o_proj", s.o_bias)   # [1, T, H]
 
 
-def _rope_halves(g: GraphBuilder, cfg) -> dict:
-    """GroupQueryAttention's cos/sin caches [P, D/2] (the halves of models/rope.py's tables; yarn's scale folded in)."""
+def _rope_halves(g: GraphBuilder, cfg, rows: int | None) -> dict:
+    """GroupQueryAttention's cos/sin caches [P, D/2] (the halves of models/rope.py's tables; yarn's scale folded in;
+    P = `rows`, the positions the bundle reaches)."""
     from dflash_edge.models.rope import rope_tables
 
     half = cfg.head_dim // 2
-    tables = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+    tables = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings, rows)
     return {"cos": g.init("rope.cos_cache", tables[0][:, :half]), "sin": g.init("rope.sin_cache", tables[1][:, :half])}
 
 
-def build_fused_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, fmt=None, log=None) -> dict:
+def build_fused_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, fmt=None, log=None,
+                       reach: int | None = None) -> dict:
     """Write `out` (the `target_fused` graph), its weights through `store`; returns {reused, appended} bytes.
 
     Tensors the portable target already stored (same name in `target.onnx.data`, or the shared embedding /
@@ -107,7 +109,7 @@ def build_fused_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, fm
     spec, eps = family_spec(cfg), cfg.rms_norm_eps
     g = GraphBuilder("target_fused", store, fmt, log)
     embed = embedding(g, ckpt)
-    io = _rope_halves(g, cfg)
+    io = _rope_halves(g, cfg, reach)
     one32 = g.const(1, np.int32)
     io["seqlens"] = g.op("Add", ["seqlens_k", one32])[0]                           # lengths with the pad row
     io["total"] = g.op("Add", ["total_sequence_length", one32])[0]

@@ -240,7 +240,8 @@ def build_hybrid_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, o
     num_new = g.op("Shape", ["input_ids"], start=1, end=2)[0]                              # [1] = T
     num_past = g.op("Shape", ["past_key"], start=0, end=1)[0]                              # [1] = S
     offsets = int_range(g, num_new)                                                        # [T]
-    rope = rope_rows(g, rope_table(g, "rope", cfg, cfg.rotary_dim), g.op("Add", ["start", offsets])[0])  # [T, R]
+    table = rope_table(g, "rope", cfg, cfg.rotary_dim, opts and opts.positions)
+    rope = rope_rows(g, table, g.op("Add", ["start", offsets])[0])                         # [T, R]
     mask = causal_mask(g, num_new, num_past, offsets, cfg.num_attention_heads // cfg.num_key_value_heads)
     tri = _masks(g, offsets)
     embed = Table(g, ckpt, f"{p}.embed_tokens.weight")                                     # shared with the drafter

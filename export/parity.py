@@ -76,12 +76,20 @@ def _low_bit(path) -> bool:
 
 
 def _run(session, feeds: tuple, names: tuple[str, ...]) -> tuple:
-    return tuple(session.run(None, dict(zip(names, feeds))))
+    return _owned(session.run(None, dict(zip(names, feeds))))
+
+
+def _owned(outputs) -> tuple:
+    """Copies of a session's outputs: an output array lives in its session's memory arena, and keeping one would
+    keep the whole arena (0.7 GB of a Qwen3-Coder-30B-A3B slice's expert buffers) after the session is dropped."""
+    return tuple(None if o is None else np.array(o) for o in outputs)
 
 
 def run_graphs(paths: dict, probe: Probe) -> tuple[dict, dict]:
     """(inputs, onnxruntime outputs), graph -> one tuple per case: a prefill and a verify-shaped call of the
     target (on the prefill's K/V), two drafts (`drafter_cases`); the fused target steps through both."""
+    from dflash_edge.runtime.memory import release_free_memory
+
     prompt, d = probe.prompt_ids, probe.dims
     empty = np.zeros((0, d["L"], d["Hkv"], d["D"]), np.float32)                    # [S=0, L, Hkv, D]
     session = _session(paths["target"])
@@ -93,13 +101,16 @@ def run_graphs(paths: dict, probe: Probe) -> tuple[dict, dict]:
     inputs = {"target": [prefill_in, verify_in]}
     got = {"target": [prefill, _run(session, verify_in, _TARGET_IN)]}
     del session
+    release_free_memory()       # the dropped session's heap back to the OS before the next one is built
     block = np.array([[last] + [probe.mask_id] * (probe.block - 1)], np.int64)     # [1, B]
     session = _session(paths["drafter"])
     inputs["drafter"], got["drafter"] = drafter_cases(session, block, prefill[2])
     del session
+    release_free_memory()
     if "target_fused" in paths:                    # the same target cases, step after step over its own buffers
         steps = [(f[0], int(f[1][0])) for f in inputs["target"]]
         got["target_fused"] = run_fused(_session(paths["target_fused"]), steps)
+        release_free_memory()
     return inputs, got
 
 
@@ -113,7 +124,7 @@ def drafter_cases(session, block: np.ndarray, features: np.ndarray) -> tuple[lis
     outputs = [o.name for o in session.get_outputs()]
 
     def run(feeds: tuple) -> tuple:
-        got = dict(zip(outputs, session.run(None, {n: f for n, f in zip(_DRAFTER_IN, feeds) if f is not None})))
+        got = dict(zip(outputs, _owned(session.run(None, {n: f for n, f in zip(_DRAFTER_IN, feeds) if f is not None}))))
         return tuple(got.get(n) for n in _OUTPUTS["drafter"])
 
     caches = _DRAFTER_IN[3:]
@@ -144,7 +155,7 @@ def run_fused(session, steps) -> list[tuple]:
         num_new = ids.shape[1]
         feeds = {"input_ids": ids, "seqlens_k": np.array([start + num_new - 1], np.int32),
                  "total_sequence_length": np.array(start + num_new, np.int32), **cache}
-        out = dict(zip(names, session.run(None, feeds)))
+        out = dict(zip(names, _owned(session.run(None, feeds))))
         rows = [np.stack([out[f"present_{kv}.{i}"][0, :, start:start + num_new].transpose(1, 0, 2)
                           for i in range(layers)], axis=1) for kv in ("key", "value")]    # [T, L, Hkv, D]
         outs.append((out["logits"], out["next_ids"], out["hidden"], *rows))

@@ -57,15 +57,16 @@ def _layer_mask(g: GraphBuilder, held: str, new_pos: str, block_pos: str, window
 
 
 def build_drafter(tc, dc, target_ckpt, draft_ckpt, store, out: Path, block: int, vocab=None, fmt=None,
-                  log=None) -> Path:
-    """Write the drafter graph for blocks of `block` tokens to `out`; `vocab`: sorted token ids of a reduced head."""
+                  log=None, reach: int | None = None) -> Path:
+    """Write the drafter graph for blocks of `block` tokens to `out`; `vocab`: sorted token ids of a reduced head;
+    `reach`: the RoPE rows the bundle reaches (default the model's max_position_embeddings)."""
     spec = attention_spec(dc)
     g = GraphBuilder("drafter", store, fmt, log)
     num_ctx = g.op("Shape", ["ctx_hidden"], start=1, end=2)[0]                            # [1] = C
     ctx_pos = g.op("Add", ["start", int_range(g, num_ctx)])[0]                             # [C]
     block_start = g.op("Add", ["start", num_ctx])[0]                                       # [1]
     block_pos = g.op("Add", [block_start, g.const(np.arange(block))])[0]                   # [B]
-    table = rope_table(g, "rope", dc)
+    table = rope_table(g, "rope", dc, rows=reach)
     cos_q, sin_q = rope_rows(g, table, block_pos)                                          # [B, D]
     cos_kv, sin_kv = rope_rows(g, table, g.op("Concat", [ctx_pos, block_pos], axis=0)[0])  # [C + B, D]
     rope = Rope(cos_q, sin_q, cos_kv, sin_kv)

@@ -153,9 +153,10 @@ def rope_rows(g: GraphBuilder, table: tuple[str, str], positions: str) -> tuple[
     return g.op("Gather", [table[0], positions], axis=0)[0], g.op("Gather", [table[1], positions], axis=0)[0]
 
 
-def rope_table(g: GraphBuilder, name: str, cfg, dim: int | None = None) -> tuple[str, str]:
-    """The config's RoPE tables as initializers [max_pos, dim] (models/rope.py: the torch reference's own);
-    `dim`: the rotated width when only part of each head rotates (default: the whole head)."""
+def rope_table(g: GraphBuilder, name: str, cfg, dim: int | None = None, rows: int | None = None) -> tuple[str, str]:
+    """The config's RoPE tables as initializers [P, dim] (models/rope.py: the torch reference's own); `dim`: the
+    rotated width when only part of each head rotates (default: the whole head); `rows`: the positions the bundle
+    can reach (ExportOptions.positions; default the model's max_position_embeddings)."""
     from dflash_edge.models.rope import rope_tables
 
     tables = {}
@@ -163,7 +164,7 @@ def rope_table(g: GraphBuilder, name: str, cfg, dim: int | None = None) -> tuple
     def make(which):
         if not tables:
             tables["cos"], tables["sin"] = rope_tables(dim or cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
-                                                       cfg.max_position_embeddings)
+                                                       cfg.max_position_embeddings, rows)
         return tables.pop(which)
     return g.init(f"{name}.cos", lambda: make("cos")), g.init(f"{name}.sin", lambda: make("sin"))
 

@@ -50,8 +50,10 @@ def causal_mask(g: GraphBuilder, num_new: str, num_past: str, offsets: str, rep:
     return mask if rep == 1 else g.op("Tile", [mask, g.const([rep, 1])])[0]                # [rep*T, S + T]
 
 
-def build_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, fmt=None, log=None) -> Path:
-    """Write the portable target graph to `out`, its weights appended to `store` as they are read."""
+def build_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, fmt=None, log=None,
+                 reach: int | None = None) -> Path:
+    """Write the portable target graph to `out`, its weights appended to `store` as they are read; `reach`: the
+    positions the bundle can see (its RoPE rows; default the model's max_position_embeddings)."""
     spec = family_spec(cfg)
     g = GraphBuilder("target", store, fmt, log)
     num_new = g.op("Shape", ["input_ids"], start=1, end=2)[0]                             # [1] = T
@@ -59,7 +61,7 @@ def build_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, fmt=None
     offsets = int_range(g, num_new)                                                        # [T]
     positions = g.op("Add", ["start", offsets])[0]                                         # [T]
     mask = causal_mask(g, num_new, num_past, offsets, spec.num_heads // spec.num_kv_heads)
-    cos, sin = rope_rows(g, rope_table(g, "rope", cfg), positions)                         # [T, D] each
+    cos, sin = rope_rows(g, rope_table(g, "rope", cfg, rows=reach), positions)            # [T, D] each
     rope = Rope(cos, sin, cos, sin)
     embed = embedding(g, ckpt)
     x = embed.gather("input_ids")                                                          # [1, T, H]

@@ -190,12 +190,15 @@ def _numpy(outputs) -> tuple:
 
 def _lazy_target(src: Sources):
     from dflash_edge.models import build_target
-    from dflash_edge.models.weights import stream_layers
+    from dflash_edge.models.weights import RowEmbedding, stream_layers
 
-    tied = src.target_cfg.tie_word_embeddings
+    tied, embed = src.target_cfg.tie_word_embeddings, "model.embed_tokens.weight"
     model = stream_layers(lambda: build_target(src.target_cfg), src.target_ckpt, "model.layers",
-                          ignore=("lm_head.weight",) if tied else ())
-    model.tie_weights()
+                          ignore=("lm_head.weight",) if tied else (embed,))
+    if tied:
+        model.tie_weights()
+    else:                                # untied: look up rows as needed, never the whole table beside the head
+        model.model.embed_tokens = RowEmbedding(src.target_ckpt, embed)
     return model.eval()
 
 

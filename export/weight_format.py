@@ -236,6 +236,7 @@ class StoredWeights:
 
     def __init__(self, ckpt, log: FormatLog):
         self.ckpt, self.recipes = ckpt, {n: r for (root, n), r in log.stored.items() if root == ckpt.root}
+        self._blocks: tuple = (None, None)          # the last exact weight's blocks (name, NBitsWeight)
 
     def __getattr__(self, item):
         return getattr(self.ckpt, item)
@@ -246,9 +247,11 @@ class StoredWeights:
         recipe = self.recipes.get(name)
         if recipe is None:
             return self.ckpt.array(name, shape, rows)
-        if recipe[0] == "exact":
-            full = dequantize(self.ckpt.nbits(name)).reshape(self.ckpt.shape(name))
-            return full if rows is None else full[rows]
+        if recipe[0] == "exact":           # the blocks read once (a looked-up table: row after row), those rows
+            if self._blocks[0] != name:
+                self._blocks = (name, self.ckpt.nbits(name))
+            w = self._blocks[1] if rows is None else self._blocks[1].rows(np.arange(*rows.indices(self._blocks[1].n)))
+            return dequantize(w).reshape(-1, *self.ckpt.shape(name)[1:])
         n = self.ckpt.shape(name)[0]            # re-quantised `chunk` rows at a time: never the blocks of all of W
         start, stop, _ = (rows or slice(None)).indices(n)
         out = np.empty((max(stop - start, 0), *self.ckpt.shape(name)[1:]), np.float32)

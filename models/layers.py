@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .rope import ROPE_TYPES, rope_inv_freq, rope_tables  # noqa: F401  (re-exported)
+from .rope import ROPE_TYPES, rope_at, rope_inv_freq, rope_tables  # noqa: F401  (re-exported)
 from .spec import AttentionSpec
 
 
@@ -31,16 +31,21 @@ class RMSNorm(nn.Module):
 
 # ---------------------------------------------------------------- RoPE
 class RotaryTable(nn.Module):
-    """cos/sin for every position up to `max_pos`, precomputed once (indexed, never recomputed)."""
+    """cos/sin of the positions asked for, computed on the CPU from the config's frequencies (models/rope.py:
+    the rows the graphs' tables hold, bit for bit) rather than a table of all `max_pos` positions (268 MB per
+    model at 262,144 positions and head_dim 128)."""
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_pos: int):
         super().__init__()
-        cos, sin = rope_tables(head_dim, theta, scaling, max_pos)   # numpy (models/rope.py), on the CPU even
-        self.register_buffer("cos", torch.from_numpy(cos), persistent=False)   # when the model is built on "meta"
-        self.register_buffer("sin", torch.from_numpy(sin), persistent=False)
+        self.inv_freq, self.scale = rope_inv_freq(head_dim, theta, scaling, max_pos)   # numpy, even on "meta"
+        self.max_pos = max_pos
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cos[positions], self.sin[positions]                            # [T, D] each
+        where = positions.detach().cpu().numpy()
+        if where.size and not 0 <= where.min() <= where.max() < self.max_pos:
+            raise IndexError(f"positions {where.min()}..{where.max()} outside the model's {self.max_pos}")
+        cos, sin = rope_at(where, self.inv_freq, self.scale)
+        return torch.from_numpy(cos).to(positions.device), torch.from_numpy(sin).to(positions.device)  # [..., D]
 
 
 def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -31,9 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import MLP
+from .layers import MLP, RotaryTable
 from .qwen3_5 import LINEAR, HybridConfig, hybrid_tensors
-from .rope import rope_tables
 
 
 class CentredRMSNorm(nn.Module):
@@ -226,9 +225,7 @@ class HybridModel(nn.Module):
         self.layers = nn.ModuleList(HybridLayer(cfg, kind) for kind in cfg.layer_types)
         self.norm = CentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
-        self.register_buffer("cos", torch.from_numpy(cos), persistent=False)       # [P, R]
-        self.register_buffer("sin", torch.from_numpy(sin), persistent=False)
+        self.rope = RotaryTable(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
 
     def new_state(self) -> HybridState:
         """The state before the first token: empty K/V, zero conv and recurrent states."""
@@ -248,7 +245,7 @@ class HybridModel(nn.Module):
         conv / recurrent states after each of the T tokens; without it they are None and prefill runs chunked.
         """
         start, num = state.length, ids.shape[0]
-        cos, sin = self.cos[start:start + num], self.sin[start:start + num]        # [T, R]
+        cos, sin = self.rope(torch.arange(start, start + num))                     # [T, R]
         x = self.embed_tokens(ids)                                                  # [T, H]
         new = HybridState(list(state.keys), list(state.values), list(state.conv), list(state.rec), start + num)
         trail = HybridState([None] * len(self.layers), [None] * len(self.layers), list(state.conv),

@@ -70,9 +70,17 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None, max_pos: in
     raise ModelFormatError(f"rope_scaling type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
 
 
-def rope_tables(head_dim: int, theta: float, scaling: dict | None, max_pos: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [max_pos, D] (float32), the attention scale (yarn) folded in; halves repeat ([f, f])."""
+def rope_tables(head_dim: int, theta: float, scaling: dict | None, max_pos: int,
+                rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [P, D] (float32), the attention scale (yarn) folded in; halves repeat ([f, f]). P = max_pos, or
+    `rows` when fewer positions are reachable (a bundle's KV capacity): the same first rows, the scaling still
+    computed for the model's `max_pos`."""
     inv_freq, scale = rope_inv_freq(head_dim, theta, scaling, max_pos)
-    freqs = np.outer(np.arange(max_pos, dtype=_F32), inv_freq).astype(_F32)        # [P, D/2]
-    emb = np.concatenate([freqs, freqs], axis=-1)                                  # [P, D]
+    return rope_at(np.arange(min(rows, max_pos) if rows else max_pos), inv_freq, scale)
+
+
+def rope_at(positions: np.ndarray, inv_freq: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [*positions.shape, D] of the given positions: exactly the rows `rope_tables` holds for them."""
+    freqs = np.multiply.outer(np.asarray(positions).astype(_F32), inv_freq).astype(_F32)    # [..., D/2]
+    emb = np.concatenate([freqs, freqs], axis=-1)                                  # [..., D]
     return (np.cos(emb) * _F32(scale)).astype(_F32), (np.sin(emb) * _F32(scale)).astype(_F32)

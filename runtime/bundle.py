@@ -30,6 +30,7 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
     "model": ("family", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
               "draft_num_layers", "target_layer_ids", "mask_token_id", "eos_token_ids", "bos_token_id",
               "max_position_embeddings", "draft_vocab_size",
+              "draft_intermediate_size",                       # MLP widths for devices plan (older bundles lack them)
               "draft_layer_types", "draft_sliding_window",     # a drafter with sliding-window layers (io_tables)
               "num_experts", "experts_per_token", "moe_intermediate_size", "intermediate_size",
               "sparse_layers",                                # an MoE target (models/qwen3_moe.manifest_fields)
@@ -44,7 +45,7 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
     "shared_weights": None,
     "engines": None,
 }
-OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset", "draft_vocab_size", "flavour",
+OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset", "draft_vocab_size", "flavour", "draft_intermediate_size",
             "draft_layer_types", "draft_sliding_window",
             "num_experts", "experts_per_token", "moe_intermediate_size", "intermediate_size", "sparse_layers",
             "layer_types", "linear_conv_kernel_dim", "linear_num_key_heads", "linear_num_value_heads",

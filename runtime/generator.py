@@ -32,7 +32,7 @@ from .policy import make_policy
 from .proposals import (DrafterProposals, LookupProposals, NoProposals, ProposalSource, chosen_proposals,
                         free_offers)
 from .sampling import SamplingParams, select_token
-from .session import SessionConfig, open_graph, shared_initializers
+from .session import SessionConfig, open_graph, release_pages, shared_initializers
 from .stats import GenerationStats
 from .text import TextAssembler, text_pieces
 from .trt_profiles import symbol_ranges, trt_profiles
@@ -149,18 +149,21 @@ class Generator:
         if name not in b.manifest["graphs"] or name not in TARGET_MODELS:
             raise BundleError(f"target_graph={name!r}: {b.root} has no such target graph; it has "
                               f"{', '.join(n for n in b.manifest['graphs'] if n in TARGET_MODELS)}")
-        shared = shared_initializers(b.root, b.manifest, config) if share_weights else {}
+        maps: list = []
+        shared = shared_initializers(b.root, b.manifest, config, maps) if share_weights else {}
 
         def session(graph: str):   # fp16 graphs get TensorRT's fp16 kernels; shared weights are given, not loaded
             fp16 = b.manifest["graphs"][graph]["precision"] == "fp16"
             return open_graph(b.graph_path(graph), replace(config, fp16=fp16), profiles.get(graph), shared.get(graph))
 
         runner = session(name)
+        release_pages(maps)                          # before the drafter's session is built beside it
         _check_cache_dtype(b, name, runner, kv_dtypes[name])
         target = TARGET_MODELS[name](runner, dims, capacity, (*range(1, b.block_size + 1), chunk),
                                      kv_dtypes[name], pad_rows=b.graph_pad_rows(name))  # T = k + 1, k = 0..B-1
         drafter = DraftModel(session("drafter"), dims, capacity,
                              target.hidden, b.model["mask_token_id"], b.kv_dtype, max_ctx_rows=ranges["C"][2])
+        release_pages(maps)
         return cls(b, ChatTokenizer.from_dir(b.root), target, drafter, read_tuned(b) if use_tuned else None, name)
 
     # ---- public API -------------------------------------------------------------------------------

@@ -118,26 +118,47 @@ def open_graph(path, config: SessionConfig = SessionConfig(), profile: dict | No
     return OrtGraph(session, device, config.device_id, initializers)
 
 
-def shared_initializers(root, manifest: dict, config: SessionConfig = SessionConfig()) -> dict[str, dict]:
+def shared_initializers(root, manifest: dict, config: SessionConfig = SessionConfig(),
+                        maps: list | None = None) -> dict[str, dict]:
     """graph -> {initializer name: OrtValue}: each weight the manifest lists under `shared_weights.tensors`
     (the embedding / LM head the drafter borrows from the target), read once and given to every session.
 
-    On the CPU the value is a read-only memory map of the bundle file (file-backed pages, loaded once);
-    on CUDA/TensorRT it is copied to the device once. Bundles without the list share nothing.
+    On the CPU the value is a read-only memory map of the bundle file (file-backed pages, loaded once; the maps
+    are appended to `maps` for `release_pages`); on CUDA/TensorRT it is copied to the device once. Bundles
+    without the list share nothing.
     """
+    import mmap
+
     import numpy as np
     import onnxruntime as ort
 
     check_provider(config.provider)
     device = PROVIDERS[config.provider][1]
     out: dict[str, dict] = {}
+    files: dict[str, mmap.mmap] = {}
     for entry in (manifest.get("shared_weights") or {}).get("tensors", []):
-        array = np.memmap(os.path.join(root, entry["file"]), dtype=entry["dtype"], mode="r",
-                          offset=entry["offset"], shape=tuple(entry["shape"]))
+        if entry["file"] not in files:
+            with open(os.path.join(root, entry["file"]), "rb") as f:
+                files[entry["file"]] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        shape = tuple(entry["shape"])
+        array = np.frombuffer(files[entry["file"]], entry["dtype"], int(np.prod(shape)), entry["offset"]).reshape(shape)
         value = ort.OrtValue.ortvalue_from_numpy(array, device, config.device_id)   # cpu: wraps, keeps `array`
         for graph, name in entry["names"].items():
             out.setdefault(graph, {})[name] = value
+    if maps is not None:
+        maps.extend(files.values())
     return out
+
+
+def release_pages(maps: list) -> None:
+    """Drop the resident pages of the shared tables' maps after a session is built: building prepacks the LM head
+    into the session's own layout (the mapped original is not read again) and touches the whole embedding table;
+    from here on only the embedding rows a Gather reads come back (from the page cache). Linux only."""
+    import mmap
+
+    for m in maps:
+        if hasattr(m, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            m.madvise(mmap.MADV_DONTNEED)
 
 
 def _provider_options(ep: str, config: SessionConfig, profile: dict | None) -> dict:

@@ -326,7 +326,11 @@ def test_export_device_refuses_naming_what_would_fit(tmp_path):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
-def test_bundle_mlp_width_recovered_from_bytes(precision):
+@pytest.mark.parametrize("layout", ["shared", "legacy"])
+def test_bundle_mlp_width_recovered_from_bytes(precision, layout):
+    """Bundles whose manifest lacks the MLP widths (before session 13): recovered from the bytes, whether the
+    tables are shared (listed in the manifest; the drafter fp32 beside an int4 target) or copied into a drafter
+    at the target's precision (older layouts, no tables listed)."""
     from dataclasses import replace
 
     from dflash_edge.cli.devices import _with_intermediate
@@ -336,9 +340,15 @@ def test_bundle_mlp_width_recovered_from_bytes(precision):
     bpw = bytes_per_weight(req)
     heads = t.embed_params * (1 if t.tie_word_embeddings else 2)
     target_bytes = (t.layer_params() + heads) * bpw                      # what a bundle of this precision holds
-    draft_bytes = (d.layer_params + d.fc_params(t.hidden_size) + t.embed_params) * bpw
+    if layout == "shared":
+        tables, draft_prec = (0.0, heads * bpw), "fp32"
+        draft_bytes = (d.layer_params + d.fc_params(t.hidden_size)) * 4
+    else:
+        tables, draft_prec = None, precision
+        draft_bytes = (d.layer_params + d.fc_params(t.hidden_size) + t.embed_params) * bpw
     unknown = replace(req, target=replace(t, intermediate_size=0), drafter=replace(d, intermediate_size=0),
-                      target_weight_bytes=target_bytes, draft_weight_bytes=draft_bytes)
+                      target_weight_bytes=target_bytes, draft_weight_bytes=draft_bytes, table_bytes=tables,
+                      draft_precision=draft_prec)
     got = _with_intermediate(unknown, t.vocab_size)
     assert abs(got.target.intermediate_size - 1536) <= 1 and abs(got.drafter.intermediate_size - 1536) <= 1
     with pytest.raises(DeviceError, match="do not match its manifest's dims"):

@@ -15,7 +15,8 @@ from pathlib import Path
 from dflash_edge.devices.errors import DeviceError
 from dflash_edge.devices.dims import (DraftDims, ModelDims, dims_from_hf_config, draft_dims_from_config, preset,
                                         recipe_drafter)
-from dflash_edge.devices.planner import FLOAT_PRECISIONS, PlanRequest, bytes_per_weight, head_bytes, plan
+from dflash_edge.devices.planner import (FLOAT_PRECISIONS, PlanRequest, bytes_per_weight, draft_precision_of,
+                                         head_bytes, plan)
 
 DEFAULT_TAU = 2.0
 
@@ -118,22 +119,39 @@ def bundle_request(args, device) -> PlanRequest:
     if args.context and args.context > bundle.max_context:
         raise DeviceError(f"bundle {args.bundle} was exported for context <= {bundle.max_context}, not {args.context}; "
                           f"re-export with --max-context {args.context} or plan with --context <= {bundle.max_context}")
-    nbytes = {g: sum(f["bytes"] for f in man["graphs"][g]["files"]) for g in ("target", "drafter")}
+    runs = "target_fused" if device.device_class == "cpu" and "target_fused" in man["graphs"] else "target"
+    files = {g: {f["path"]: f["bytes"] for f in man["graphs"][g]["files"]} for g in (runs, "drafter")}
+    own_draft = sum(b for path, b in files["drafter"].items() if path not in files[runs])   # tables: the target's
     target = ModelDims(family=m["family"], hidden_size=m["hidden_size"],
                        intermediate_size=m.get("intermediate_size", 0),                 # MoE: its dense layers'
                        num_layers=m["num_layers"], num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"],
                        head_dim=m["head_dim"], vocab_size=m["vocab_size"],
                        tie_word_embeddings="tied" in man.get("shared_weights", {}).get("lm_head", ""),
                        max_position_embeddings=m["max_position_embeddings"], **_experts(m))
-    drafter = DraftDims(num_layers=m["draft_num_layers"], hidden_size=m["hidden_size"], intermediate_size=0,
+    drafter = DraftDims(num_layers=m["draft_num_layers"], hidden_size=m["hidden_size"],
+                        intermediate_size=m.get("draft_intermediate_size", 0),
                         num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"],
                         num_target_layer_ids=len(m["target_layer_ids"]), block_size=man["trained_block_size"])
     req = PlanRequest(target, drafter, device, precision=precision, context=bundle.max_context,
                       position=args.context or 0, block=bundle.block_size, prefill_chunk=man["prefill_chunk"],
-                      tau=args.tau or DEFAULT_TAU, target_weight_bytes=nbytes["target"],
-                      draft_weight_bytes=nbytes["drafter"], kv_bytes=_cache_bytes(man, device))
+                      tau=args.tau or DEFAULT_TAU, target_weight_bytes=sum(files[runs].values()),
+                      draft_weight_bytes=own_draft, kv_bytes=_cache_bytes(man, device),
+                      table_bytes=_table_bytes(man), draft_precision=man["graphs"]["drafter"]["precision"])
+    if target.intermediate_size and drafter.intermediate_size:              # stated by the manifest (session 13+)
+        return req
     sized = _with_intermediate(req, m.get("draft_vocab_size") or m["vocab_size"])
     return replace(sized, target=target) if target.num_experts else sized   # MoE: the manifest states its widths
+
+
+def _table_bytes(man: dict) -> tuple[float, float] | None:
+    """(embedding, LM head) bytes from the manifest's shared tensors (a tied table counts as the head); None for
+    bundles that list none."""
+    tensors = man.get("shared_weights", {}).get("tensors") or []
+    embed = sum(t["length"] for t in tensors if t["key"].startswith("embed_tokens"))
+    head = sum(t["length"] for t in tensors if t["key"].startswith("lm_head"))
+    if not embed and not head:
+        return None
+    return (0.0, float(embed)) if not head else (float(embed), float(head))
 
 
 def _experts(m: dict) -> dict:
@@ -156,11 +174,16 @@ def _with_intermediate(req: PlanRequest, draft_vocab: int) -> PlanRequest:
     weights; quantised ones are taken as `bytes_per_weight` throughout, embedding included: an estimate)."""
     t, d, bpw = req.target, req.drafter, bytes_per_weight(req)
     embed, head = head_bytes(req)
-    if req.precision not in FLOAT_PRECISIONS:          # quantisers differ on the embedding: spread bytes evenly
+    if req.precision not in FLOAT_PRECISIONS and not req.table_bytes:   # quantisers differ on the embedding
         embed, head = 0.0, t.embed_params * (1 if t.tie_word_embeddings else 2) * bpw
     inter = ((req.target_weight_bytes - embed - head) / bpw / t.num_layers - t.attn_params) / (3 * t.hidden_size)
     draft_head = head * draft_vocab / t.vocab_size
-    d_layers = (req.draft_weight_bytes - embed - draft_head) / bpw - d.fc_params(t.hidden_size)
+    if req.table_bytes:                 # tables shared with the target: the drafter holds only a reduced head's rows
+        draft_head = 0.0 if draft_vocab == t.vocab_size else draft_head
+    else:                               # older bundles: the drafter holds its own copy of the tables
+        draft_head += embed
+    d_layers = (req.draft_weight_bytes - draft_head) / bytes_per_weight(req, draft_precision_of(req)) \
+        - d.fc_params(t.hidden_size)
     d_inter = (d_layers / d.num_layers - 2 * d.hidden_size * (d.num_heads + d.num_kv_heads) * d.head_dim) / (3 * d.hidden_size)
     if inter < 1 or d_inter < 1:
         raise DeviceError(f"bundle weights ({req.target_weight_bytes} / {req.draft_weight_bytes} bytes) do not match "
