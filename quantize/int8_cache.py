@@ -175,7 +175,7 @@ def quantize_cache(root, manifest: dict, prompts: list[str], *, count: int = 16,
     root, t = Path(root), time.perf_counter()
     entry = manifest["graphs"]["target_fused"]                  # check_request ran first
     gen = Generator.load(read_bundle(root, verify=False), target_graph="target_fused", threads=threads,
-                         use_tuned=False)
+                         use_tuned=False, drafter=False)           # the target alone: less memory
     texts = calibration_texts(gen, prompts, count, new_tokens)
     k_scales, v_scales = calibrate(gen, texts, margin)
     del gen

@@ -101,7 +101,7 @@ class Stream:
 class Generator:
     """A loaded bundle: target and drafter graphs, their preallocated caches, the tokenizer."""
 
-    def __init__(self, bundle: Bundle, tokenizer, target: TargetModel, drafter: DraftModel,
+    def __init__(self, bundle: Bundle, tokenizer, target: TargetModel, drafter: DraftModel | None,
                  tuned: Tuned | None = None, target_graph: str = "target"):
         self.bundle, self.tokenizer, self.target, self.drafter = bundle, tokenizer, target, drafter
         self.target_graph = target_graph                            # the manifest graph the target runs
@@ -115,21 +115,23 @@ class Generator:
     @classmethod
     def load(cls, bundle: str | Path | Bundle, provider: str = "cpu", *, threads: int = 0, spin: bool = True,
              verify: bool = True, target_graph: str | None = None, use_tuned: bool = True,
-             share_weights: bool = True) -> "Generator":
+             share_weights: bool = True, drafter: bool = True) -> "Generator":
         """Open a bundle on `provider` ("cpu", "cuda", "tensorrt"); sha256-checks files unless verify=False.
 
         `target_graph` ("target" portable, "target_fused"): force a flavour; default: the fused one where
         the provider runs it (io_tables.pick_graph), the portable one elsewhere (TensorRT).
         With `use_tuned`, the bundle's tuned.json (from `dflash-edge tune`) is validated and seeds the policy.
         `share_weights`: the weights both graphs hold (embedding / LM head) are loaded once for both sessions.
+        `drafter=False`: the target alone (plain decoding only; what KV-cache calibration needs), in less memory.
         `threads`: intra-op threads per session, 0 = one per usable CPU; more than the usable CPUs is lowered to
         them with a ClampedArgumentWarning. Every argument is checked first (InvalidArgumentError names it).
         """
         from .tokenizer import ChatTokenizer
 
         provider, threads = check_provider(provider), check("threads", threads)
-        spin, verify, use_tuned, share_weights = (check_flag(n, v) for n, v in (
-            ("spin", spin), ("verify", verify), ("use_tuned", use_tuned), ("share_weights", share_weights)))
+        spin, verify, use_tuned, share_weights, drafter = (check_flag(n, v) for n, v in (
+            ("spin", spin), ("verify", verify), ("use_tuned", use_tuned), ("share_weights", share_weights),
+            ("drafter", drafter)))
         if target_graph is not None and not isinstance(target_graph, str):
             raise InvalidArgumentError("target_graph", f"target_graph={target_graph!r:.60}: expected a graph name "
                                                        f"('target', 'target_fused') or None")
@@ -161,10 +163,12 @@ class Generator:
         _check_cache_dtype(b, name, runner, kv_dtypes[name])
         target = TARGET_MODELS[name](runner, dims, capacity, (*range(1, b.block_size + 1), chunk),
                                      kv_dtypes[name], pad_rows=b.graph_pad_rows(name))  # T = k + 1, k = 0..B-1
-        drafter = DraftModel(session("drafter"), dims, capacity,
-                             target.hidden, b.model["mask_token_id"], b.kv_dtype, max_ctx_rows=ranges["C"][2])
-        release_pages(maps)
-        return cls(b, ChatTokenizer.from_dir(b.root), target, drafter, read_tuned(b) if use_tuned else None, name)
+        draft_model = None
+        if drafter:
+            draft_model = DraftModel(session("drafter"), dims, capacity, target.hidden, b.model["mask_token_id"],
+                                     b.kv_dtype, max_ctx_rows=ranges["C"][2])
+            release_pages(maps)
+        return cls(b, ChatTokenizer.from_dir(b.root), target, draft_model, read_tuned(b) if use_tuned else None, name)
 
     # ---- public API -------------------------------------------------------------------------------
     def generate(self, prompt, options: GenerationOptions | None = None, **fields) -> GenerationResult:
@@ -265,6 +269,9 @@ class Generator:
         emit.push([self._prefill(req.prompt_ids, sampling)])
         stats.prefill_s, stats.ttft_s = time.perf_counter() - t, time.perf_counter() - req.t_call
         clock, limit = _Clock(self, stats), self.block_size - 1
+        if self.drafter is None and opts.draft != "none":
+            raise InvalidArgumentError("draft", f"draft={opts.draft!r}: this Generator was loaded without its "
+                                                f"drafter (drafter=False); pass draft='none' or load it with one")
         policy = make_policy(opts.draft, self.block_size, self.tuned, opts.verify_len)
         history = req.prompt_ids + emit.tokens                      # token ids by absolute position
         sources = self._sources(policy.sources, history)
@@ -336,7 +343,8 @@ class Generator:
     def _prefill(self, ids: list[int], sampling: SamplingParams) -> int:
         """Run the prompt in static chunks of P from an empty cache; returns the first generated token."""
         self.target.reset()
-        self.drafter.kv.pos = 0
+        if self.drafter is not None:
+            self.drafter.kv.pos = 0
         size, n = self.prefill_chunk, len(ids)
         for start in _chunk_starts(n, size, self.target.RERUN_OK):
             chunk = ids[start:start + size]
@@ -378,11 +386,16 @@ class Generator:
         return token
 
 
+class _NoRunner:
+    """The drafter's run counters when a Generator has no drafter."""
+    run_s, calls = 0.0, 0
+
+
 class _Clock:
     """Decode timing for one generation: wall time and the graphs' own run time over the same span."""
 
     def __init__(self, gen: Generator, stats: GenerationStats):
-        self.runners = (gen.target.runner, gen.drafter.runner)
+        self.runners = (gen.target.runner, gen.drafter.runner if gen.drafter else _NoRunner())
         self.stats, self.t0 = stats, time.perf_counter()
         self.run0 = [(r.run_s, r.calls) for r in self.runners]
 

@@ -250,6 +250,30 @@ def test_bundle_generates_losslessly(tiny_checkpoints, tmp_path):
         assert Generator.load(out).generate_ids(prompt, max_new_tokens=24, draft=draft).token_ids == ref
 
 
+def test_rope_tables_hold_the_positions_the_bundle_reaches(tiny_checkpoints, tmp_path):
+    """RoPE tables are cut to the bundle's reach (max context + the widest step + the fused pad row), not the
+    model's max_position_embeddings, and generation still runs losslessly to the very end of the context."""
+    from dflash_edge.models.reference_loop import GenerationConfig, target_generate
+    from dflash_edge.runtime import Generator
+
+    ckpt = tiny_checkpoints["qwen3"][1]
+    opts = ExportOptions(out=tmp_path / "b", target=ckpt, draft=str(_drafter_dir(tmp_path, ckpt, block=8)),
+                         block_size=8, max_context=48, prefill_chunk=16)
+    out = export_bundle(opts, progress=False)
+    rows = {}
+    for graph, name in (("target", "rope.cos"), ("drafter", "rope.cos"), ("target_fused", "rope.cos_cache")):
+        inits = onnx.load(str(out / f"{graph}.onnx"), load_external_data=False).graph.initializer
+        rows[graph] = [list(i.dims)[0] for i in inits if i.name == name]
+    assert rows == {g: [48 + 16 + 1] for g in rows} and opts.positions == 65
+    prompt = [(7 * i) % 90 + 3 for i in range(40)]
+    ref = target_generate(load_target(ckpt), prompt, GenerationConfig(max_new_tokens=100, max_context=48)).token_ids
+    assert len(prompt) + len(ref) == 48
+    for graph in ("target_fused", "target"):
+        gen = Generator.load(out, target_graph=graph)
+        for draft in ("none", "drafter"):
+            assert gen.generate_ids(prompt, max_new_tokens=100, draft=draft, stop_token_ids=()).token_ids == ref
+
+
 def test_export_refuses_a_misshaped_tensor(tiny_checkpoints, tmp_path):
     import shutil
 

@@ -64,6 +64,21 @@ def test_runtime_is_lossless_on_the_published_bundle_with_and_without_sharing(pu
         assert shared.generate_ids(prompt, max_new_tokens=24, draft="none", stop_token_ids=[]).token_ids == plain
 
 
+def test_target_alone_decodes_the_same_and_refuses_drafting(published_bundle):
+    """Generator.load(drafter=False) (what KV-cache calibration loads): the same plain tokens without the drafter's
+    session, and a draft mode that needs it is refused by name."""
+    from dflash_edge.runtime.validate import InvalidArgumentError
+
+    alone, both = Generator.load(published_bundle, drafter=False), Generator.load(published_bundle)
+    assert alone.drafter is None
+    for prompt in PROMPTS[:2]:
+        want = both.generate_ids(prompt, max_new_tokens=16, draft="none", stop_token_ids=[]).token_ids
+        assert alone.generate_ids(prompt, max_new_tokens=16, draft="none", stop_token_ids=[]).token_ids == want
+    for draft in ("auto", "drafter", "lookup"):
+        with pytest.raises(InvalidArgumentError, match="loaded without its drafter"):
+            alone.generate_ids(PROMPTS[0], max_new_tokens=4, draft=draft)
+
+
 def test_too_large_for_memory_is_refused_before_loading(tmp_path, monkeypatch):
     from dflash_edge.export import fits as memory
     from dflash_edge.export.fits import InsufficientMemoryError

@@ -174,6 +174,7 @@ def test_runtime_and_cli_never_import_the_web_stack(tiny_bundle):
     ({"verify": 1}, r"verify=1: expected true or false"),
     ({"use_tuned": None}, r"use_tuned=None"),
     ({"share_weights": "yes"}, r"share_weights='yes'"),
+    ({"drafter": "no"}, r"drafter='no': expected true or false"),
     ({"target_graph": 3}, r"target_graph=3: expected a graph name"),
 ])
 def test_load_checks_every_argument_before_reading_the_bundle(tmp_path, kwargs, named):
