@@ -108,19 +108,23 @@ def weight_bytes(req: PlanRequest) -> tuple[float, float]:
     return float(target), float(req.draft_weight_bytes or draft)
 
 
-def resident_weight_bytes(req: PlanRequest) -> tuple[float, float]:
-    """(target, drafter) weight bytes in memory once loaded: the bytes times the device class's residency (its
-    low-bit figure for int4 / int8 where it has one); on a CPU without the embedding table, which the runtime
-    Gathers from a read-only map of the bundle (only the rows used become resident)."""
+def resident_weight_bytes(req: PlanRequest) -> tuple[float, float, float]:
+    """(target, drafter, load transient) weight bytes in memory: the bytes times the device class's residency (its
+    low-bit figure for int4 / int8 where it has one). On a CPU (onnxruntime) the runtime maps the shared tables
+    read-only: the embedding is Gathered from the map (only the rows used stay resident), and each session that
+    reads the LM head prepacks its own copy (target and drafter: two), reading the mapped head while it does (the
+    transient, dropped once the sessions are built: runtime/session.release_pages)."""
     f = class_factors(req.device.device_class)
 
     def residency(precision):
-        low = precision in TABLE_PRECISION and "weights_residency_low_bit" in f
-        return f["weights_residency_low_bit"] if low else f["weights_residency"]
+        return f.get("weights_residency_low_bit", f["weights_residency"]) if precision in TABLE_PRECISION else \
+            f["weights_residency"]
     target_w, draft_w = weight_bytes(req)
-    if req.device.device_class == "cpu":
-        target_w -= head_bytes(req)[0]
-    return target_w * residency(req.precision), draft_w * residency(draft_precision_of(req))
+    target, drafter = target_w * residency(req.precision), draft_w * residency(draft_precision_of(req))
+    if req.device.device_class != "cpu":
+        return target, drafter, 0.0
+    embed, head = head_bytes(req)
+    return target - embed * residency(req.precision), drafter + head * residency(req.precision), head
 
 
 def linear_state_bytes(t: ModelDims, tokens: int) -> float:
@@ -136,7 +140,7 @@ def memory_plan(req: PlanRequest) -> dict:
     f = class_factors(req.device.device_class)
     fb, block = float_bytes(req), req.block or req.drafter.block_size
     target_w, draft_w = weight_bytes(req)
-    target_res, draft_res = resident_weight_bytes(req)
+    target_res, draft_res, mapped = resident_weight_bytes(req)
     slots = req.context + block
     kv = slots * (req.target.kv_bytes_per_token(target_kv_bytes(req)) + req.drafter.kv_bytes_per_token(fb))
     t, inter = req.target, (req.target.experts_per_token * req.target.moe_intermediate_size
@@ -146,7 +150,8 @@ def memory_plan(req: PlanRequest) -> dict:
     # scores), x2: onnxruntime's arena keeps inputs and outputs of neighbouring nodes alive
     act = 2 * tokens * (t.vocab_size * 4 + t.hidden_size * (req.drafter.num_target_layer_ids + 6) * fb
                         + 2 * inter * fb + t.num_heads * slots * 4)
-    parts = {"target_weights": target_res / GB, "drafter_weights": draft_res / GB, "kv_cache": kv / GB,
+    parts = {"target_weights": target_res / GB, "drafter_weights": draft_res / GB,
+             "mapped_head_at_load": mapped / GB, "kv_cache": kv / GB,
              "linear_state": linear_state_bytes(t, tokens) / GB, "activations": act / GB,
              "runtime": f["runtime_overhead_gb"]}
     total = sum(parts.values())
@@ -171,9 +176,13 @@ def _roofline_ms(req: PlanRequest, nbytes: float, flops: float, layers: int, pre
     f = class_factors(req.device.device_class)
     if not req.device.bandwidth_gb_s:
         raise DeviceError(f"device {req.device.name!r} has no bandwidth figure; detect it first (cpu) or fix its profile")
-    mem = 1e3 * nbytes / (req.device.bandwidth_gb_s * GB * f["bandwidth_efficiency"])
+    low = (precision or req.precision) in TABLE_PRECISION          # int4 / int8: the class's low-bit figures
+
+    def factor(name):
+        return f.get(f"{name}_low_bit", f[name]) if low else f[name]
+    mem = 1e3 * nbytes / (req.device.bandwidth_gb_s * GB * factor("bandwidth_efficiency"))
     comp = 1e3 * flops / (_compute_tflops(req, precision) * 1e12 * f["compute_efficiency"])
-    over = layers * f["layer_overhead_ms"]
+    over = layers * factor("layer_overhead_ms")
     return {"ms": round(max(mem, comp) + over, 4), "memory_ms": round(mem, 4), "compute_ms": round(comp, 4),
             "overhead_ms": round(over, 4), "bound": "memory" if mem >= comp else "compute"}
 

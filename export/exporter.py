@@ -232,12 +232,24 @@ def _graph_entry(root: Path, name: str, static_shapes: dict, shared: list[dict],
     files = [bundle_mod.file_entry(root, f"{name}.onnx"), bundle_mod.file_entry(root, DATA_FILES[name])]
     files += [bundle_mod.file_entry(root, f) for f in sorted({e["file"] for e in shared if name in e["names"]})]
     entry = {"files": files, "precision": fmt.precision, "io": io_manifest(name, "float32"), "opset": OPSETS[name],
-             "static_shapes": static_shapes, "flavour": FLAVOURS[name].kind}
+             "static_shapes": static_shapes, "flavour": FLAVOURS[name].kind,
+             "weight_bytes": _weight_bytes(root / f"{name}.onnx")}
     if log.sources.get(name):            # low-bit weights: where each came from (GGUF type, or "rtn": re-quantised)
         entry["quantization"] = {"from": "checkpoint", "writer": "stream", "settings": fmt.to_dict(),
                                  "weights_by_source": dict(log.sources[name]),
                                  "requantised_low_bit": log.requantised}
     return entry
+
+
+def _weight_bytes(path: Path) -> int:
+    """Bytes of the weights this graph reads (its initializers, inline or in any data file): what a session of
+    it holds, where the data files also hold the other flavour's weights (devices plan reads it)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    external = [{e.key: e.value for e in i.external_data} for i in graph.initializer if i.external_data]
+    return sum(int(e["length"]) for e in external) + sum(len(i.raw_data) for i in graph.initializer
+                                                         if not i.external_data)
 
 
 def _manifest(tc, dc, tok_files, graphs, opts, sources, shared: list[dict]) -> dict:

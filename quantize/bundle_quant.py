@@ -87,6 +87,7 @@ def _lower_graph(src: bundle_mod.Bundle, name: str, want: str, tmp: Path, settin
         names, info = _lower_in_memory(src.graph_path(name), out, want, settings, index)
     entry["files"] = [bundle_mod.file_entry(tmp, n) for n in names]
     entry["precision"] = want
+    entry.pop("weight_bytes", None)                  # the source graph's: devices plan falls back to the files
     entry["quantization"] = {"from": "fp32", "tool": f"onnxruntime {_ort_version()}", "settings": settings.to_dict(),
                              **info, "seconds": round(time.perf_counter() - t, 1)}
     return entry

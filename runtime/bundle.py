@@ -39,7 +39,7 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
     "kv_cache": ("layout", "dtype", "slack"),
     "tokenizer": ("file", "config", "checksums"),
     "graph": ("files", "precision", "io", "static_shapes", "opset", "flavour",   # flavour: io_tables.FLAVOURS
-              "quantization", "kv_cache"),            # quantization: tool, settings, what was lowered;
+              "quantization", "kv_cache", "weight_bytes"),    # weight_bytes: its initializers' (devices plan)            # quantization: tool, settings, what was lowered;
     #                                                   kv_cache: the graph's own cache (quantize/int8_cache.py)
     "source": None,
     "shared_weights": None,
@@ -52,7 +52,7 @@ OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset", "draft_voca
             "linear_key_head_dim", "linear_value_head_dim",
             "quality", "quantization",
             "checksum", "checksums"}     # older bundles lack the manifest's and the tokenizer files' sha256
-OPTIONAL_IN = {"graph": {"kv_cache"}}   # optional in that section only (the top-level kv_cache is required)
+OPTIONAL_IN = {"graph": {"kv_cache", "weight_bytes"}}   # optional in that section only (the top-level kv_cache is required)
 KV_LAYOUT = "S,L,Hkv,D"
 
 

@@ -179,6 +179,29 @@ def test_kv_cache_grows_with_context():
     assert kv[1] - kv[0] == pytest.approx(7168 * per_token / 1e9, rel=1e-3)
 
 
+def test_low_bit_tables_are_8_bit_stored_once_and_the_cpu_holds_the_head_per_session():
+    """As `export` writes them: an int4 target's embedding and LM head are 8-bit blocks stored once for target and
+    drafter, the drafter's own layers fp32. On a CPU the embedding is Gathered from a read-only map (not resident),
+    each session prepacks its own head (the drafter holds a second copy) and the mapped head is read while it
+    does; a GPU holds each table once."""
+    from dflash_edge.devices.planner import class_factors, draft_precision_of, head_bytes, weight_bytes
+
+    t, d, _ = preset("qwen3-8b")
+    cpu, gpu = (PlanRequest(t, d, dev, "int4", 4096) for dev in (cpu_profile(), get_profile("rtx-4090-24gb")))
+    embed, head = head_bytes(cpu)
+    assert embed == head == pytest.approx(t.embed_params * (1 + (4 + 1) / 32))          # untied, int8 blocks
+    assert draft_precision_of(cpu) == "fp32" and draft_precision_of(replace(cpu, precision="fp16")) == "fp16"
+    target_w, draft_w = weight_bytes(cpu)
+    assert draft_w == pytest.approx((d.layer_params + d.fc_params(t.hidden_size)) * 4)   # no copy of the tables
+    parts = {dev: memory_plan(r)["components_gb"] for dev, r in (("cpu", cpu), ("gpu", gpu))}
+    f = class_factors("cpu")
+    low, fp32 = f["weights_residency_low_bit"], f["weights_residency"]
+    assert parts["cpu"]["target_weights"] == pytest.approx((target_w - embed) * low / 1e9, abs=1e-3)
+    assert parts["cpu"]["drafter_weights"] == pytest.approx((draft_w * fp32 + head * low) / 1e9, abs=1e-3)
+    assert parts["cpu"]["mapped_head_at_load"] == pytest.approx(head / 1e9, abs=1e-3)
+    assert parts["gpu"]["mapped_head_at_load"] == 0 and parts["gpu"]["target_weights"] > parts["cpu"]["target_weights"]
+
+
 def test_cpu_int4_budgets_the_int8_cache_it_gets():
     """On a CPU, int4/int8 bundles run the fused target's int8 cache (export's default): 1 byte per element, the
     drafter's cache and fp32 bundles stay float32; a bundle's own cache dtype (kv_bytes) overrides the guess."""

@@ -120,8 +120,12 @@ def bundle_request(args, device) -> PlanRequest:
         raise DeviceError(f"bundle {args.bundle} was exported for context <= {bundle.max_context}, not {args.context}; "
                           f"re-export with --max-context {args.context} or plan with --context <= {bundle.max_context}")
     runs = "target_fused" if device.device_class == "cpu" and "target_fused" in man["graphs"] else "target"
-    files = {g: {f["path"]: f["bytes"] for f in man["graphs"][g]["files"]} for g in (runs, "drafter")}
+    graphs = man["graphs"]
+    files = {g: {f["path"]: f["bytes"] for f in graphs[g]["files"]} for g in (runs, "drafter")}
     own_draft = sum(b for path, b in files["drafter"].items() if path not in files[runs])   # tables: the target's
+    if "weight_bytes" in graphs["drafter"]:       # exact: what each session reads (the data files hold both flavours)
+        borrowed = sum(t["length"] for t in man["shared_weights"].get("tensors", []) if "drafter" in t["names"])
+        own_draft = graphs["drafter"]["weight_bytes"] - borrowed
     target = ModelDims(family=m["family"], hidden_size=m["hidden_size"],
                        intermediate_size=m.get("intermediate_size", 0),                 # MoE: its dense layers'
                        num_layers=m["num_layers"], num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"],
@@ -134,7 +138,8 @@ def bundle_request(args, device) -> PlanRequest:
                         num_target_layer_ids=len(m["target_layer_ids"]), block_size=man["trained_block_size"])
     req = PlanRequest(target, drafter, device, precision=precision, context=bundle.max_context,
                       position=args.context or 0, block=bundle.block_size, prefill_chunk=man["prefill_chunk"],
-                      tau=args.tau or DEFAULT_TAU, target_weight_bytes=sum(files[runs].values()),
+                      tau=args.tau or DEFAULT_TAU,
+                      target_weight_bytes=graphs[runs].get("weight_bytes") or sum(files[runs].values()),
                       draft_weight_bytes=own_draft, kv_bytes=_cache_bytes(man, device),
                       table_bytes=_table_bytes(man), draft_precision=man["graphs"]["drafter"]["precision"])
     if target.intermediate_size and drafter.intermediate_size:              # stated by the manifest (session 13+)
