@@ -23,9 +23,8 @@ import numpy as np
 from .graph_builder import MS, OPSET_FUSED, GraphBuilder
 from dflash_edge.models import family_spec, layer_mlps
 from .moe_layers import moe_fused
-from .portable_layers import Layer, linear, mlp
+from .portable_layers import Layer, linear, mlp, packed_qkv
 from .portable_target import embedding, lm_head
-from .weight_format import matmul
 
 
 def _norm_weight(g: GraphBuilder, ckpt, name: str) -> str:
@@ -48,17 +47,6 @@ def _skip_norm(g: GraphBuilder, y: str, x: str, ckpt, name: str, eps: float) -> 
     return normed, total
 
 
-def _packed_qkv(g: GraphBuilder, h: str, layer: Layer) -> str:
-    """q, k and v projections as one MatMul on the concatenated weight: [1, T, (Hq + 2 Hkv) * D]."""
-    name, ckpt = f"{layer.prefix}.self_attn", layer.ckpt
-    projs = [f"{name}.{p}_proj" for p in "qkv"]
-    y = matmul(g, h, ckpt, [f"{p}.weight" for p in projs], f"{name}.qkv_proj.weight")  # [1, T, (Hq + 2Hkv) D]
-    if layer.spec.qkv_bias:
-        bias = lambda: np.concatenate([ckpt.array(f"{p}.bias") for p in projs])       # noqa: E731
-        y = g.op("Add", [y, g.init(f"{name}.qkv_proj.bias", bias)])[0]
-    return y
-
-
 def _attention(g: GraphBuilder, h: str, layer: Layer, i: int, io: dict) -> str:
     """One layer's attention on normed input `h` [1, T, H] -> o_proj output [1, T, H].
 
@@ -70,7 +58,7 @@ def _attention(g: GraphBuilder, h: str, layer: Layer, i: int, io: dict) -> str:
     the live ones and are overwritten by the next step (the runtime keeps that slot free).
     """
     s = layer.spec
-    qkv = _packed_qkv(g, h, layer)                                                    # [1, T, (Hq + 2Hkv) D]
+    qkv = packed_qkv(g, h, layer)                                                    # [1, T, (Hq + 2Hkv) D]
     width = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim
     if s.qk_norm:                                                                    # per-head norms before rotary
         sizes = g.const([s.num_heads * s.head_dim, *[s.num_kv_heads * s.head_dim] * 2])
@@ -103,8 +91,7 @@ def build_fused_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, fm
     """Write `out` (the `target_fused` graph), its weights through `store`; returns {reused, appended} bytes.
 
     Tensors the portable target already stored (same name in `target.onnx.data`, or the shared embedding /
-    head) are referenced, never read again; only the packed q/k/v weights and the half-width rope caches
-    are new.
+    head, the packed q/k/v weights) are referenced, never read again; only the half-width rope caches are new.
     """
     spec, eps = family_spec(cfg), cfg.rms_norm_eps
     g = GraphBuilder("target_fused", store, fmt, log)

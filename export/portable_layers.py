@@ -64,11 +64,33 @@ def apply_rope(g: GraphBuilder, x: str, cos: str, sin: str, head_dim: int) -> st
     return g.op("Add", [g.op("Mul", [x, cos])[0], g.op("Mul", [rotated, sin])[0]])[0]
 
 
-def heads(g: GraphBuilder, x: str, layer: Layer, proj: str, num: int, norm: str | None) -> str:
-    """Projection `proj` of x [1, T, H] split into heads [1, num, T, D] (per-head RMSNorm `norm` if the family has it)."""
+def packed_qkv(g: GraphBuilder, h: str, layer: Layer) -> str:
+    """q, k and v projections of h [1, T, H] as one MatMul on the concatenated weight: [1, T, (Hq + 2 Hkv) * D]
+    (one initializer, `qkv_proj.weight`, that both target flavours read from target.onnx.data)."""
+    name, ckpt = f"{layer.prefix}.self_attn", layer.ckpt
+    projs = [f"{name}.{p}_proj" for p in "qkv"]
+    y = matmul(g, h, ckpt, [f"{p}.weight" for p in projs], f"{name}.qkv_proj.weight")  # [1, T, (Hq + 2Hkv) D]
+    if layer.spec.qkv_bias:
+        bias = lambda: np.concatenate([ckpt.array(f"{p}.bias") for p in projs])       # noqa: E731
+        y = g.op("Add", [y, g.init(f"{name}.qkv_proj.bias", bias)])[0]
+    return y
+
+
+def projections(g: GraphBuilder, h: str, kv_in: str, layer: Layer) -> list[str]:
+    """[q, k, v] [1, T, n*D]: queries from h, keys and values from kv_in; one packed MatMul when both are the same
+    input (a target's self-attention), else three (the drafter's queries see only the block)."""
     s = layer.spec
-    name = f"{layer.prefix}.self_attn.{proj}"
-    t = g.op("Reshape", [linear(g, x, layer.ckpt, name, s.qkv_bias), g.const([0, 0, num, s.head_dim])])[0]  # [1, T, n, D]
+    if h == kv_in:
+        sizes = g.const([s.num_heads * s.head_dim] + [s.num_kv_heads * s.head_dim] * 2)
+        return g.op("Split", [packed_qkv(g, h, layer), sizes], 3, axis=-1)
+    name = f"{layer.prefix}.self_attn"
+    return [linear(g, x, layer.ckpt, f"{name}.{p}_proj", s.qkv_bias) for x, p in ((h, "q"), (kv_in, "k"), (kv_in, "v"))]
+
+
+def heads(g: GraphBuilder, y: str, layer: Layer, num: int, norm: str | None) -> str:
+    """A projection y [1, T, num * D] split into heads [1, num, T, D] (per-head RMSNorm `norm` if the family has it)."""
+    s = layer.spec
+    t = g.op("Reshape", [y, g.const([0, 0, num, s.head_dim])])[0]                 # [1, T, n, D]
     if norm and s.qk_norm:
         t = rms_norm(g, t, layer.ckpt, f"{layer.prefix}.self_attn.{norm}", s.rms_norm_eps)
     return g.op("Transpose", [t], perm=[0, 2, 1, 3])[0]                          # [1, n, T, D]
@@ -82,10 +104,11 @@ def attention(g: GraphBuilder, h: str, kv_in: str, layer: Layer, rope: Rope, pas
     (the causal mask tiled over the query heads of one KV head), or None (all keys visible).
     """
     s = layer.spec
-    q = apply_rope(g, heads(g, h, layer, "q_proj", s.num_heads, "q_norm"), rope.cos_q, rope.sin_q, s.head_dim)
-    k_new = apply_rope(g, heads(g, kv_in, layer, "k_proj", s.num_kv_heads, "k_norm"), rope.cos_kv, rope.sin_kv,
+    q, k, v = projections(g, h, kv_in, layer)
+    q = apply_rope(g, heads(g, q, layer, s.num_heads, "q_norm"), rope.cos_q, rope.sin_q, s.head_dim)
+    k_new = apply_rope(g, heads(g, k, layer, s.num_kv_heads, "k_norm"), rope.cos_kv, rope.sin_kv,
                        s.head_dim)                                              # [1, Hkv, Tkv, D]
-    v_new = heads(g, kv_in, layer, "v_proj", s.num_kv_heads, None)
+    v_new = heads(g, v, layer, s.num_kv_heads, None)
     k = g.op("Concat", [past[0], k_new], axis=2)[0]                               # [1, Hkv, S + Tkv, D]
     v = g.op("Concat", [past[1], v_new], axis=2)[0]
     grouped = g.op("Reshape", [q, g.const([1, s.num_kv_heads, -1, s.head_dim])])[0]   # [1, Hkv, rep*T, D]

@@ -8,6 +8,7 @@ the manifest names each file's flavour and TensorRT only ever sees the portable 
 import json
 
 import numpy as np
+import onnx
 import pytest
 
 from dflash_edge.runtime.errors import DflashEdgeError
@@ -112,6 +113,16 @@ def test_manifest_flavours_share_one_weights_file(fused_bundles):
     assert graphs["target_fused"]["files"][1] == graphs["target"]["files"][1]      # target.onnx.data, once
     assert graphs["target_fused"]["opset"] == 23 and graphs["target_fused"]["io"]["inputs"][3]["per"] == "L"
     assert m["source"]["target_fused"]["appended_bytes"] < m["source"]["target_fused"]["reused_bytes"]
+    stored = {}                       # graph -> names of its initializers in target.onnx.data, by offset
+    for g in ("target", "target_fused"):
+        inits = onnx.load(str(tb.path / f"{g}.onnx"), load_external_data=False).graph.initializer
+        where = [({e.key: e.value for e in i.external_data}, i.name) for i in inits if i.external_data]
+        stored[g] = {int(e["offset"]): name for e, name in where if e["location"] == "target.onnx.data"}
+    only = {g: sorted(n for o, n in stored[g].items() if o not in stored[other])
+            for g, other in (("target", "target_fused"), ("target_fused", "target"))}
+    assert only["target"] == ["rope.cos", "rope.sin"]               # the packed q/k/v too: one copy of every weight
+    assert set(only["target_fused"]) <= {"rope.cos_cache", "rope.sin_cache"} | {n for n in only["target_fused"]
+                                                                               if n.startswith("pad_row_")}
     parity = m["source"]["parity"]
     assert parity["target_fused.logits.max_abs_diff"] <= 1e-3 and parity["target_fused.next_ids.agreement"] == 1.0
     assert "target_fused.new_key.max_abs_diff" in parity

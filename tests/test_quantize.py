@@ -71,7 +71,7 @@ def test_untied_model_quantises_its_embedding_and_head(quantized):
 
     path = quantized("int4", "int4", variant="qwen3")
     ops = [n.op_type for n in onnx.load(str(path / "target.onnx"), load_external_data=False).graph.node]
-    assert "GatherBlockQuantized" in ops and "Gemm" not in ops and ops.count("MatMulNBits") == 6 * 7 + 1
+    assert "GatherBlockQuantized" in ops and "Gemm" not in ops and ops.count("MatMulNBits") == 6 * 5 + 1   # q/k/v packed
     gen = Generator.load(path, threads=1)
     spec = gen.generate_ids(PROMPTS[1], 30, stop_token_ids=(), draft="drafter")
     assert spec.token_ids == gen.generate_ids(PROMPTS[1], 30, draft="none", stop_token_ids=()).token_ids
@@ -175,10 +175,10 @@ def test_manifest_hashes_and_report(quantized, tiny_bundle):
     q = graphs["target"]["quantization"]
     assert q["settings"] == {"block_size": 32, "accuracy_level": 4, "embedding_bits": 0, "symmetric": True,
                              "algorithm": "rtn"}
-    # 6 layers x 7 projections, + the LM head where the export wrote it as its own MatMul (the torch path ties
+    # 6 layers x 5 MatMuls (q/k/v packed in one), + the LM head where the export wrote it as its own MatMul (the torch path ties
     # tables of >= 65536 elements only); the streamed writer ties it as Gemm on the embedding, quantised with it
     src_ops = {n.op_type for n in onnx.load(str(src / "target.onnx"), load_external_data=False).graph.node}
-    assert q["embedding_bits"] == 4 and q["embedding"] and q["matmul_nbits"] == 6 * 7 + ("Gemm" not in src_ops)
+    assert q["embedding_bits"] == 4 and q["embedding"] and q["matmul_nbits"] == 6 * 5 + ("Gemm" not in src_ops)
     assert graphs["drafter"]["quantization"]["embedding_bits"] == 8
     for g in graphs.values():
         for f in g["files"]:
