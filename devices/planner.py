@@ -55,9 +55,15 @@ class PlanRequest:
     draft_precision: str = ""             # the drafter's own layers; "": what export writes (draft_precision_of)
 
 
+def default_draft_precision(precision: str) -> str:
+    """What `export` writes the drafter's own layers in beside a `precision` target: fp32 beside int4 / int8 (its
+    fp32 activations), the target's precision otherwise (an fp16 bundle is fp16 throughout)."""
+    return {"int4": "fp32", "int8": "fp32"}.get(precision, precision)
+
+
 def draft_precision_of(req: PlanRequest) -> str:
-    """The drafter's precision: as asked, else export's default (fp32 beside fp32 / int8 / int4 targets)."""
-    return req.draft_precision or {"int4": "fp32", "int8": "fp32"}.get(req.precision, req.precision)
+    """The drafter's precision: as asked, else export's default."""
+    return req.draft_precision or default_draft_precision(req.precision)
 
 
 def float_bytes(req: PlanRequest) -> int:

@@ -26,8 +26,9 @@ BYTES_PER_WEIGHT = {"fp32": 4.0, "fp16": 4.0, "int8": 1.125, "int4": 0.625}
 
 
 def peak_weight_bytes(params: int, table_params: int, precision: str) -> int:
-    """The weight bytes `check_fits` scales: the target at `precision`, plus, for low-bit bundles, the float32
-    embedding table parity's torch reference holds (measured: docs/BENCHMARKS.md, "Exact low-bit imports")."""
+    """The weight bytes `check_fits` scales: the target at `precision`, plus, for low-bit bundles, the one float32
+    table parity's torch reference holds (the LM head, or the tied embedding; an untied embedding is read by
+    rows; measured: docs/BENCHMARKS.md, "Exact low-bit imports")."""
     extra = 4 * table_params if precision in ("int8", "int4") else 0
     return int(params * BYTES_PER_WEIGHT.get(precision, 4.0) + extra)     # unknown: named by the exporter later
 

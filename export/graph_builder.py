@@ -16,19 +16,17 @@ import numpy as np
 from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.runtime.io_tables import GRAPHS, expand_specs
 
+from .weight_format import MS, FormatLog, WeightFormat
 from .weight_store import ONNX_DTYPES, WeightStore
 
 OPSET = 17                    # the portable graphs: standard ONNX ops TensorRT parses
 OPSET_FUSED = 23              # target_fused: RMSNormalization is standard from opset 23 (onnxruntime's fused kernel)
-MS = "com.microsoft"          # onnxruntime's contrib-op domain (GroupQueryAttention, SkipSimplifiedLayerNormalization)
 
 
 class GraphBuilder:
     """Nodes + initializers of graph `graph`; every helper returns output names."""
 
     def __init__(self, graph: str, store: WeightStore, fmt=None, log=None):
-        from .weight_format import FormatLog, WeightFormat
-
         self.graph, self.store = graph, store
         self.fmt, self.log = fmt or WeightFormat(), log or FormatLog()    # how weights are stored; what was done
         self.memo: dict = {}                                              # per-graph shared nodes (block sums)

@@ -1,7 +1,7 @@
 """The portable `target_hybrid` graph of a Qwen3.5 (hybrid linear-attention) target, written node by node from
-its checkpoint in standard ONNX ops (opset 17). Groundwork for issue 26: not wired into the exporter or the
-runtime as `HybridTargetModel` (runtime/kv.py; I/O: `io_tables.GRAPHS["target_hybrid"]`); the exporter writes
-it instead of `target` / `target_fused` for a hybrid family (models.HYBRID).
+its checkpoint in standard ONNX ops (opset 17). The exporter writes it instead of `target` / `target_fused` for a
+hybrid family (models.HYBRID); the runtime runs it as `HybridTargetModel` (runtime/kv.py; I/O:
+`io_tables.GRAPHS["target_hybrid"]`).
 
 Its torch reference is `models/linear_attention.HybridModel.step`: full-attention layers read and return K/V
 like the dense target; the Gated DeltaNet layers run the delta rule in the chunk-parallel form of
@@ -28,8 +28,8 @@ import numpy as np
 from dflash_edge.models.qwen3_5 import LINEAR, attention_spec
 
 from .graph_builder import OPSET, GraphBuilder
-from .portable_layers import (Layer, float_min, int_range, linear, mlp, rope_rows, rope_table, split_past,
-                              stack_new)
+from .portable_layers import (Layer, apply_rope, attend, float_min, int_range, linear, mlp, rope_rows, rope_table,
+                              split_past, stack_new)
 from .portable_target import causal_mask, untied_head
 from .weight_format import Table
 
@@ -149,18 +149,6 @@ def gated_deltanet(g: GraphBuilder, h: str, cfg, ckpt, name: str, carried: Carri
     return linear(g, o, ckpt, f"{name}.out_proj", False), (conv_state, rec_state), rows
 
 
-def _partial_rope(g: GraphBuilder, x: str, cos: str, sin: str, rot: int, dim: int) -> str:
-    """Rotate-half RoPE on the first `rot` of `dim` dims of x [1, h, T, D]; the rest pass through."""
-    axis = g.const([-1])
-    first = g.op("Slice", [x, g.const([0]), g.const([rot // 2]), axis])[0]
-    second = g.op("Slice", [x, g.const([rot // 2]), g.const([rot]), axis])[0]
-    rest = g.op("Slice", [x, g.const([rot]), g.const([dim]), axis])[0]
-    turned = g.op("Concat", [g.op("Neg", [second])[0], first], axis=-1)[0]
-    rotated = g.op("Add", [g.op("Mul", [g.op("Concat", [first, second], axis=-1)[0], cos])[0],
-                           g.op("Mul", [turned, sin])[0]])[0]
-    return g.op("Concat", [rotated, rest], axis=-1)[0]
-
-
 def gated_attention(g: GraphBuilder, h: str, cfg, ckpt, name: str, rope, past, mask: str):
     """One full layer: h [T, H] after past (K, V [1, Hkv, S, D]) -> (out [T, H], new K, new V [1, Hkv, T, D])."""
     hq, hkv, d, rot = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim
@@ -172,18 +160,11 @@ def gated_attention(g: GraphBuilder, h: str, cfg, ckpt, name: str, rope, past, m
         t = centred_norm(g, t, ckpt, f"{name}.{norm}", cfg.rms_norm_eps) if norm else t
         return g.op("Unsqueeze", [g.op("Transpose", [t], perm=[1, 0, 2])[0], g.const([0])])[0]
 
-    q = _partial_rope(g, place(q, "q_norm"), rope[0], rope[1], rot, d)
-    k = _partial_rope(g, place(g.op("Reshape", [linear(g, h, ckpt, f"{name}.k_proj", bias),
-                                                g.const([-1, hkv, d])])[0], "k_norm"), rope[0], rope[1], rot, d)
+    q = apply_rope(g, place(q, "q_norm"), rope[0], rope[1], d, rot)
+    k = apply_rope(g, place(g.op("Reshape", [linear(g, h, ckpt, f"{name}.k_proj", bias),
+                                             g.const([-1, hkv, d])])[0], "k_norm"), rope[0], rope[1], d, rot)
     v = place(g.op("Reshape", [linear(g, h, ckpt, f"{name}.v_proj", bias), g.const([-1, hkv, d])])[0], None)
-    keys = g.op("Concat", [past[0], k], axis=2)[0]                                          # [1, Hkv, S+T, D]
-    values = g.op("Concat", [past[1], v], axis=2)[0]
-    grouped = g.op("Reshape", [q, g.const([1, hkv, -1, d])])[0]                            # [1, Hkv, rep*T, D]
-    scores = g.op("MatMul", [grouped, g.op("Transpose", [keys], perm=[0, 1, 3, 2])[0]])[0]
-    scores = g.op("Add", [g.op("Div", [scores, g.scalar(math.sqrt(d))])[0], mask])[0]
-    out = g.op("MatMul", [g.op("Softmax", [scores], axis=-1)[0], values])[0]               # [1, Hkv, rep*T, D]
-    out = g.op("Reshape", [out, g.const([hq, -1, d])])[0]                                   # [Hq, T, D]
-    out = g.op("Reshape", [g.op("Transpose", [out], perm=[1, 0, 2])[0], g.const([-1, hq * d])])[0]   # [T, Hq*D]
+    out = g.op("Reshape", [attend(g, q, k, v, past, mask, hq, hkv, d), g.const([-1, hq * d])])[0]   # [T, Hq*D]
     out = g.op("Mul", [out, g.op("Sigmoid", [g.op("Reshape", [gate, g.const([-1, hq * d])])[0]])[0]])[0]
     return linear(g, out, ckpt, f"{name}.o_proj", bias), k, v
 

@@ -55,13 +55,19 @@ def rms_norm(g: GraphBuilder, x: str, ckpt, name: str, eps: float) -> str:
     return g.op("Mul", [g.init(f"{name}.weight", lambda: ckpt.array(f"{name}.weight")), normed])[0]
 
 
-def apply_rope(g: GraphBuilder, x: str, cos: str, sin: str, head_dim: int) -> str:
-    """x * cos + rotate_half(x) * sin on [1, heads, T, D] with cos/sin [T, D]."""
-    half, axis = g.const([head_dim // 2]), g.const([-1])
-    x2 = g.op("Slice", [x, half, g.const([head_dim]), axis])[0]                   # [1, h, T, D/2]
-    x1 = g.op("Slice", [x, g.const([0]), half, axis])[0]
-    rotated = g.op("Concat", [g.op("Neg", [x2])[0], x1], axis=-1)[0]              # [1, h, T, D]
-    return g.op("Add", [g.op("Mul", [x, cos])[0], g.op("Mul", [rotated, sin])[0]])[0]
+def apply_rope(g: GraphBuilder, x: str, cos: str, sin: str, head_dim: int, rotary: int | None = None) -> str:
+    """x * cos + rotate_half(x) * sin on [1, heads, T, D] with cos/sin [T, R]: the first R = `rotary` dims rotate
+    (default all), the rest pass through (Qwen3.5's partial rotary)."""
+    rot, axis = rotary or head_dim, g.const([-1])
+    turning = x if rot == head_dim else g.op("Slice", [x, g.const([0]), g.const([rot]), axis])[0]   # [1, h, T, R]
+    half = g.const([rot // 2])
+    x2 = g.op("Slice", [turning, half, g.const([rot]), axis])[0]                  # [1, h, T, R/2]
+    x1 = g.op("Slice", [turning, g.const([0]), half, axis])[0]
+    rotated = g.op("Concat", [g.op("Neg", [x2])[0], x1], axis=-1)[0]              # [1, h, T, R]
+    y = g.op("Add", [g.op("Mul", [turning, cos])[0], g.op("Mul", [rotated, sin])[0]])[0]
+    if rot == head_dim:
+        return y
+    return g.op("Concat", [y, g.op("Slice", [x, g.const([rot]), g.const([head_dim]), axis])[0]], axis=-1)[0]
 
 
 def packed_qkv(g: GraphBuilder, h: str, layer: Layer) -> str:
@@ -109,18 +115,25 @@ def attention(g: GraphBuilder, h: str, kv_in: str, layer: Layer, rope: Rope, pas
     k_new = apply_rope(g, heads(g, k, layer, s.num_kv_heads, "k_norm"), rope.cos_kv, rope.sin_kv,
                        s.head_dim)                                              # [1, Hkv, Tkv, D]
     v_new = heads(g, v, layer, s.num_kv_heads, None)
+    out = g.op("Reshape", [attend(g, q, k_new, v_new, past, mask, s.num_heads, s.num_kv_heads, s.head_dim),
+                           g.const([0, 0, s.num_heads * s.head_dim])])[0]         # [1, T, Hq*D]
+    return linear(g, out, layer.ckpt, f"{layer.prefix}.self_attn.o_proj", s.o_bias), k_new, v_new
+
+
+def attend(g: GraphBuilder, q: str, k_new: str, v_new: str, past: tuple[str, str], mask: str | None, num_heads: int,
+           num_kv_heads: int, head_dim: int) -> str:
+    """Scaled dot-product attention of q [1, Hq, T, D] over [past ; new] keys and values [1, Hkv, S + Tkv, D]
+    (query heads grouped per KV head) -> [1, T, Hq, D]. `mask`: additive [rep*T, S + Tkv], or None."""
     k = g.op("Concat", [past[0], k_new], axis=2)[0]                               # [1, Hkv, S + Tkv, D]
     v = g.op("Concat", [past[1], v_new], axis=2)[0]
-    grouped = g.op("Reshape", [q, g.const([1, s.num_kv_heads, -1, s.head_dim])])[0]   # [1, Hkv, rep*T, D]
+    grouped = g.op("Reshape", [q, g.const([1, num_kv_heads, -1, head_dim])])[0]   # [1, Hkv, rep*T, D]
     scores = g.op("MatMul", [grouped, g.op("Transpose", [k], perm=[0, 1, 3, 2])[0]])[0]   # [1, Hkv, rep*T, S']
-    scores = g.op("Div", [scores, g.scalar(math.sqrt(s.head_dim))])[0]
+    scores = g.op("Div", [scores, g.scalar(math.sqrt(head_dim))])[0]
     if mask is not None:
         scores = g.op("Add", [scores, mask])[0]
     out = g.op("MatMul", [g.op("Softmax", [scores], axis=-1)[0], v])[0]           # [1, Hkv, rep*T, D]
-    out = g.op("Reshape", [out, g.const([1, s.num_heads, -1, s.head_dim])])[0]    # [1, Hq, T, D]
-    out = g.op("Transpose", [out], perm=[0, 2, 1, 3])[0]                          # [1, T, Hq, D]
-    out = g.op("Reshape", [out, g.const([0, 0, s.num_heads * s.head_dim])])[0]    # [1, T, Hq*D]
-    return linear(g, out, layer.ckpt, f"{layer.prefix}.self_attn.o_proj", s.o_bias), k_new, v_new
+    out = g.op("Reshape", [out, g.const([1, num_heads, -1, head_dim])])[0]        # [1, Hq, T, D]
+    return g.op("Transpose", [out], perm=[0, 2, 1, 3])[0]                         # [1, T, Hq, D]
 
 
 def mlp(g: GraphBuilder, h: str, layer: Layer) -> str:

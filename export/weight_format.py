@@ -23,7 +23,7 @@ import numpy as np
 
 from dflash_edge.models.nbits import concat_rows, rtn
 
-MS = "com.microsoft"
+MS = "com.microsoft"          # onnxruntime's contrib-op domain (MatMulNBits, GroupQueryAttention, ...): graph_builder.MS
 BITS = {"fp32": 0, "fp16": 0, "int8": 8, "int4": 4}       # fp16: float weights stored as float16 (graph_builder)
 
 

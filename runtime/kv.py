@@ -54,6 +54,16 @@ class DeviceBuffer:
     def nbytes(self) -> int:
         return self.rows * self.row_bytes
 
+    def host(self) -> np.ndarray:
+        """The contents on the host: the buffer itself on the CPU, a copy of a device buffer (write it back with
+        `store`)."""
+        return self.array if self.array is not None else self._value.numpy()
+
+    def store(self, host: np.ndarray) -> None:
+        """Write `host` (from `host()`, changed) back: nothing to do on the CPU, a copy to the device otherwise."""
+        if self.array is None:
+            self._value.update_inplace(host)
+
     def _check(self, start: int, stop: int) -> None:
         if not 0 <= start <= stop <= self.rows:
             raise IndexError(f"rows [{start}:{stop}] outside the preallocated buffer of {self.rows} rows")
@@ -135,13 +145,12 @@ class WindowKV:
         position 0, or a jump past what is held, as cost benchmarks do)."""
         lo, hi = start - self.keep - self.base, start - self.base
         for buf in (self.key, self.value):
-            host = buf.array if buf.array is not None else buf._value.numpy()     # a device buffer: via the host
+            host = buf.host()                                                     # a device buffer: via the host
             if 0 <= lo and hi <= buf.rows:
                 host[:self.keep] = host[lo:hi]                                    # numpy handles the overlap
             else:
                 host[:self.keep] = 0
-            if buf.array is None:
-                buf._value.update_inplace(host)
+            buf.store(host)
         self.base = start - self.keep
 
     def bind(self, binding, start: int, count: int) -> None:
@@ -335,10 +344,9 @@ class LinearState:
         """Zero states, no previous tokens."""
         self.cur, self.last, self.kept = 0, 0, 0
         for buf in self.sets[0].values():
-            if buf.array is not None:
-                buf.array[...] = 0
-            else:
-                buf._value.update_inplace(np.zeros((buf.rows, *buf.row_shape), buf.dtype))
+            host = buf.host()
+            host[...] = 0
+            buf.store(host)
 
     def bind(self, binding, count: int) -> None:
         """Inputs: the current set (the last call's `last` rows); outputs: the other set (`count` rows)."""

@@ -1,9 +1,9 @@
 """`dflash-edge export`: target + drafter -> bundle, its weights written at `--precision` as they are read.
 
 `--precision auto` (the default) keeps a low-bit source low-bit: a checkpoint imported from a GGUF carries
-its exact blocks (int4 for Q4_*), anything else is written in fp32. int4 / int8 are written by the exporter
-itself, tensor by tensor; fp16 is still exported in fp32, then converted (`dflash-edge quantize`). The int8
-KV cache (`--kv-cache auto`: int8 for quantised targets) is calibrated on the written bundle. Chaining
+its exact blocks (int4 for Q4_*), a mixture-of-experts target is written at int4, anything else in fp32. Every
+precision (int4 / int8 / fp16 / fp32) is written by the exporter itself, tensor by tensor. The int8 KV cache
+(`--kv-cache auto`: int8 for quantised targets) is calibrated on the written bundle. Chaining
 export -> quantize is this module's job (export/ and quantize/ never import each other); so is the one line
 on the bundle's TensorRT readiness (engines/) printed after a successful export.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from dflash_edge.devices.planner import default_draft_precision
 from dflash_edge.runtime.errors import DflashEdgeError
 
 from dflash_edge.export.exporter import ExportOptions, export_bundle
@@ -74,7 +75,7 @@ def run(args) -> int:
                          verify=not args.no_verify, draft_vocab=args.draft_vocab, fused=not args.no_fused,
                          memory_check=not args.no_memory_check,
                          precision=precision,
-                         draft_precision=args.draft_precision or ("fp16" if precision == "fp16" else "fp32"))
+                         draft_precision=args.draft_precision or default_draft_precision(precision))
     out = export_bundle(opts) if kv_cache == "fp32" else export_with_int8_cache(opts)
     print(trt_readiness_line(out), file=sys.stderr)
     return 0
