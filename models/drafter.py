@@ -1,4 +1,4 @@
-"""The DFlash block-diffusion drafter in torch, in z-lab's checkpoint format (DESIGN.md §1).
+"""The DFlash block-diffusion drafter in torch, in z-lab's checkpoint format (docs/design.md §1).
 
 The drafter has no embedding or LM head: it borrows the target's. Per step it takes the target's
 hidden states at `target_layer_ids` for the newly committed tokens (context), projects them with

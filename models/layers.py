@@ -1,7 +1,7 @@
 """Building blocks shared by every family and by the drafter: RMSNorm, RoPE, GQA attention, SwiGLU.
 
 Written functionally around the KV cache: a layer takes the cached prefix (`past_k`, `past_v`) and
-returns only the K/V of the tokens it was given. The caller owns the buffer (DESIGN.md §4a), so the
+returns only the K/V of the tokens it was given. The caller owns the buffer (docs/design.md §4), so the
 same modules serve the torch reference loop and the ONNX export.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""dflash_edge.quantize — bundle -> smaller bundle (+ quality report); see DESIGN.md §2.
+"""dflash_edge.quantize — bundle -> smaller bundle (+ quality report); see docs/design.md §2.
 
 One module per precision family (`fp16.py`, `int8.py`, `int4.py`, the shared tied embedding / LM head
 in `tied_embedding.py`), the bundle-to-bundle orchestrator (`bundle_quant.py`), the quality report

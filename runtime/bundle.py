@@ -1,4 +1,4 @@
-"""The bundle contract: `manifest.json` schema, reading and validation (DESIGN.md §3).
+"""The bundle contract: `manifest.json` schema, reading and validation (docs/design.md §3).
 
 The runtime learns everything from the manifest; export and quantize write bundles through
 `write_manifest`. Unknown keys, missing files and sha256 mismatches are errors naming the key or file.

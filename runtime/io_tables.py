@@ -1,4 +1,4 @@
-"""Every bundle graph's inputs and outputs, declared once, as data (DESIGN.md §3).
+"""Every bundle graph's inputs and outputs, declared once, as data (docs/design.md §3).
 
 Shapes use named symbols. Dims fixed by the model (L, Hkv, D, V, H, N, B) are resolved from the
 manifest; the rest (T, S, C) vary per call and become dynamic axes / TensorRT profile ranges.

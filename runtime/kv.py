@@ -1,6 +1,6 @@
 """Preallocated buffers bound by pointer: the KV caches, the drafter's context features, step I/O.
 
-Everything a step touches is allocated once at load (DESIGN.md §4). Caches are sequence-major
+Everything a step touches is allocated once at load (docs/design.md §4). Caches are sequence-major
 `[capacity, L, Hkv, D]`, so the live prefix `[0:pos]` and the new rows `[pos:pos+T]` are contiguous:
 the prefix is bound as `past_key` and the new rows as the graph's `new_key` output, both by pointer,
 so new K/V land in the cache without a copy and rollback is moving `pos`.

@@ -2,7 +2,7 @@
 
 Pure Python (no tensorrt import): the engine builder and the TensorRT runner share it.
 
-Ranges of the dynamic symbols (DESIGN.md §4):
+Ranges of the dynamic symbols (docs/design.md §4):
     T (target tokens)        min 1 (decode), opt B (verify), max max(P, B) (prefill chunk)
     S (cached positions)     min 0 (first prefill chunk), opt max_context // 2, max max_context
     C (new drafter context)  min 1, opt B, max max(P, B) (a prefill chunk or an accepted block)

@@ -1,4 +1,4 @@
-"""The house rules of DESIGN.md §2, checked on the source: floors, no import rings, a light runtime.
+"""The house rules of docs/design.md §2, checked on the source: floors, no import rings, a light runtime.
 
 Every `import` statement counts, the lazy ones inside functions too: a lazy import still ties two rooms.
 """

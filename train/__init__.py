@@ -1,1 +1,1 @@
-"""dflash_edge.train — see DESIGN.md §2."""
+"""dflash_edge.train — see docs/design.md §2."""
