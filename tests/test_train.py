@@ -1,4 +1,4 @@
-"""Tier 1: the distillation recipe on a tiny random target (seconds)."""
+"""The distillation recipe on a tiny random target: tier 1 (seconds), but the two whole training runs are tier 2."""
 from __future__ import annotations
 
 import json
@@ -82,6 +82,7 @@ def test_decay_weights_and_replayed_tau():
     assert simulated_tau(acc, 10, 20, budget=100)[:3] == [3, 1, 2]
 
 
+@pytest.mark.tier2          # a whole training run (70-105 s on 2 loaded cores): too slow for the fast tier
 def test_training_raises_acceptance_well_above_random(tiny_target, samples):
     # A random tiny target has no structure beyond its own repetitions, so a seconds-long run is
     # measured on (a part of) what it was trained on; held-out prompts are for the real recipe.
@@ -232,6 +233,7 @@ def test_batch_workers_match_inline_batches_and_time_budget_stops_early(tiny_tar
     assert torch.load(tmp_path / "last.pt", weights_only=False)["step"] == len(losses)
 
 
+@pytest.mark.tier2          # a whole training run (70-105 s on 2 loaded cores): too slow for the fast tier
 def test_train_cli_data_stage_then_training_to_a_saved_drafter(tiny_checkpoints, tmp_path):
     from dflash_edge.cli import main
 
