@@ -14,8 +14,8 @@ def test_cli_page_matches_the_help():
     committed = PAGE.read_text()
     made = re.search(r"argparse of Python (\d+)\.(\d+)", committed)
     if made and tuple(map(int, made.groups())) != sys.version_info[:2]:
-        pytest.skip(f"docs/cli.md was generated with Python {made[1]}.{made[2]}; argparse words help differently")
-    assert docs.render() == committed, f"docs/cli.md is out of date; regenerate it with: {docs.COMMAND}"
+        pytest.skip(f"docs/cli.md is from Python {made[1]}.{made[2]}; argparse differs")
+    assert docs.render() == committed, f"docs/cli.md is out of date; regenerate: {docs.COMMAND}"
 
 
 def test_cli_page_does_not_depend_on_the_terminal(monkeypatch):

@@ -1,7 +1,7 @@
 """Write docs/cli.md from the verbs' own `--help`: `python -m dflash_edge.cli.docs > docs/cli.md`.
 
-Each verb's argparse help goes in a code block under its heading. The text width is fixed (WIDTH), so the
-page does not depend on the terminal that ran the command. tests/test_cli_docs.py keeps the file current.
+Each verb's argparse help goes in a code block under its heading. The text width is fixed (WIDTH),
+so the page does not depend on the terminal. tests/test_cli_docs.py keeps the file current.
 """
 from __future__ import annotations
 
@@ -40,14 +40,15 @@ def _section(title: str, parser: argparse.ArgumentParser) -> list[str]:
 def render() -> str:
     """The whole of docs/cli.md."""
     old = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = str(WIDTH)          # argparse's fallback when a formatter asks the terminal
+    os.environ["COLUMNS"] = str(WIDTH)      # for a formatter that asks the terminal
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     try:
         top = _parser(None)
         lines = ["# Command line", "",
                  "Every verb's `--help`, generated; do not edit by hand. Regenerate with:", "",
                  f"```bash\n{COMMAND}\n```", "",
-                 f"(argparse of Python {sys.version_info[0]}.{sys.version_info[1]}; other versions word the help "
-                 "slightly differently.)", ""]
+                 f"(argparse of Python {version}; other versions word the help slightly "
+                 "differently.)", ""]
         lines += _section("dflash-edge", top)
         for name in COMMANDS:
             verb = _subparsers(_parser(name))[name]
