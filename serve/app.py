@@ -33,7 +33,8 @@ from starlette.routing import Route
 
 from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.runtime.validate import check
-from .protocol import DEFAULT_MAX_BODY_BYTES, ModelNotFoundError, Reply, error_body, parse
+from .protocol import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_S,
+                       ModelNotFoundError, Reply, error_body, parse)
 from .scheduler import Scheduler, ServerBusy
 
 
@@ -44,10 +45,14 @@ class ServerOptions:
     api_key: str | None = None          # required as `Authorization: Bearer KEY` on every request when set
     model_name: str | None = None       # the id /v1/models lists (default: the bundle directory's name)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES    # larger request bodies get 413 before they are read
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S    # for a request's head, then for its body (408)
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # open connections; beyond: the longest-idle one is closed
 
     def __post_init__(self):            # the CLI checked these already, with its own labels
         check("max_queue", self.max_queue)
         check("max_body_bytes", self.max_body_bytes)
+        check("request_timeout_s", self.request_timeout_s)
+        check("max_connections", self.max_connections)
 
 
 class ApiError(Exception):
@@ -68,7 +73,7 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
         return await _complete(request, chat=False)
 
     async def _complete(request: Request, chat: bool):
-        raw = await _read_body(request, options.max_body_bytes)
+        raw = await _read_body(request, options.max_body_bytes, options.request_timeout_s)
         job = await run_in_threadpool(parse, raw, chat, model)     # JSON and checks off the event loop
         try:
             ticket = sched.submit(job.prompt, job.options)
@@ -111,17 +116,28 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
                     lifespan=_lifespan(sched))
     if options.api_key:
         app.add_middleware(_ApiKey, key=options.api_key)
-    app.state.scheduler = sched
+    app.state.scheduler, app.state.options = sched, options
     return app
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     """The whole body, or 413 as soon as it is known to be over `limit` bytes: from Content-Length before a byte
     is read, else while counting a chunked upload (at most `limit` + one chunk is ever held). The rest of a
-    refused upload is read and discarded by uvicorn, so the client gets the 413 rather than a reset."""
+    refused upload is read and discarded by uvicorn, so the client gets the 413 rather than a reset. A body
+    not whole within `timeout_s` of the request's head (a client trickling it) gets 408, and the connection
+    is closed."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         raise _too_large(limit, declared)
+    try:
+        return await asyncio.wait_for(_collect(request, limit), timeout_s)
+    except asyncio.TimeoutError as err:
+        raise ApiError(408, error_body(f"the request body did not arrive within {timeout_s:g} s (the server's "
+                                       f"--request-timeout-s); send it at once", code="request_timeout"),
+                       {"Connection": "close"}) from err
+
+
+async def _collect(request: Request, limit: int) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
