@@ -1,19 +1,19 @@
-"""Slow and idle clients cannot hold the server: a deadline on each request head, and a connection cap.
+"""Slow and idle clients cannot hold the server: a deadline per request head, a connection cap.
 
-uvicorn (0.55, h11) times out only the idle gap *after* a response (`timeout_keep_alive`, 5 s): a connection
-that never sends a byte, or trickles its request line and headers a byte at a time (slowloris), is held for
-ever, and its `limit_concurrency` answers 503 to every new request once enough of them are open, /health
-included. `GuardedH11` adds what it lacks:
+uvicorn (0.55, h11) times out only the idle gap *after* a response (`timeout_keep_alive`, 5 s):
+a connection that never sends a byte, or trickles its request line and headers a byte at a time
+(slowloris), is held for ever; its `limit_concurrency` would answer 503 to every new request
+(/health included) once enough of those are open. `GuardedH11` adds what it lacks:
 
-- a request head (request line + headers) must arrive within `request_timeout_s` of the connection opening or
-  of the previous response; otherwise the connection is closed (the body's deadline is the app's:
-  `serve/app.py` answers 408). The same deadline closes a connection that keeps sending the rest of a body
-  the app has already answered (413, 401) after its response.
-- at most `max_connections` open connections: one more evicts the connection that has waited longest for a
-  request head (idle or trickling; never one whose request is being served), so a new client (/health) gets
-  in; when every connection is busy with a request, the new one gets a 503 and is closed.
+- a request head (request line + headers) must arrive within `request_timeout_s` of the
+  connection opening or of the previous response, else the connection is closed. The body's
+  deadline is the app's (serve/app.py answers 408). The same deadline closes a connection that
+  goes on sending the rest of a body the app has already answered (413, 401).
+- at most `max_connections` are open: one more closes the connection that has waited longest for
+  a request head (idle or trickling; never one whose request is being served), so a new client
+  (/health) gets in; when every other connection is serving a request, the new one gets a 503.
 
-The h11 protocol is pinned (not httptools, even when installed), so these hold whatever else is installed.
+The h11 protocol is pinned (not httptools, even where installed): these hold whatever is installed.
 """
 from __future__ import annotations
 
@@ -22,13 +22,14 @@ import functools
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-_BUSY_TEXT = b"every connection is busy with a request; retry later (the server's --max-connections)\n"
-BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-        b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT))
+_BUSY_TEXT = b"every connection is busy with a request; retry later (--max-connections)\n"
+BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        b"connection: close\r\nretry-after: 1\r\ncontent-length: %d\r\n\r\n%s"
+        % (len(_BUSY_TEXT), _BUSY_TEXT))
 
 
 class GuardedH11(H11Protocol):
-    """uvicorn's h11 protocol with a request-head deadline and a cap on open connections (module docstring)."""
+    """uvicorn's h11 protocol with a request-head deadline and a connection cap (see above)."""
 
     def __init__(self, *args, request_timeout_s: float, max_connections: int, **kwargs):
         super().__init__(*args, **kwargs)
@@ -48,11 +49,11 @@ class GuardedH11(H11Protocol):
     def handle_events(self) -> None:
         cycle = self.cycle
         super().handle_events()
-        if self.cycle is not cycle:                         # a request head arrived: the app has it now
+        if self.cycle is not cycle:             # a request head arrived: the app has the request
             self._disarm()
 
     def on_response_complete(self) -> None:
-        self._arm()                                         # before: a pipelined request disarms it again
+        self._arm()                             # first: a pipelined request (next) disarms it again
         super().on_response_complete()
 
     def _arm(self) -> None:
@@ -71,8 +72,11 @@ class GuardedH11(H11Protocol):
             self.transport.close()
 
     def _make_room(self) -> None:
-        """Close the connection waiting longest for a request head; none: refuse this one with a 503."""
-        waiting = [c for c in self.connections if getattr(c, "head_timer", None) is not None and c is not self]
+        """Close the connection waiting longest for a request head; none: refuse this one (503)."""
+        others = [c for c in self.connections if c is not self and not c.transport.is_closing()]
+        if len(others) < self.max_connections:  # one was closed already, not yet gone from the set
+            return
+        waiting = [c for c in others if getattr(c, "head_timer", None) is not None]
         if waiting:
             oldest = min(waiting, key=lambda c: c.waiting_since)
             oldest._disarm()
@@ -84,8 +88,8 @@ class GuardedH11(H11Protocol):
 
 
 def server_config(app, host: str, port: int, options, **kwargs) -> uvicorn.Config:
-    """uvicorn's Config for `app` with the slow-client guards of `options` (a ServerOptions: request_timeout_s,
-    max_connections) on h11; `kwargs` go to uvicorn.Config."""
+    """uvicorn's Config for `app` on h11 with the slow-client guards of `options` (a ServerOptions:
+    request_timeout_s, max_connections); `kwargs` go to uvicorn.Config."""
     protocol = functools.partial(GuardedH11, request_timeout_s=options.request_timeout_s,
                                  max_connections=options.max_connections)
     return uvicorn.Config(app, host=host, port=port, http=protocol, log_level="warning", **kwargs)

@@ -23,7 +23,7 @@ class LiveServer:
         from dflash_edge.serve.limits import server_config
 
         self.app = app
-        self.server = uvicorn.Server(server_config(app, HOST, 0, app.state.options))     # as `serve` runs it
+        self.server = uvicorn.Server(server_config(app, HOST, 0, app.state.options))   # as `serve`
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         wait_until(lambda: self.server.started)

@@ -166,10 +166,10 @@ def test_health_answers_while_a_request_is_parsed_or_tokenised(tiny_bundle, serv
 
 
 def test_health_answers_during_a_5mb_upload(serve):
-    """/health answers while a 5 MB body is on its way: the upload stops after each MiB until /health has
-    answered, so every answer comes mid-upload (by order, not by a clock); the body is then read whole, parsed
-    and tokenised (the limits raised so that it is). Were reading the body to block the event loop, /health
-    would hang (httpx gives up after 30 s: the test fails)."""
+    """/health answers while a 5 MB body is on its way: the upload stops after each MiB until
+    /health has answered, so every answer comes mid-upload (by order, not by a clock); the body is
+    then read whole, parsed and tokenised (the limits raised so that it is). Were reading the body
+    to block the event loop, /health would hang (httpx gives up after 30 s: the test fails)."""
     s = serve(max_body_bytes=8 << 20, request_timeout_s=3600)
     body = json.dumps({**CHAT, "messages": [{"role": "user", "content": "t5 " * 1_700_000}]}).encode()   # 5.1 MB
     head = post_head("/v1/chat/completions", len(body))
