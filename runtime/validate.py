@@ -105,6 +105,9 @@ RULES: dict[str, Number] = {
     "max_queue": Number(int, 0, 100_000),
     "port": Number(int, 0, 65535, note="0 = any free port"),
     "max_body_bytes": Number(int, 1024, 1 << 30, note="the largest request body the server reads, in bytes"),
+    "request_timeout_s": Number(float, 0, 3600, lo_open=True,
+                                note="seconds a client has for a request's head, then its body"),
+    "max_connections": Number(int, 2, 100_000, note="open connections the server holds"),
 }
 
 

@@ -10,10 +10,13 @@ before any of it is read, or as soon as a chunked upload passes the limit), 429 
 full, 404/405 for other paths. The event loop only moves bytes: JSON parsing and the request's checks run in a
 worker thread (Starlette's pool), tokenisation in the generation thread, so `/health` answers during uploads
 (the tokeniser runs without the GIL, and a text longer than the context could hold in any tokenisation is
-refused before it is tokenised: runtime/generator.py `_check_length`).
+refused before it is tokenised: runtime/generator.py `_check_length`). A body not whole within
+`request_timeout_s` of its request's head gets 408 `request_timeout` and the connection is closed;
+heads, idle and surplus connections are serve/limits.py's (run the app with `server_config`).
 
->>> app = build_app(Generator.load("bundle/"), ServerOptions(max_queue=8))     # doctest: +SKIP
->>> uvicorn.run(app, host="127.0.0.1", port=8000)                             # doctest: +SKIP
+>>> options = ServerOptions(max_queue=8)                                      # doctest: +SKIP
+>>> app = build_app(Generator.load("bundle/"), options)                        # doctest: +SKIP
+>>> uvicorn.Server(server_config(app, "127.0.0.1", 8000, options)).run()      # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ from starlette.routing import Route
 
 from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.runtime.validate import check
-from .protocol import DEFAULT_MAX_BODY_BYTES, ModelNotFoundError, Reply, error_body, parse
+from .protocol import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_S,
+                       ModelNotFoundError, Reply, error_body, parse)
 from .scheduler import Scheduler, ServerBusy
 
 
@@ -44,10 +48,14 @@ class ServerOptions:
     api_key: str | None = None          # required as `Authorization: Bearer KEY` on every request when set
     model_name: str | None = None       # the id /v1/models lists (default: the bundle directory's name)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES    # larger request bodies get 413 before they are read
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S    # a request's head, then its body (408)
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # open; one more: the longest idle one is closed
 
     def __post_init__(self):            # the CLI checked these already, with its own labels
         check("max_queue", self.max_queue)
         check("max_body_bytes", self.max_body_bytes)
+        check("request_timeout_s", self.request_timeout_s)
+        check("max_connections", self.max_connections)
 
 
 class ApiError(Exception):
@@ -68,7 +76,7 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
         return await _complete(request, chat=False)
 
     async def _complete(request: Request, chat: bool):
-        raw = await _read_body(request, options.max_body_bytes)
+        raw = await _read_body(request, options.max_body_bytes, options.request_timeout_s)
         job = await run_in_threadpool(parse, raw, chat, model)     # JSON and checks off the event loop
         try:
             ticket = sched.submit(job.prompt, job.options)
@@ -111,17 +119,29 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
                     lifespan=_lifespan(sched))
     if options.api_key:
         app.add_middleware(_ApiKey, key=options.api_key)
-    app.state.scheduler = sched
+    app.state.scheduler, app.state.options = sched, options
     return app
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     """The whole body, or 413 as soon as it is known to be over `limit` bytes: from Content-Length before a byte
     is read, else while counting a chunked upload (at most `limit` + one chunk is ever held). The rest of a
-    refused upload is read and discarded by uvicorn, so the client gets the 413 rather than a reset."""
+    refused upload is read and discarded by uvicorn, so the client gets the 413 rather than a reset.
+    A body not whole within `timeout_s` of the request's head (trickled) gets 408 and the connection
+    is closed."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         raise _too_large(limit, declared)
+    try:
+        return await asyncio.wait_for(_collect(request, limit), timeout_s)
+    except asyncio.TimeoutError as err:
+        message = (f"the request body did not arrive within {timeout_s:g} s (the server's "
+                   f"--request-timeout-s); send it at once")
+        raise ApiError(408, error_body(message, code="request_timeout"),
+                       {"Connection": "close"}) from err
+
+
+async def _collect(request: Request, limit: int) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)

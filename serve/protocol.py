@@ -32,6 +32,8 @@ from dflash_edge.runtime.validate import GenerationOptions, InvalidArgumentError
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_MAX_BODY_BYTES = 1 << 20      # 1 MiB: ~250k tokens of text, far beyond any bundle's context
+DEFAULT_REQUEST_TIMEOUT_S = 30.0      # a request's head, then its body: 1 MiB in 30 s is ~35 KB/s
+DEFAULT_MAX_CONNECTIONS = 64          # 1 generation + --max-queue 16 waiting + uploads, pollers
 # client field -> the runtime's argument (and its default when the field is absent or null)
 SAMPLING_FIELDS = {"max_tokens": ("max_new_tokens", DEFAULT_MAX_TOKENS),
                    "max_completion_tokens": ("max_new_tokens", DEFAULT_MAX_TOKENS),

@@ -20,8 +20,10 @@ class LiveServer:
     def __init__(self, app):
         import uvicorn
 
+        from dflash_edge.serve.limits import server_config
+
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning"))
+        self.server = uvicorn.Server(server_config(app, HOST, 0, app.state.options))   # as `serve`
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         wait_until(lambda: self.server.started)

@@ -6,7 +6,15 @@
 
 The API key comes from `--api-key-file PATH`, `--api-key KEY` (visible to other users in `ps`) or, when neither
 is given, the environment variable DFLASH_EDGE_API_KEY. The socket is bound before the bundle loads, so a busy
-port fails at once and `--port 0` prints the port it got.
+port fails at once and `--port 0` prints the port it got. On an address other than loopback
+(127.0.0.0/8, ::1, localhost) without a key, one WARNING line on stderr says that anyone who can
+reach it can generate, and how to fix that.
+
+Slow clients (serve/limits.py): a request's head must arrive within --request-timeout-s (default
+30) of the connection opening or of the previous response, else the connection is closed; its body
+within as long again, else 408. At most --max-connections (default 64) are open: one more closes
+the one waiting longest for a request head, or gets a 503 when all serve requests. An idle
+keep-alive connection closes after 5 s (uvicorn's timeout_keep_alive).
 """
 from __future__ import annotations
 
@@ -19,7 +27,8 @@ API_KEY_ENV = "DFLASH_EDGE_API_KEY"
 
 
 def add_arguments(p) -> None:
-    from dflash_edge.serve.protocol import DEFAULT_MAX_BODY_BYTES     # light: no starlette
+    from dflash_edge.serve.protocol import (DEFAULT_MAX_BODY_BYTES,    # light: no starlette
+                                            DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_S)
 
     from .common import add_thread_args
 
@@ -37,34 +46,44 @@ def add_arguments(p) -> None:
     key.add_argument("--api-key", default=None,
                      help=f"the same with KEY on the command line (visible in `ps`; prefer --api-key-file or "
                           f"${API_KEY_ENV}, read when neither option is given)")
+    p.add_argument("--request-timeout-s", type=float, default=DEFAULT_REQUEST_TIMEOUT_S,
+                   help="seconds a client has to send a request's head (else the connection "
+                        "closes), then as long for its body (else 408); default %(default)g")
+    p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                   help="open connections held (default %(default)d); one more closes the one "
+                        "idle longest, or gets 503 when all are serving requests")
     p.add_argument("--model-name", default=None, help="model id to report (default: the bundle directory's name)")
     p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
     add_thread_args(p)
 
 
 def run(args) -> int:
-    # --port, --max-queue, --max-body-bytes, --threads: checked by the dispatcher (cli/__init__.py) against
-    # runtime/validate.py's rules
+    # --port, --max-queue, --max-body-bytes, --request-timeout-s, --max-connections, --threads:
+    # checked by the dispatcher (cli/__init__.py) against runtime/validate.py's rules
     api_key, key_source = api_key_of(args, os.environ)
     import uvicorn                                          # the `serve` extra (cli.py names it when missing)
 
     from dflash_edge.runtime.generator import Generator
 
     from dflash_edge.serve.app import ServerOptions, build_app
+    from dflash_edge.serve.limits import server_config
 
     with _bind(args.host, args.port) as sock:               # before loading: a busy port fails in a second
-        gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads, spin=args.spin)
-        app = build_app(gen, ServerOptions(max_queue=args.max_queue, api_key=api_key, model_name=args.model_name,
-                                           max_body_bytes=args.max_body_bytes))
-        if not _is_loopback(args.host):
-            print(f"dflash-edge serve: warning: binding {args.host}: reachable from other machines"
-                  + ("" if api_key else " and without an API key"), file=sys.stderr)
         host, port = sock.getsockname()[:2]
-        url_host = f"[{host}]" if ":" in host else host
-        print(f"dflash-edge serve: {gen.bundle.root} on http://{url_host}:{port}/v1"
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        warning = exposure_warning(args.host, url, api_key)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+        gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads,
+                             spin=args.spin)
+        options = ServerOptions(max_queue=args.max_queue, api_key=api_key,
+                                model_name=args.model_name, max_body_bytes=args.max_body_bytes,
+                                request_timeout_s=args.request_timeout_s,
+                                max_connections=args.max_connections)
+        app = build_app(gen, options)
+        print(f"dflash-edge serve: {gen.bundle.root} on {url}/v1"
               + (f" (API key from {key_source})" if api_key else ""), file=sys.stderr, flush=True)
-        config = uvicorn.Config(app, host=args.host, port=port, log_level="warning")
-        uvicorn.Server(config).run(sockets=[sock])
+        uvicorn.Server(server_config(app, args.host, port, options)).run(sockets=[sock])
     return 0
 
 
@@ -108,8 +127,20 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def exposure_warning(host: str, url: str, api_key: str | None) -> str | None:
+    """One stderr line when `host` is not loopback and no API key is set (None otherwise)."""
+    if api_key or _is_loopback(host):
+        return None
+    return (f"dflash-edge serve: WARNING: listening on {url} (--host {host or '(all)'}) with no "
+            f"API key: anyone who can reach this address can generate with this model; set a key "
+            f"(--api-key-file PATH or ${API_KEY_ENV}) or serve loopback only (--host 127.0.0.1)")
+
+
 def _is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 (also as ::ffff:127.x.y.z) or localhost; any other address or name: not."""
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
-        return host == "localhost"
+        return host.lower().rstrip(".") == "localhost"
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
