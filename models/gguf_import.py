@@ -26,6 +26,8 @@ from pathlib import Path
 from dflash_edge.runtime.publish import publish_dir
 from dflash_edge.runtime.errors import ModelFormatError
 
+from .gguf_check import check_gguf, corrupt
+
 GGUF_MAGIC = b"GGUF"
 BLOCKS_FILE = "gguf_blocks.safetensors"      # exact low-bit operands beside the float32 checkpoint
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
@@ -131,10 +133,11 @@ def open_gguf(path: Path):
             f"{path} is not a GGUF file (it starts with {magic!r}, expected the magic {GGUF_MAGIC!r}); "
             "pass a llama.cpp .gguf model file."
         )
+    check_gguf(path)                                  # sizes bounded by the file before GGUFReader trusts them
     try:
         return gguf.GGUFReader(path)
-    except (ValueError, IndexError, KeyError) as err:  # truncated or corrupt header
-        raise ModelFormatError(f"{path} is a damaged or unsupported GGUF file: {err}") from err
+    except (ValueError, IndexError, KeyError) as err:  # e.g. a duplicate key, a name that is not UTF-8
+        raise corrupt(path, f"GGUFReader refused it ({err})") from err
 
 
 def architecture(reader, path: Path) -> str:
