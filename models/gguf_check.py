@@ -48,7 +48,7 @@ def check_gguf(path: Path) -> GgufSummary:
 
 
 def corrupt(path: Path, what: str) -> CorruptFileError:
-    return CorruptFileError(f"{path}: {what} — the file is truncated or corrupt: re-download it")
+    return CorruptFileError.at(path, what)
 
 
 class _Cursor:

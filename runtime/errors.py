@@ -17,6 +17,11 @@ class CorruptFileError(ModelFormatError):
     """A GGUF / safetensors file whose header declares counts, sizes or offsets its bytes cannot hold:
     truncated or corrupt (re-download it). Raised before anything is allocated from the declared sizes."""
 
+    @classmethod
+    def at(cls, path, what: str) -> "CorruptFileError":
+        """`path: what — the file is truncated or corrupt: re-download it`, one line."""
+        return cls(f"{path}: {what} — the file is truncated or corrupt: re-download it")
+
 
 class ContextOverflowError(DflashEdgeError, ValueError):
     """A prompt (plus generation) does not fit in the preallocated context."""
