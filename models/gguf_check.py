@@ -72,10 +72,14 @@ class _Cursor:
     def uint(self, fmt: str, what: str) -> int:
         return struct.unpack_from(self.order + fmt, self.buf, self.need(struct.calcsize(fmt), what))[0]
 
-    def string(self, what: str) -> bytes:
+    def string(self, what: str) -> str:
+        """A UTF-8 string (GGUFReader decodes keys, names and values with `str(..., 'utf-8')`)."""
         n = self.uint("Q", f"{what}'s length")
         start = self.need(n, f"{what} ({n} bytes)")
-        return bytes(self.buf[start:start + min(n, 256)])      # only names are kept, and only their start
+        try:
+            return self.buf[start:start + n].decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise corrupt(self.path, f"{what} at offset {start} is not UTF-8 ({err.reason})") from None
 
     def count(self, n: int, what: str) -> None:
         """Add `n` array items to the budget: no more than the file's size allows."""
@@ -109,17 +113,16 @@ def _metadata(cur: _Cursor, n_kv: int) -> int:
     """Skip the key/value records; returns `general.alignment` (32 when absent)."""
     alignment = 32
     for i in range(n_kv):
-        key = cur.string(f"metadata key #{i}")
-        name = key.decode("utf-8", "replace")
-        vtype = cur.uint("I", f"the type of {name!r}")
-        if key == b"general.alignment":
+        name = cur.string(f"metadata key #{i}")
+        vtype = cur.uint("I", f"the type of {name[:80]!r}")
+        if name == "general.alignment":
             if vtype != UINT32:
                 raise corrupt(cur.path, f"general.alignment has type {vtype}, not uint32")
             alignment = cur.uint("I", "general.alignment")
             if alignment == 0 or alignment & (alignment - 1):
                 raise corrupt(cur.path, f"general.alignment {alignment} is not a power of two")
             continue
-        _skip_value(cur, vtype, 0, repr(name))
+        _skip_value(cur, vtype, 0, repr(name[:80]))
     return alignment
 
 
@@ -154,7 +157,7 @@ def _tensor_info(cur: _Cursor, i: int) -> tuple[str, int, int]:
     """(name, offset, bytes) of tensor record `i`, its dims and type checked."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    name = cur.string(f"tensor #{i}'s name").decode("utf-8", "replace")
+    name = cur.string(f"tensor #{i}'s name")[:80]
     n_dims = cur.uint("I", f"tensor {name!r}'s dim count")
     if n_dims > MAX_DIMS:
         raise corrupt(cur.path, f"tensor {name!r} declares {n_dims} dims (GGUF allows {MAX_DIMS})")

@@ -128,7 +128,7 @@ def open_gguf(path: Path):
         raise ModelFormatError(f"GGUF file {path} does not exist; pass the path of a .gguf file.")
     with open(path, "rb") as f:
         magic = f.read(4)
-    if magic != GGUF_MAGIC:
+    if len(magic) == len(GGUF_MAGIC) and magic != GGUF_MAGIC:     # shorter: check_gguf says truncated
         raise ModelFormatError(
             f"{path} is not a GGUF file (it starts with {magic!r}, expected the magic {GGUF_MAGIC!r}); "
             "pass a llama.cpp .gguf model file."
