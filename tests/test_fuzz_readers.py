@@ -133,6 +133,30 @@ def test_gguf_inflated_numbers(tiny, tmp_path, pick, value):
     _bounded(_read_gguf, _write(tmp_path, "big.gguf", bytes(b)))
 
 
+@FUZZ
+@given(pick=st.integers(0, 2**16), value=HUGE | st.integers(0, 70),
+       flips=st.lists(st.tuples(st.integers(0, 2**20), st.integers(0, 7)), max_size=4))
+def test_gguf_import_fuzz(tiny, tmp_path, pick, value, flips):
+    """The importer's own reading (architecture, counts, heads, tokenizer) on a damaged header: a hostile
+    block_count or head count is named, never a loop sized by it or a ZeroDivisionError."""
+    data, numbers, start = tiny
+    offset, width = numbers[pick % len(numbers)]
+    b = bytearray(data)
+    struct.pack_into("<Q" if width == 8 else "<I", b, offset, value % (1 << 8 * width))
+    for pos, bit in flips:
+        b[pos % (start + 64)] ^= 1 << bit
+    _bounded(_import_gguf, _write(tmp_path, "imp.gguf", bytes(b)))
+
+
+def test_gguf_hostile_block_count_is_named(tiny, tmp_path):
+    path = _write(tmp_path, "ok.gguf", tiny[0])
+    field = gguf.GGUFReader(path).fields["llama.block_count"]
+    b = bytearray(tiny[0])
+    struct.pack_into("<I", b, field.offset + 8 + len(field.name) + 4, 2**32 - 1)
+    err = _bounded(_import_gguf, _write(tmp_path, "layers.gguf", bytes(b)))
+    assert isinstance(err, DflashEdgeError) and "llama.block_count = '4294967295'" in str(err)
+
+
 @pytest.mark.parametrize("where,value,says", [
     (8, 2**60, "declares 1152921504606846976 tensors"),
     (16, 2**60, "metadata keys"),
