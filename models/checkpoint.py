@@ -22,8 +22,8 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 BLOCKS = "gguf_blocks.safetensors"     # a low-bit GGUF's exact MatMulNBits operands (models/gguf_import.py)
 FLOAT_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
-ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
-              "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
+ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2,
+              "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
 _NUMPY = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}        # read as; BF16 widened to float32
 # config.json's torch_dtype (transformers >= 5: `dtype`) -> safetensors dtype
 CONFIG_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -135,7 +135,7 @@ class Checkpoint:
             return None
         from safetensors import SafetensorError, safe_open
 
-        _data_offsets(path)                                      # bounded checks before the library maps it
+        _data_offsets(path)                          # bounded checks before the library maps it
         try:
             handle = safe_open(str(path), framework="numpy")
         except (SafetensorError, OSError) as err:
@@ -197,9 +197,9 @@ def _indexed_entries(root: Path) -> dict[str, _Entry]:
 def _shard_entries(path: Path) -> dict[str, _Entry]:
     from safetensors import SafetensorError, safe_open
 
-    offsets = _data_offsets(path)                                # bounded: nothing read past the header
+    offsets = _data_offsets(path)                  # bounded: nothing read past the header
     try:
-        with safe_open(str(path), framework="numpy") as f:       # the library's own checks; torch is not needed
+        with safe_open(str(path), framework="numpy") as f:     # the library's own checks, too
             names = list(f.keys())
     except (SafetensorError, OSError) as err:
         raise CorruptFileError.at(path, f"safetensors refused it ({err})") from err
@@ -207,18 +207,19 @@ def _shard_entries(path: Path) -> dict[str, _Entry]:
 
 
 def _data_offsets(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
-    """name -> (dtype, shape, absolute data offset) from a safetensors header (8-byte length + JSON), every
-    declared size checked against the file's before anything is read or allocated from it."""
+    """name -> (dtype, shape, absolute data offset) from a safetensors header (8-byte length +
+    JSON); every declared size is checked against the file's before anything is read from it."""
     import struct
 
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise CorruptFileError.at(path, f"it holds {size} bytes, fewer than a safetensors header length (8)")
+            raise CorruptFileError.at(path, f"it holds {size} bytes, fewer than a header length")
         (length,) = struct.unpack("<Q", head)
         if length > size - 8:
-            raise CorruptFileError.at(path, f"its header declares {length} bytes; the file holds {size}")
+            raise CorruptFileError.at(path, f"its header declares {length} bytes; the file "
+                                            f"holds {size}")
         header = _json_header(path, f.read(length))
     header.pop("__metadata__", None)
     return {n: _check_entry(path, n, h, size - 8 - length, 8 + length) for n, h in header.items()}
@@ -230,24 +231,26 @@ def _json_header(path: Path, raw: bytes) -> dict:
     except (ValueError, RecursionError) as err:          # UnicodeDecodeError is a ValueError
         raise CorruptFileError.at(path, f"its header is not JSON ({err})") from None
     if not isinstance(header, dict):
-        raise CorruptFileError.at(path, f"its header is a JSON {type(header).__name__}, not an object")
+        kind = type(header).__name__
+        raise CorruptFileError.at(path, f"its header is a JSON {kind}, not an object")
     return header
 
 
 def _check_entry(path: Path, name: str, h, data_bytes: int, data_start: int):
-    """(dtype, shape, absolute offset) of one header entry whose bytes lie inside the data region."""
+    """(dtype, shape, absolute offset) of one header entry whose bytes lie in the data region."""
+    what = f"tensor {name[:80]!r}"
     ok = isinstance(h, dict) and isinstance(h.get("dtype"), str) and _ints(h.get("shape")) \
         and _ints(h.get("data_offsets")) and len(h["data_offsets"]) == 2
     if not ok:
-        raise CorruptFileError.at(path, f"tensor {name[:80]!r} has no dtype / shape / data_offsets of the "
+        raise CorruptFileError.at(path, f"{what} has no dtype / shape / data_offsets of the "
                                         f"safetensors form")
     (begin, end), shape = h["data_offsets"], tuple(h["shape"])
     if not 0 <= begin <= end <= data_bytes:
-        raise CorruptFileError.at(path, f"tensor {name[:80]!r}'s bytes [{begin}, {end}) lie outside the "
+        raise CorruptFileError.at(path, f"{what}: bytes [{begin}, {end}) lie outside the "
                                         f"{data_bytes}-byte data region")
     item = ITEM_BYTES.get(h["dtype"])
     if item is not None and _numel(shape) * item != end - begin:
-        raise CorruptFileError.at(path, f"tensor {name[:80]!r} of shape {shape[:8]} ({h['dtype']}) does not "
+        raise CorruptFileError.at(path, f"{what} of shape {shape[:8]} ({h['dtype']}) does not "
                                         f"fill its {end - begin} bytes")
     return h["dtype"], shape, data_start + begin
 

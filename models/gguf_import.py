@@ -128,15 +128,15 @@ def open_gguf(path: Path):
         raise ModelFormatError(f"GGUF file {path} does not exist; pass the path of a .gguf file.")
     with open(path, "rb") as f:
         magic = f.read(4)
-    if len(magic) == len(GGUF_MAGIC) and magic != GGUF_MAGIC:     # shorter: check_gguf says truncated
+    if len(magic) == len(GGUF_MAGIC) and magic != GGUF_MAGIC:   # shorter: check_gguf names it
         raise ModelFormatError(
             f"{path} is not a GGUF file (it starts with {magic!r}, expected the magic {GGUF_MAGIC!r}); "
             "pass a llama.cpp .gguf model file."
         )
-    check_gguf(path)                                  # sizes bounded by the file before GGUFReader trusts them
+    check_gguf(path)                         # sizes bounded by the file before GGUFReader reads
     try:
         return gguf.GGUFReader(path)
-    except (ValueError, IndexError, KeyError) as err:  # e.g. a duplicate key, a name that is not UTF-8
+    except (ValueError, IndexError, KeyError) as err:    # e.g. a duplicate key or tensor name
         raise corrupt(path, f"GGUFReader refused it ({err})") from err
 
 
@@ -185,8 +185,8 @@ def read_blocks(reader, arch: str, path: Path) -> tuple[dict, dict]:
 
     spec = ARCHS[arch]
     n_heads = _count(reader, f"{arch}.attention.head_count", path)
-    heads = {".attn_q.weight": n_heads, ".attn_k.weight": _count(reader, f"{arch}.attention.head_count_kv", path,
-                                                                   default=n_heads)}
+    n_kv = _count(reader, f"{arch}.attention.head_count_kv", path, default=n_heads)
+    heads = {".attn_q.weight": n_heads, ".attn_k.weight": n_kv}
     exact, unmapped = {}, {}
     for t in reader.tensors:
         qtype = t.tensor_type.name
@@ -221,8 +221,9 @@ def unpermute_rotary(w, n_heads: int, path: Path | str = "<gguf>"):
         [0.0, 2.0, 4.0, 6.0, 1.0, 3.0, 5.0, 7.0]
     """
     if w.shape[0] % (2 * n_heads):
-        raise ModelFormatError(f"{path}: a Q/K weight's {w.shape[0]} rows do not split into {n_heads} heads of two "
-                               f"rotary halves; the head counts in the metadata are wrong: re-download the file")
+        raise ModelFormatError(f"{path}: a Q/K weight's {w.shape[0]} rows do not split into "
+                               f"{n_heads} heads of two rotary halves; the head counts in the "
+                               f"metadata are wrong: re-download the file")
     half = w.shape[0] // n_heads // 2
     # [rows, *rest] -> [H, half, 2, *rest] -> [H, 2, half, *rest] -> [rows, *rest]
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -461,12 +462,12 @@ def _field(reader, key: str, path: Path, default=...):
 
 
 def _count(reader, key: str, path: Path, default=..., limit: int = 1 << 16) -> int:
-    """A count from the metadata (layers, heads): an int in [1, limit], else a named ModelFormatError (a
-    hostile block_count would otherwise size a loop)."""
+    """A count from the metadata (layers, heads): an int in [1, limit], else a named
+    ModelFormatError (a hostile block_count would otherwise size a loop)."""
     value = _field(reader, key, path, default)
     if type(value) is not int or not 1 <= value <= limit:
-        raise ModelFormatError(f"{path}: GGUF metadata {key} = {str(value)[:40]!r} is not a count in [1, {limit}]; "
-                               f"the file is corrupt: re-download it")
+        raise ModelFormatError(f"{path}: GGUF metadata {key} = {str(value)[:40]!r} is not a count "
+                               f"in [1, {limit}]; the file is corrupt: re-download it")
     return value
 
 

@@ -14,8 +14,8 @@ class ModelFormatError(DflashEdgeError, ValueError):
 
 
 class CorruptFileError(ModelFormatError):
-    """A GGUF / safetensors file whose header declares counts, sizes or offsets its bytes cannot hold:
-    truncated or corrupt (re-download it). Raised before anything is allocated from the declared sizes."""
+    """A GGUF / safetensors file whose header declares counts, sizes or offsets its bytes cannot
+    hold: truncated or corrupt (re-download it). Raised before anything is allocated from them."""
 
     @classmethod
     def at(cls, path, what: str) -> "CorruptFileError":

@@ -1,10 +1,13 @@
-"""Hostile checkpoint files (issue 34, item 3, tier 1): a GGUF or safetensors file that is truncated, bit-flipped
-or declares inflated counts, lengths, dims or offsets either reads or raises our one-line CorruptFileError /
-ModelFormatError — never another exception — and never allocates more than a small multiple of its own size."""
+"""Hostile checkpoint files (issue 34, item 3, tier 1): a GGUF or safetensors file that is
+truncated, bit-flipped or declares inflated counts, lengths, dims or offsets either reads or raises
+our one-line CorruptFileError / ModelFormatError — never another exception — and never allocates
+more than a small multiple of its own size."""
 from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 
@@ -15,23 +18,27 @@ from hypothesis import strategies as st
 
 from dflash_edge.models.checkpoint import Checkpoint
 from dflash_edge.models.gguf_check import check_gguf
-from dflash_edge.models.gguf_import import (architecture, build_config, build_tokenizer, open_gguf, read_blocks,
-                                            read_tensors)
+from dflash_edge.models.gguf_import import (architecture, build_config, build_tokenizer, open_gguf,
+                                            read_blocks, read_tensors)
 from dflash_edge.runtime.errors import CorruptFileError, DflashEdgeError
 
 gguf = pytest.importorskip("gguf")
 from tiny_gguf import write_tiny_gguf  # noqa: E402
 
-FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-# the reader's own objects may cost a few times a small file's bytes (GGUFReader keeps ~1 KB per metadata array
-# item); what must never happen is an allocation sized by a declared count (GBs, or a loop that never ends)
+FUZZ = settings(max_examples=100, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+# the reader's own objects may cost a few times a small file's bytes (GGUFReader keeps ~1 KB per
+# metadata array item); what must never happen is an allocation sized by a declared count (GBs,
+# or a loop that never ends)
 ALLOWANCE = 64
-HUGE = st.sampled_from([2**31, 2**32 - 1, 2**32, 2**40, 2**60, 2**63, 2**64 - 1]) | st.integers(0, 2**64 - 1)
+HUGE = (st.sampled_from([2**31, 2**32 - 1, 2**32, 2**40, 2**60, 2**63, 2**64 - 1])
+        | st.integers(0, 2**64 - 1))
+FLIPS = st.tuples(st.integers(0, 2**20), st.integers(0, 7))      # (byte, bit)
 
 
 def _bounded(read, path: Path) -> DflashEdgeError | None:
-    """Run `read(path)`: our named error (one line, naming the file) or None; any other exception propagates. The
-    peak of traced allocations is bounded by the file's size either way."""
+    """Run `read(path)`: our named error (one line, naming the file) or None; any other exception
+    propagates. The peak of traced allocations is bounded by the file's size either way."""
     error = None
     tracemalloc.start()
     try:
@@ -48,7 +55,7 @@ def _bounded(read, path: Path) -> DflashEdgeError | None:
     return error
 
 
-# ---- GGUF -----------------------------------------------------------------------------------------------------
+# ---- GGUF ---------------------------------------------------------------------------------
 
 def _read_gguf(path: Path) -> None:
     """The reader: open the file, read every metadata value and every tensor's bytes."""
@@ -56,7 +63,7 @@ def _read_gguf(path: Path) -> None:
     for field in reader.fields.values():
         field.contents()
     for t in reader.tensors:
-        assert t.data.nbytes == t.n_bytes                     # all of its declared bytes, inside the file
+        assert t.data.nbytes == t.n_bytes             # all of its declared bytes, in the file
         int(np.asarray(t.data).view(np.uint8).sum(dtype=np.uint64))
 
 
@@ -72,7 +79,8 @@ def _import_gguf(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """(pristine bytes, [(offset, width)] of every count / length / type / dim / offset in its header, data start)."""
+    """(pristine bytes, [(offset, width)] of every count / length / type / dim / offset in its
+    header, where its data starts)."""
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     write_tiny_gguf(path)
     reader = gguf.GGUFReader(path)
@@ -100,7 +108,8 @@ def test_gguf_pristine_reads_and_checks(tiny, tmp_path):
     data, numbers, start = tiny
     path = _write(tmp_path, "ok.gguf", data)
     summary = check_gguf(path)
-    assert summary.tensors == len(gguf.GGUFReader(path).tensors) and summary.data_end == len(data)
+    assert summary.tensors == len(gguf.GGUFReader(path).tensors)
+    assert summary.data_end == len(data)
     assert len(numbers) > 40                       # counts, lengths, dims, types, offsets all found
     _bounded(_read_gguf, path)
 
@@ -109,12 +118,13 @@ def test_gguf_pristine_reads_and_checks(tiny, tmp_path):
 @given(cut=st.floats(0, 1, exclude_max=True))
 def test_gguf_truncated(tiny, tmp_path, cut):
     data = tiny[0]
-    err = _bounded(_read_gguf, _write(tmp_path, "cut.gguf", data[: int(len(data) * cut)]))
-    assert isinstance(err, CorruptFileError) and "truncated or corrupt: re-download it" in str(err)
+    path = _write(tmp_path, "cut.gguf", data[: int(len(data) * cut)])
+    err = _bounded(_read_gguf, path)
+    assert isinstance(err, CorruptFileError) and "truncated or corrupt: re-download" in str(err)
 
 
 @FUZZ
-@given(flips=st.lists(st.tuples(st.integers(0, 2**20), st.integers(0, 7)), min_size=1, max_size=8))
+@given(flips=st.lists(FLIPS, min_size=1, max_size=8))
 def test_gguf_bit_flips(tiny, tmp_path, flips):
     data, _, start = tiny
     b = bytearray(data)
@@ -135,10 +145,10 @@ def test_gguf_inflated_numbers(tiny, tmp_path, pick, value):
 
 @FUZZ
 @given(pick=st.integers(0, 2**16), value=HUGE | st.integers(0, 70),
-       flips=st.lists(st.tuples(st.integers(0, 2**20), st.integers(0, 7)), max_size=4))
+       flips=st.lists(FLIPS, max_size=4))
 def test_gguf_import_fuzz(tiny, tmp_path, pick, value, flips):
-    """The importer's own reading (architecture, counts, heads, tokenizer) on a damaged header: a hostile
-    block_count or head count is named, never a loop sized by it or a ZeroDivisionError."""
+    """The importer's own reading (architecture, counts, heads, tokenizer) on a damaged header: a
+    hostile block_count or head count is named, never a loop sized by it or a ZeroDivisionError."""
     data, numbers, start = tiny
     offset, width = numbers[pick % len(numbers)]
     b = bytearray(data)
@@ -169,16 +179,27 @@ def test_gguf_inflated_counts_are_named(tiny, tmp_path, where, value, says):
 
 
 def test_gguf_endless_array_is_refused(tiny, tmp_path):
-    """GGUFReader loops for ever on an array of 2**40 one-byte items (it reads empty views past the end)."""
+    """GGUFReader loops for ever on an array of 2**40 one-byte items (empty views past the end),
+    growing memory: read in a child process with a time limit, so a regression fails, not hangs."""
     b = bytearray(tiny[0])
-    field = gguf.GGUFReader(_write(tmp_path, "ok.gguf", tiny[0])).fields["tokenizer.ggml.token_type"]
+    reader = gguf.GGUFReader(_write(tmp_path, "ok.gguf", tiny[0]))
+    field = reader.fields["tokenizer.ggml.token_type"]
     at = field.offset + 8 + len(field.name) + 4                  # key length, key, value type
     struct.pack_into("<IQ", b, at, 0, 2**40)                     # item type uint8, 2**40 items
-    err = _bounded(_read_gguf, _write(tmp_path, "loop.gguf", bytes(b)))
-    assert isinstance(err, CorruptFileError) and "tokenizer.ggml.token_type" in str(err)
+    path = _write(tmp_path, "loop.gguf", bytes(b))
+    code = ("import sys; from pathlib import Path; from dflash_edge.models.gguf_import import "
+            "open_gguf; open_gguf(Path(sys.argv[1]))")
+    try:
+        run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                             text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("open_gguf still reading a 2**40-item array after 60 s")
+    assert "CorruptFileError" in run.stderr and "tokenizer.ggml.token_type" in run.stderr
+    err = _bounded(_read_gguf, path)
+    assert isinstance(err, CorruptFileError) and "2**40" not in str(err)
 
 
-# ---- safetensors ----------------------------------------------------------------------------------------------
+# ---- safetensors --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def shard(tmp_path_factory):
@@ -221,12 +242,13 @@ def test_safetensors_pristine(shard, tmp_path):
 @given(cut=st.floats(0, 1, exclude_max=True))
 def test_safetensors_truncated(shard, tmp_path, cut):
     data = shard[0]
-    err = _bounded(_read_checkpoint, _write(tmp_path, "model.safetensors", data[: int(len(data) * cut)]))
-    assert isinstance(err, CorruptFileError) and "truncated or corrupt: re-download it" in str(err)
+    path = _write(tmp_path, "model.safetensors", data[: int(len(data) * cut)])
+    err = _bounded(_read_checkpoint, path)
+    assert isinstance(err, CorruptFileError) and "truncated or corrupt: re-download" in str(err)
 
 
 @FUZZ
-@given(flips=st.lists(st.tuples(st.integers(0, 2**20), st.integers(0, 7)), min_size=1, max_size=8))
+@given(flips=st.lists(FLIPS, min_size=1, max_size=8))
 def test_safetensors_bit_flips(shard, tmp_path, flips):
     data = shard[0]
     b = bytearray(data)
@@ -254,4 +276,4 @@ def test_safetensors_inflated_numbers(shard, tmp_path, pick, value, length):
         raw = _raw(h, body)
     path = _write(tmp_path, "model.safetensors", raw)
     err = _bounded(_read_checkpoint, path)
-    assert isinstance(err, CorruptFileError) and "truncated or corrupt: re-download it" in str(err)
+    assert isinstance(err, CorruptFileError) and "truncated or corrupt: re-download" in str(err)
