@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from dflash_edge.runtime.errors import ModelFormatError
+from dflash_edge.runtime.errors import CorruptFileError, ModelFormatError
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 BLOCKS = "gguf_blocks.safetensors"     # a low-bit GGUF's exact MatMulNBits operands (models/gguf_import.py)
 FLOAT_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2,
+              "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
 _NUMPY = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}        # read as; BF16 widened to float32
 # config.json's torch_dtype (transformers >= 5: `dtype`) -> safetensors dtype
 CONFIG_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -131,9 +133,13 @@ class Checkpoint:
         path = self.root / BLOCKS
         if not path.is_file():
             return None
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
-        handle = safe_open(str(path), framework="numpy")
+        _data_offsets(path)                          # bounded checks before the library maps it
+        try:
+            handle = safe_open(str(path), framework="numpy")
+        except (SafetensorError, OSError) as err:
+            raise CorruptFileError.at(path, f"safetensors refused it ({err})") from err
         return handle, handle.metadata() or {}, set(handle.keys())
 
     def close(self) -> None:
@@ -191,25 +197,68 @@ def _indexed_entries(root: Path) -> dict[str, _Entry]:
 def _shard_entries(path: Path) -> dict[str, _Entry]:
     from safetensors import SafetensorError, safe_open
 
+    offsets = _data_offsets(path)                  # bounded: nothing read past the header
     try:
-        with safe_open(str(path), framework="numpy") as f:       # validates the file; torch is not needed
+        with safe_open(str(path), framework="numpy") as f:     # the library's own checks, too
             names = list(f.keys())
-        offsets = _data_offsets(path)
-        return {n: _Entry(path, offsets[n][0], offsets[n][1], offsets[n][2]) for n in names}
-    except (SafetensorError, OSError, ValueError, KeyError) as err:
-        raise ModelFormatError(f"{path} is not a readable safetensors file ({err}); it may be truncated: "
-                               f"re-create or re-download it") from err
+    except (SafetensorError, OSError) as err:
+        raise CorruptFileError.at(path, f"safetensors refused it ({err})") from err
+    return {n: _Entry(path, *offsets[n]) for n in names}
 
 
 def _data_offsets(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
-    """name -> (dtype, shape, absolute data offset) from a safetensors header (8-byte length + JSON)."""
+    """name -> (dtype, shape, absolute data offset) from a safetensors header (8-byte length +
+    JSON); every declared size is checked against the file's before anything is read from it."""
     import struct
 
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
+        head = f.read(8)
+        if len(head) < 8:
+            raise CorruptFileError.at(path, f"it holds {size} bytes, fewer than a header length")
+        (length,) = struct.unpack("<Q", head)
+        if length > size - 8:
+            raise CorruptFileError.at(path, f"its header declares {length} bytes; the file "
+                                            f"holds {size}")
+        header = _json_header(path, f.read(length))
     header.pop("__metadata__", None)
-    return {n: (h["dtype"], tuple(h["shape"]), 8 + length + h["data_offsets"][0]) for n, h in header.items()}
+    return {n: _check_entry(path, n, h, size - 8 - length, 8 + length) for n, h in header.items()}
+
+
+def _json_header(path: Path, raw: bytes) -> dict:
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as err:          # UnicodeDecodeError is a ValueError
+        raise CorruptFileError.at(path, f"its header is not JSON ({err})") from None
+    if not isinstance(header, dict):
+        kind = type(header).__name__
+        raise CorruptFileError.at(path, f"its header is a JSON {kind}, not an object")
+    return header
+
+
+def _check_entry(path: Path, name: str, h, data_bytes: int, data_start: int):
+    """(dtype, shape, absolute offset) of one header entry whose bytes lie in the data region."""
+    what = f"tensor {name[:80]!r}"
+    ok = isinstance(h, dict) and isinstance(h.get("dtype"), str) and _ints(h.get("shape")) \
+        and _ints(h.get("data_offsets")) and len(h["data_offsets"]) == 2
+    if not ok:
+        raise CorruptFileError.at(path, f"{what} has no dtype / shape / data_offsets of the "
+                                        f"safetensors form")
+    (begin, end), shape = h["data_offsets"], tuple(h["shape"])
+    if not 0 <= begin <= end <= data_bytes:
+        raise CorruptFileError.at(path, f"{what}: bytes [{begin}, {end}) lie outside the "
+                                        f"{data_bytes}-byte data region")
+    item = ITEM_BYTES.get(h["dtype"])
+    if item is not None and _numel(shape) * item != end - begin:
+        raise CorruptFileError.at(path, f"{what} of shape {shape[:8]} ({h['dtype']}) does not "
+                                        f"fill its {end - begin} bytes")
+    return h["dtype"], shape, data_start + begin
+
+
+def _ints(value) -> bool:
+    """A short list of non-negative ints (shapes, offsets): not a bool, not a float."""
+    return (isinstance(value, list) and len(value) <= 8
+            and all(type(v) is int and v >= 0 for v in value))
 
 
 def _numel(shape) -> int:

@@ -26,6 +26,8 @@ from pathlib import Path
 from dflash_edge.runtime.publish import publish_dir
 from dflash_edge.runtime.errors import ModelFormatError
 
+from .gguf_check import check_gguf, corrupt
+
 GGUF_MAGIC = b"GGUF"
 BLOCKS_FILE = "gguf_blocks.safetensors"      # exact low-bit operands beside the float32 checkpoint
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
@@ -126,15 +128,16 @@ def open_gguf(path: Path):
         raise ModelFormatError(f"GGUF file {path} does not exist; pass the path of a .gguf file.")
     with open(path, "rb") as f:
         magic = f.read(4)
-    if magic != GGUF_MAGIC:
+    if len(magic) == len(GGUF_MAGIC) and magic != GGUF_MAGIC:   # shorter: check_gguf names it
         raise ModelFormatError(
             f"{path} is not a GGUF file (it starts with {magic!r}, expected the magic {GGUF_MAGIC!r}); "
             "pass a llama.cpp .gguf model file."
         )
+    check_gguf(path)                         # sizes bounded by the file before GGUFReader reads
     try:
         return gguf.GGUFReader(path)
-    except (ValueError, IndexError, KeyError) as err:  # truncated or corrupt header
-        raise ModelFormatError(f"{path} is a damaged or unsupported GGUF file: {err}") from err
+    except (ValueError, IndexError, KeyError) as err:    # e.g. a duplicate key or tensor name
+        raise corrupt(path, f"GGUFReader refused it ({err})") from err
 
 
 def architecture(reader, path: Path) -> str:
@@ -159,16 +162,16 @@ def read_tensors(reader, arch: str, path: Path) -> dict:
     spec = ARCHS[arch]
     present = {t.name for t in reader.tensors}
     _check_tensor_names(present, _expected_gguf_names(reader, arch, spec, path), path)
-    n_heads = _field(reader, f"{arch}.attention.head_count", path)
-    n_kv = _field(reader, f"{arch}.attention.head_count_kv", path, default=n_heads)
+    n_heads = _count(reader, f"{arch}.attention.head_count", path)
+    n_kv = _count(reader, f"{arch}.attention.head_count_kv", path, default=n_heads)
     out = {}
     for t in reader.tensors:
         # the reader already gives row-major numpy shapes ([out, in]), GGUF's reversed order undone
         w = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         if spec.rotary_permuted and t.name.endswith(".attn_q.weight"):
-            w = unpermute_rotary(w, n_heads)
+            w = unpermute_rotary(w, n_heads, path)
         elif spec.rotary_permuted and t.name.endswith(".attn_k.weight"):
-            w = unpermute_rotary(w, n_kv)
+            w = unpermute_rotary(w, n_kv, path)
         out[hf_tensor_name(t.name, path)] = w
     return out
 
@@ -181,9 +184,9 @@ def read_blocks(reader, arch: str, path: Path) -> tuple[dict, dict]:
     from .gguf_blocks import TYPES, nbits_operands
 
     spec = ARCHS[arch]
-    n_heads = _field(reader, f"{arch}.attention.head_count", path)
-    heads = {".attn_q.weight": n_heads, ".attn_k.weight": _field(reader, f"{arch}.attention.head_count_kv", path,
-                                                                   default=n_heads)}
+    n_heads = _count(reader, f"{arch}.attention.head_count", path)
+    n_kv = _count(reader, f"{arch}.attention.head_count_kv", path, default=n_heads)
+    heads = {".attn_q.weight": n_heads, ".attn_k.weight": n_kv}
     exact, unmapped = {}, {}
     for t in reader.tensors:
         qtype = t.tensor_type.name
@@ -196,7 +199,7 @@ def read_blocks(reader, arch: str, path: Path) -> tuple[dict, dict]:
         w = nbits_operands(t.data, t.tensor_type, name=name)
         suffix = next((s for s in heads if t.name.endswith(s)), None)
         if spec.rotary_permuted and suffix:
-            w = w.rows(unpermute_rotary(np.arange(w.n), heads[suffix]))
+            w = w.rows(unpermute_rotary(np.arange(w.n), heads[suffix], path))
         exact[name] = w
     return exact, unmapped
 
@@ -211,12 +214,16 @@ def write_blocks(path: Path, exact: dict, unmapped: dict) -> None:
     save_file(arrays, str(path), metadata={**meta, "unmapped": json.dumps(unmapped)})
 
 
-def unpermute_rotary(w, n_heads: int):
+def unpermute_rotary(w, n_heads: int, path: Path | str = "<gguf>"):
     """Undo llama.cpp's `permute` of Q/K rows (it interleaves each head's two rotary halves).
 
         >>> unpermute_rotary(np.arange(8.0).reshape(8, 1), 1)[:, 0].tolist()  # doctest: +SKIP
         [0.0, 2.0, 4.0, 6.0, 1.0, 3.0, 5.0, 7.0]
     """
+    if w.shape[0] % (2 * n_heads):
+        raise ModelFormatError(f"{path}: a Q/K weight's {w.shape[0]} rows do not split into "
+                               f"{n_heads} heads of two rotary halves; the head counts in the "
+                               f"metadata are wrong: re-download the file")
     half = w.shape[0] // n_heads // 2
     # [rows, *rest] -> [H, half, 2, *rest] -> [H, 2, half, *rest] -> [rows, *rest]
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -232,7 +239,7 @@ def hf_tensor_name(gguf_name: str, path: Path | str = "<gguf>") -> str:
 
 
 def _expected_gguf_names(reader, arch: str, spec: ArchSpec, path: Path) -> set[str]:
-    n_layers = _field(reader, f"{arch}.block_count", path)
+    n_layers = _count(reader, f"{arch}.block_count", path, limit=len(reader.tensors))
     per_layer = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
     per_layer += ["attn_q_norm", "attn_k_norm"] if spec.qk_norm else []
     names = {f"blk.{i}.{n}.weight" for i in range(n_layers) for n in per_layer}
@@ -452,6 +459,16 @@ def _field(reader, key: str, path: Path, default=...):
             raise ModelFormatError(f"{path}: GGUF metadata key {key!r} is missing; the file is incomplete.")
         return default
     return field.contents()
+
+
+def _count(reader, key: str, path: Path, default=..., limit: int = 1 << 16) -> int:
+    """A count from the metadata (layers, heads): an int in [1, limit], else a named
+    ModelFormatError (a hostile block_count would otherwise size a loop)."""
+    value = _field(reader, key, path, default)
+    if type(value) is not int or not 1 <= value <= limit:
+        raise ModelFormatError(f"{path}: GGUF metadata {key} = {str(value)[:40]!r} is not a count "
+                               f"in [1, {limit}]; the file is corrupt: re-download it")
+    return value
 
 
 def _f32(x: float) -> float:

@@ -13,5 +13,15 @@ class ModelFormatError(DflashEdgeError, ValueError):
     """A checkpoint, GGUF, config or weight file is missing, malformed or does not fit."""
 
 
+class CorruptFileError(ModelFormatError):
+    """A GGUF / safetensors file whose header declares counts, sizes or offsets its bytes cannot
+    hold: truncated or corrupt (re-download it). Raised before anything is allocated from them."""
+
+    @classmethod
+    def at(cls, path, what: str) -> "CorruptFileError":
+        """`path: what — the file is truncated or corrupt: re-download it`, one line."""
+        return cls(f"{path}: {what} — the file is truncated or corrupt: re-download it")
+
+
 class ContextOverflowError(DflashEdgeError, ValueError):
     """A prompt (plus generation) does not fit in the preallocated context."""

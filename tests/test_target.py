@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dflash_edge.models import FAMILIES, load_target
-from dflash_edge.runtime.errors import ContextOverflowError, ModelFormatError
+from dflash_edge.runtime.errors import ContextOverflowError, CorruptFileError, ModelFormatError
 from tiny import FAMILY_EXTRAS
 
 
@@ -85,7 +85,7 @@ def test_truncated_safetensors_is_named(tiny_checkpoints, tmp_path):
     path = _copy(tiny_checkpoints["llama"][1], tmp_path)
     data = (path / "model.safetensors").read_bytes()
     (path / "model.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(ModelFormatError, match="model.safetensors is not a readable safetensors file"):
+    with pytest.raises(CorruptFileError, match=r"model.safetensors: .* truncated or corrupt"):
         load_target(path)
 
 
