@@ -176,7 +176,7 @@ def _indexed_entries(root: Path) -> dict[str, _Entry]:
                                f"re-download it") from err
     if not isinstance(weight_map, dict):
         raise ModelFormatError(f"{root / INDEX}: weight_map is not a JSON object; re-download it")
-    for shard in {s if isinstance(s, str) else None for s in weight_map.values()}:   # None: not a path
+    for shard in {s if isinstance(s, str) else None for s in weight_map.values()}:  # None: bad
         _shard_path(root, shard)
     shards = sorted(set(weight_map.values()))
     missing = [s for s in shards if not (root / s).is_file()]
@@ -194,8 +194,9 @@ def _indexed_entries(root: Path) -> dict[str, _Entry]:
 
 
 def _shard_path(root: Path, shard) -> Path:
-    """root / shard, refused unless inside `root`. A Hugging Face cache snapshot (`snapshots/<rev>/`) links its
-    files into the repo's `blobs/`, so there symlinks may lead up to the repo's folder, no further."""
+    """root / shard, refused unless inside `root`. A Hugging Face cache snapshot
+    (`snapshots/<rev>/`) links its files into the repo's `blobs/`, so there symlinks may lead up
+    to the repo's folder, no further."""
     home = root.resolve().parent.parent if root.resolve().parent.name == "snapshots" else root
     return inside(root, shard, f"{root / INDEX} weight_map", ModelFormatError, home)
 

@@ -18,5 +18,5 @@ class ContextOverflowError(DflashEdgeError, ValueError):
 
 
 class UnsafeTemplateError(DflashEdgeError, ValueError):
-    """A chat template reached for something the sandbox forbids (Python internals, unsafe attributes);
-    nothing it asked for was run."""
+    """A chat template reached for something the sandbox forbids (Python internals, unsafe
+    attributes); nothing it asked for was run."""

@@ -1,9 +1,10 @@
 """The external-data locations an ONNX file names, read from its protobuf bytes (no `onnx` import).
 
-onnxruntime >= 1.2x refuses a `location` outside the model's folder, but 1.17 (our floor) reads `../x` and
-follows symlinks; the runtime checks the locations itself before a session is built (bundle.graph_path).
-Only the messages that can hold a tensor are walked (model -> graph -> initializers, nodes' attributes,
-subgraphs, functions); everything else is skipped by its length, so a large graph costs one pass.
+onnxruntime 1.32 refuses a `location` outside the model's folder, but 1.17 (our floor) reads
+`../x` and follows symlinks; the runtime checks the locations itself before a session is built
+(bundle.graph_path). Only the messages that can hold a tensor are walked (model -> graph ->
+initializers, nodes' attributes, subgraphs, functions); everything else is skipped by its
+length, so a large graph costs one pass.
 
 >>> external_locations("bundle/target.onnx")     # doctest: +SKIP
 {'target.onnx.data'}
@@ -72,7 +73,7 @@ def _entry(buf: memoryview, start: int, end: int) -> tuple[str, str]:
 
 
 def _fields(buf: memoryview, pos: int, end: int):
-    """(field number, start, end) of each field in buf[pos:end]; end is None for a non-length field."""
+    """(field number, start, end) of each field in buf[pos:end]; end None: not a length field."""
     while pos < end:
         tag, pos = _varint(buf, pos, end)
         wire = tag & 7

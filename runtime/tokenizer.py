@@ -5,8 +5,9 @@ is tokenised as the characters it is; only the chat template places control toke
 parse_special=True)` is the opt-in for trusted callers that spell out a template themselves.
 
 Templates come with downloads, so they are untrusted code: they render in jinja2's
-`ImmutableSandboxedEnvironment` with the helpers transformers gives them (`raise_exception`, `strftime_now`,
-`tojson`, `namespace`, loop controls); one that reaches for Python internals gets `UnsafeTemplateError`.
+`ImmutableSandboxedEnvironment` with the helpers transformers gives them (`raise_exception`,
+`strftime_now`, `tojson`, `namespace`, loop controls); one that reaches for Python internals
+gets `UnsafeTemplateError` (docs/security.md).
 
 >>> tok = ChatTokenizer.from_dir("~/.cache/dflash-edge/models/smollm2-135m-instruct")   # doctest: +SKIP
 >>> ids = tok.encode_chat([{"role": "user", "content": "Hi"}])                          # doctest: +SKIP
@@ -29,7 +30,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from .errors import ModelFormatError, UnsafeTemplateError
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
-JINJA_MIN = (3, 1, 6)        # older jinja2 has known sandbox escapes (CVE-2024-56326, CVE-2025-27516)
+JINJA_MIN = (3, 1, 6)        # older jinja2: known sandbox escapes (CVE-2024-56326, CVE-2025-27516)
 
 
 @dataclass
@@ -62,8 +63,8 @@ class ChatTokenizer:
         template, source = extra.get("chat_template"), cfg_file
         if template is None and (path / CHAT_TEMPLATE_FILE).is_file():    # where newer transformers saves it
             template, source = (path / CHAT_TEMPLATE_FILE).read_text(), path / CHAT_TEMPLATE_FILE
-        return cls(tokenizer, template, _token_text(extra.get("bos_token")), _token_text(extra.get("eos_token")),
-                   str(source))
+        bos, eos = _token_text(extra.get("bos_token")), _token_text(extra.get("eos_token"))
+        return cls(tokenizer, template, bos, eos, str(source))
 
     def encode(self, text: str, parse_special: bool = False) -> list[int]:
         """Token ids of `text`; control-token strings in it are text unless `parse_special` (trusted callers)."""
@@ -87,12 +88,13 @@ class ChatTokenizer:
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> str:
-        """The chat template applied to `messages` (role/content dicts; `tools`: JSON schemas), as text, in the
-        sandbox (`UnsafeTemplateError` when the template reaches for what it may not)."""
+        """The chat template applied to `messages` (role/content dicts; `tools`: JSON schemas), as
+        text, in the sandbox (`UnsafeTemplateError` when the template reaches for what it may
+        not)."""
         if not self.chat_template:
             raise ModelFormatError("this model has no chat template: pass a raw prompt (chat=False)")
-        return render_template(self.chat_template, self.template_source, messages=messages, tools=tools,
-                               add_generation_prompt=add_generation_prompt,
+        return render_template(self.chat_template, self.template_source, messages=messages,
+                               tools=tools, add_generation_prompt=add_generation_prompt,
                                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
@@ -158,15 +160,20 @@ def _token_text(tok) -> str | None:
 
 
 def render_template(template: str, source: str, **context) -> str:
-    """`template` rendered in the sandbox with `context`. `source` (the file it came from) is named in errors: a
-    forbidden reach is `UnsafeTemplateError` (nothing it asked for ran), a broken template `ModelFormatError`."""
+    """`template` rendered in the sandbox with `context`. `source` (the file it came from) is named
+    in errors: a forbidden reach is `UnsafeTemplateError` (nothing it asked for ran), a broken
+    template `ModelFormatError`.
+
+    >>> render_template("{{ x | tojson }}", "inline", x={"a": 1})
+    '{"a": 1}'
+    """
     try:
         return _compiled(template).render(**context)
     except jinja2.exceptions.SecurityError as err:
         raise UnsafeTemplateError(
-            f"the chat template in {source} tried something the sandbox forbids ({err}); nothing it asked for was "
-            f"run. Treat that file as hostile: replace it with the model publisher's original (or remove its "
-            f"chat_template and pass a raw prompt)") from None
+            f"the chat template in {source} tried something the sandbox forbids ({err}); nothing "
+            f"it asked for was run. Treat that file as hostile: replace it with the model "
+            f"publisher's original (or remove its chat_template and pass a raw prompt)") from None
     except jinja2.exceptions.TemplateError as err:
         raise ModelFormatError(f"chat template error in {source}: {err}") from None
 
@@ -175,25 +182,30 @@ def render_template(template: str, source: str, **context) -> str:
 def _compiled(template: str) -> jinja2.Template:
     try:
         return _sandbox().from_string(template)
-    except jinja2.exceptions.TemplateSyntaxError as err:   # a TemplateError: render_template names the file
+    except jinja2.exceptions.TemplateSyntaxError as err:     # render_template names the file
         raise jinja2.exceptions.TemplateError(f"line {err.lineno}: {err.message}") from None
 
 
 @lru_cache(maxsize=1)
 def _sandbox() -> ImmutableSandboxedEnvironment:
-    """The environment transformers renders chat templates in (utils/chat_template_utils.py), same helpers."""
+    """The environment transformers renders chat templates in (chat_template_utils.py), same
+    helpers."""
     if _version(jinja2.__version__) < JINJA_MIN:
-        raise UnsafeTemplateError(f"jinja2 {jinja2.__version__} has known sandbox escapes; chat templates are "
-                                  f"untrusted code: pip install 'jinja2>={'.'.join(map(str, JINJA_MIN))}'")
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        need = ".".join(map(str, JINJA_MIN))
+        raise UnsafeTemplateError(f"jinja2 {jinja2.__version__} has known sandbox escapes; chat "
+                                  f"templates are untrusted code: pip install 'jinja2>={need}'")
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise, strftime_now=_strftime_now, namespace=_Namespace)
     return env
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
-    """transformers' tojson: plain json.dumps (jinja2's own escapes HTML characters and ignores separators)."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    """transformers' tojson: plain json.dumps (jinja2's own escapes HTML characters and takes no
+    separators)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
 
 
 def _strftime_now(fmt: str) -> str:
@@ -205,9 +217,9 @@ def _raise(message: str):
 
 
 class _Namespace(jinja2.utils.Namespace):
-    """`namespace(...)` that refuses underscore names (no route to Python internals through a namespace)."""
+    """`namespace(...)` refusing underscore names (no route to Python internals through one)."""
 
-    def __init__(*args, **kwargs):             # jinja2's signature trick: `namespace(self=...)` still works
+    def __init__(*args, **kwargs):         # jinja2's signature trick: `namespace(self=...)` works
         self, attrs = args[0], dict(*args[1:], **kwargs)
         for name in attrs:
             _Namespace._check(name)
@@ -220,7 +232,7 @@ class _Namespace(jinja2.utils.Namespace):
     @staticmethod
     def _check(name) -> None:
         if isinstance(name, str) and name.startswith("_"):
-            raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} starts with an underscore")
+            raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} starts with _")
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
-"""Untrusted artefacts (issue 34, tier 1 + the default model's tokenizer): a hostile chat template runs nothing,
-a bundle or checkpoint naming a file outside its folder is refused by name, absurd manifest sizes are refused
-before anything is allocated. docs/security.md lists these cases."""
+"""Untrusted artefacts (issue 34; tier 1, plus the default model's tokenizer): a hostile chat
+template runs nothing, a bundle or checkpoint naming a file outside its folder is refused by name,
+absurd manifest sizes are refused before anything is allocated. docs/security.md lists the cases."""
 import json
 import os
 import re
@@ -12,57 +12,36 @@ import pytest
 from dflash_edge.cli import main
 from dflash_edge.models.checkpoint import INDEX, Checkpoint
 from dflash_edge.runtime import bundle as bundle_mod
-from dflash_edge.runtime.bundle import (MANIFEST, BundleError, PathEscapeError, file_entry, kv_cache_bytes, read_bundle,
-                                        write_manifest)
+from dflash_edge.runtime.bundle import (MANIFEST, BundleError, PathEscapeError, file_entry,
+                                        kv_cache_bytes, read_bundle, write_manifest)
 from dflash_edge.runtime.errors import ModelFormatError, UnsafeTemplateError
 from dflash_edge.runtime.generator import Generator
 from dflash_edge.runtime.onnx_scan import OnnxScanError, external_locations
 from dflash_edge.runtime.tokenizer import ChatTokenizer
 from dflash_edge.runtime.tuning import TunedFileError
 
-ATTACKS = [                                       # each would run `touch MARKER` in a plain jinja2.Environment
+POPEN = "lipsum.__globals__.os.popen('touch MARKER')"
+ATTACKS = [                           # each runs `touch MARKER` in a plain jinja2.Environment
     "{{ cycler.__init__.__globals__.os.popen('touch MARKER').read() }}",
     "{{ joiner.__init__.__globals__['os'].system('touch MARKER') }}",
-    "{{ ''.__class__.__mro__[1].__subclasses__() }}{{ lipsum.__globals__.os.popen('touch MARKER') }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}{{ " + POPEN + " }}",
     "{{ namespace.__init__.__globals__.os.popen('touch MARKER').read() }}",
-    "{{ cycler | attr('__init__') | attr('__globals__') }}{{ lipsum.__globals__.os.popen('touch MARKER') }}",
-    "{% set ns = namespace() %}{% set ns.__class__ = 1 %}{{ lipsum.__globals__.os.popen('touch MARKER') }}",
+    "{{ cycler | attr('__init__') | attr('__globals__') }}{{ " + POPEN + " }}",
+    "{% set ns = namespace() %}{% set ns.__class__ = 1 %}{{ " + POPEN + " }}",
 ]
-CHAT = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Capital of France?"}]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city, °C",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                          "required": ["city"]}}}]
-QWEN_STYLE = (   # Qwen2.5-Instruct's template: system, tools (tojson), tool calls and tool replies
-    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}"
-    "{{- messages[0]['content'] }}{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}"
-    "{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}"
-    "{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}{%- endfor %}"
-    "{{- \"\\n</tools>\\n\\nFor each function call, return a json object within <tool_call></tool_call> XML "
-    "tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n"
-    "</tool_call><|im_end|>\\n\" }}"
-    "{%- else %}{%- if messages[0]['role'] == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}"
-    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
-    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>' + message.role }}"
-    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
-    "{%- for tool_call in message.tool_calls | default([]) %}{%- if tool_call.function is defined %}"
-    "{%- set tool_call = tool_call.function %}{%- endif %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
-    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
-    "{%- elif message.role == 'tool' %}"
-    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
-    "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
-HELPERS = (      # the helpers real templates use, with arguments whose output differs from jinja2's own filter
-    "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m | tojson(indent=2) }}"
-    "{{ m | tojson(separators=(',', ':'), ensure_ascii=True) }}{% continue %}{% endfor %}"
-    "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}"
-    "{{ tools | tojson(sort_keys=True) }}{{ '<&>' | tojson }}")
+CHAT = [{"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "Capital of France?"}]
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": CITY,
+                                           "description": "Weather in a city, °C"}}]
+DATA = Path(__file__).parent / "data"
+QWEN_STYLE = (DATA / "qwen2_5_chat_template.jinja").read_text()   # system, tools, tool calls
+HELPERS = (      # helpers real templates use, with arguments jinja2's own tojson renders otherwise
+    "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
+    "{{ m | tojson(indent=2) }}{{ m | tojson(separators=(',', ':'), ensure_ascii=True) }}"
+    "{% continue %}{% endfor %}"
+    "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}"
+    "{{ ns.n }}{{ tools | tojson(sort_keys=True) }}{{ '<&>' | tojson }}")
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -76,10 +55,11 @@ def _set_template(folder: Path, template: str) -> None:
 
 
 def _rehash(root: Path) -> None:
-    """The manifest's sha256 entries and checksum recomputed: a hostile publisher writes them too."""
+    """The manifest's sha256 entries and checksum recomputed (a hostile publisher writes them)."""
     manifest = json.loads((root / MANIFEST).read_text())
     for graph in manifest["graphs"].values():
-        graph["files"] = [file_entry(root, f["path"]) if (root / f["path"]).is_file() else f for f in graph["files"]]
+        graph["files"] = [file_entry(root, f["path"]) if (root / f["path"]).is_file() else f
+                          for f in graph["files"]]
     tok = manifest["tokenizer"]
     tok["checksums"] = [file_entry(root, e["path"]) for e in tok.get("checksums", [])]
     write_manifest(root, {k: v for k, v in manifest.items() if k != "checksum"})
@@ -90,14 +70,14 @@ def bundle_copy(tiny_bundle, tmp_path):
     return _copy(tiny_bundle("qwen3", 8).path, tmp_path / "bundle")
 
 
-# ---- 1. chat templates ----------------------------------------------------------------------------------------
+# ---- 1. chat templates ---------------------------------------------------------------------
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_hostile_template_in_bundle_runs_nothing(bundle_copy, tmp_path, attack, capsys):
     marker = tmp_path / "pwned"
     _set_template(bundle_copy, attack.replace("MARKER", str(marker)))
     _rehash(bundle_copy)
     gen = Generator.load(bundle_copy)
-    with pytest.raises(UnsafeTemplateError, match="tokenizer_config.json.*nothing it asked for was run"):
+    with pytest.raises(UnsafeTemplateError, match="tokenizer_config.json.*nothing it asked for"):
         gen.generate(CHAT, max_new_tokens=2)
     rc = main(["run", str(bundle_copy), "--prompt", "hi", "--max-new-tokens", "2"])
     err = capsys.readouterr().err
@@ -110,12 +90,14 @@ def test_hostile_template_in_checkpoint_runs_nothing(tiny_checkpoints, tmp_path)
 
     ckpt, marker = _copy(Path(tiny_checkpoints["qwen3"][1]), tmp_path / "ckpt"), tmp_path / "pwned"
     (ckpt / "tokenizer_config.json").unlink()
-    (ckpt / "chat_template.jinja").write_text(ATTACKS[0].replace("MARKER", str(marker)))   # newer HF layout
+    attack = ATTACKS[0].replace("MARKER", str(marker))
+    (ckpt / "chat_template.jinja").write_text(attack)                  # newer transformers' layout
     with pytest.raises(UnsafeTemplateError, match="chat_template.jinja"):
         ChatTokenizer.from_dir(ckpt).encode_chat(CHAT)
     with pytest.raises(UnsafeTemplateError):
-        export_bundle(ExportOptions(out=tmp_path / "out", target=str(ckpt), block_size=4, max_context=64,
-                                    prefill_chunk=8, draft="random"), progress=False)
+        export_bundle(ExportOptions(out=tmp_path / "out", target=str(ckpt), block_size=4,
+                                    max_context=64, prefill_chunk=8, draft="random"),
+                      progress=False)
     assert not marker.exists()
 
 
@@ -123,14 +105,16 @@ def test_hostile_template_in_checkpoint_runs_nothing(tiny_checkpoints, tmp_path)
 @pytest.mark.parametrize("template, tools", [(None, None), (QWEN_STYLE, None), (QWEN_STYLE, TOOLS)],
                          ids=["smollm2", "qwen-style", "qwen-style-tools"])
 def test_templates_keep_their_ids(smollm2_dir, tmp_path, template, tools):
-    """The sandbox changes nothing a real template renders: ids equal transformers' apply_chat_template."""
+    """The sandbox changes nothing a real template renders: transformers' ids, exactly."""
     transformers = pytest.importorskip("transformers")
     folder = _copy(Path(smollm2_dir), tmp_path / "tok")
     if template is not None:
         _set_template(folder, template)
-    chat = CHAT + [{"role": "assistant", "content": "Paris, é 🙂"}, {"role": "user", "content": "Why?"}]
+    chat = CHAT + [{"role": "assistant", "content": "Paris, é 🙂"},
+                   {"role": "user", "content": "Why?"}]
     ref = transformers.AutoTokenizer.from_pretrained(folder)
-    want = ref.apply_chat_template(chat, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False)
+    want = ref.apply_chat_template(chat, tools=tools, tokenize=True, add_generation_prompt=True,
+                                   return_dict=False)
     ours = ChatTokenizer.from_dir(folder)
     text = ref.apply_chat_template(chat, tools=tools, tokenize=False, add_generation_prompt=True)
     assert ours.render_chat(chat, tools=tools) == text
@@ -156,14 +140,16 @@ def test_template_errors_name_the_file(bundle_copy):
         ChatTokenizer.from_dir(bundle_copy).render_chat(CHAT)
 
 
-# ---- 2. paths --------------------------------------------------------------------------------------------------
-ESCAPES = ["../outside.data", "/etc/passwd", "sub/../../outside.data", "C:\\Windows\\x", "..\\x", ""]
+# ---- 2. paths ------------------------------------------------------------------------------
+ESCAPES = ["../outside.data", "/etc/passwd", "sub/../../outside.data", "C:\\Windows\\x", "..\\x",
+           ""]
 KEYS = {   # manifest key -> how to put a path there
     "graphs.drafter.files[1].path": lambda m, p: m["graphs"]["drafter"]["files"][1].update(path=p),
     "tokenizer.file": lambda m, p: m["tokenizer"].update(file=p),
     "tokenizer.checksums[0].path": lambda m, p: m["tokenizer"]["checksums"][0].update(path=p),
     "shared_weights.tensors[0].file": lambda m, p: m["shared_weights"]["tensors"][0].update(file=p),
-    "engines.target.fp16.file.path": lambda m, p: m.update(engines={"target": {"fp16": {"file": {"path": p}}}}),
+    "engines.target.fp16.file.path":
+        lambda m, p: m.update(engines={"target": {"fp16": {"file": {"path": p}}}}),
     "quality.path": lambda m, p: m.update(quality={"path": p, "bytes": 1, "sha256": "0" * 64}),
 }
 
@@ -175,11 +161,12 @@ def test_manifest_paths_stay_inside(bundle_copy, key, escape):
     KEYS[key](manifest, escape)
     (bundle_copy / MANIFEST).write_text(json.dumps(manifest))
     for verify in (True, False):
-        with pytest.raises(PathEscapeError, match=rf"\[{key.replace('[', '.').replace(']', '.')}\] = "):
+        with pytest.raises(PathEscapeError, match=rf"\[{re.escape(key)}\] = "):
             read_bundle(bundle_copy, verify=verify)
 
 
-@pytest.mark.parametrize("name", ["target.onnx.data", "tokenizer.json", "tuned.json", "chat_template.jinja"])
+@pytest.mark.parametrize("name", ["target.onnx.data", "tokenizer.json", "tuned.json",
+                                  "chat_template.jinja"])
 def test_symlink_out_of_the_bundle(bundle_copy, tmp_path, name):
     """A symlink to a byte-identical file outside: the sha256 fields agree, the path is refused."""
     outside = tmp_path / "elsewhere" / name
@@ -221,16 +208,17 @@ def _relocate(graph: Path, old: str, new: str) -> None:
     onnx.save(model, str(graph))
 
 
-@pytest.mark.parametrize("location", ["../drafter.onnx.data", "stolen.data", "/ABS/drafter.onnx.data"])
+@pytest.mark.parametrize("location", ["../drafter.onnx.data", "stolen.data",
+                                      "/ABS/drafter.onnx.data"])
 def test_external_data_outside_the_manifest(bundle_copy, tmp_path, location):
-    """A graph whose external data is not one of its listed files (onnxruntime 1.17 reads `../x`)."""
+    """A graph whose external data is not among its listed files (onnxruntime 1.17 reads ../x)."""
     location = location.replace("/ABS", str(tmp_path))
     shutil.copy(bundle_copy / "drafter.onnx.data", tmp_path / "drafter.onnx.data")
     shutil.copy(bundle_copy / "drafter.onnx.data", bundle_copy / "stolen.data")
     _relocate(bundle_copy / "drafter.onnx", "drafter.onnx.data", location)
     _rehash(bundle_copy)
-    with pytest.raises(PathEscapeError, match=rf"drafter.onnx reads external data from \['{re.escape(location)}'\]"
-                                              r".*graphs.drafter.files does not list"):
+    read_from = rf"drafter.onnx reads external data from \['{re.escape(location)}'\]"
+    with pytest.raises(PathEscapeError, match=read_from + ".*graphs.drafter.files does not list"):
         Generator.load(bundle_copy)
 
 
@@ -240,12 +228,13 @@ def test_scan_finds_what_onnx_finds(tiny_bundle):
     root = tiny_bundle("qwen3", 8).path
     for graph in root.glob("*.onnx"):
         model = onnx.load(str(graph), load_external_data=False)
-        want = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+        want = {e.value for t in model.graph.initializer for e in t.external_data
+                if e.key == "location"}
         assert want and external_locations(graph) == want
 
 
 def test_scan_of_damaged_graphs(tiny_bundle, tmp_path):
-    """Truncations and bit flips of a graph: the scan answers or raises OnnxScanError, nothing else."""
+    """Truncated and bit-flipped graphs: the scan answers or raises OnnxScanError, nothing else."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
@@ -253,7 +242,8 @@ def test_scan_of_damaged_graphs(tiny_bundle, tmp_path):
     path = tmp_path / "g.onnx"
 
     @settings(max_examples=200, deadline=None)
-    @given(cut=st.integers(0, len(data)), flips=st.lists(st.integers(0, len(data) * 8 - 1), max_size=8))
+    @given(cut=st.integers(0, len(data)),
+           flips=st.lists(st.integers(0, len(data) * 8 - 1), max_size=8))
     def run(cut, flips):
         raw = bytearray(data)
         for bit in flips:
@@ -274,7 +264,8 @@ def _checkpoint_with_index(tiny_checkpoints, root: Path, shard: str) -> Path:
     return ckpt
 
 
-@pytest.mark.parametrize("shard", ["../model.safetensors", "/ABS/model.safetensors", "a/../../model.safetensors"])
+@pytest.mark.parametrize("shard", ["../model.safetensors", "/ABS/model.safetensors",
+                                   "a/../../model.safetensors"])
 def test_shard_index_stays_inside(tiny_checkpoints, tmp_path, shard):
     shard = shard.replace("/ABS", str(tmp_path))
     ckpt = _checkpoint_with_index(tiny_checkpoints, tmp_path / "ckpt", shard)
@@ -284,9 +275,10 @@ def test_shard_index_stays_inside(tiny_checkpoints, tmp_path, shard):
 
 
 def test_shard_symlinks_hf_cache_layout(tiny_checkpoints, tmp_path):
-    """A Hugging Face cache snapshot links its files to ../../blobs (allowed); a link out of the repo is not."""
+    """A Hugging Face cache snapshot links its files to ../../blobs (fine); out of the repo: no."""
     repo = tmp_path / "models--org--tiny"
-    snap = _checkpoint_with_index(tiny_checkpoints, repo / "snapshots" / "abc", "model-00001.safetensors")
+    snap = _checkpoint_with_index(tiny_checkpoints, repo / "snapshots" / "abc",
+                                  "model-00001.safetensors")
     (repo / "blobs").mkdir()
     shutil.move(snap / "model.safetensors", repo / "blobs" / "f00d")
     os.symlink("../../blobs/f00d", snap / "model-00001.safetensors")
@@ -294,13 +286,14 @@ def test_shard_symlinks_hf_cache_layout(tiny_checkpoints, tmp_path):
     shutil.move(repo / "blobs" / "f00d", tmp_path / "f00d")
     os.unlink(snap / "model-00001.safetensors")
     os.symlink(tmp_path / "f00d", snap / "model-00001.safetensors")
-    with pytest.raises(ModelFormatError, match="model-00001.safetensors' leads outside through a symlink"):
+    with pytest.raises(ModelFormatError, match="model-00001.safetensors' leads outside through"):
         Checkpoint.open(snap)
 
 
-# ---- 3. sizes --------------------------------------------------------------------------------------------------
+# ---- 3. sizes ------------------------------------------------------------------------------
 SIZES = [("max_context", 2**62), ("max_context", -1), ("block_size", 0), ("prefill_chunk", "8"),
-         ("max_context", 1.5), ("block_size", True), ("model.num_layers", 2**40), ("model.head_dim", -(2**63)),
+         ("max_context", 1.5), ("block_size", True), ("model.num_layers", 2**40),
+         ("model.head_dim", -(2**63)),
          ("model.vocab_size", None), ("kv_cache.slack", -1), ("kv_cache.dtype", ["float32"])]
 
 
@@ -316,7 +309,7 @@ def test_absurd_sizes_are_one_line(bundle_copy, key, value):
 
 
 def test_kv_product_overflow_is_refused(bundle_copy):
-    """Each size in range, their product (the KV cache) 1 PiB: refused with the figure, nothing allocated."""
+    """Each size in range, their product (the KV cache) 1 PiB: refused with the figure."""
     manifest = json.loads((bundle_copy / MANIFEST).read_text())
     manifest["max_context"] = manifest["model"]["max_position_embeddings"] = 2**30
     manifest["model"].update(num_kv_heads=64, head_dim=256)
@@ -330,7 +323,8 @@ def test_kv_beyond_available_memory(bundle_copy, monkeypatch):
     b = read_bundle(bundle_copy)
     need = kv_cache_bytes(b.manifest)
     monkeypatch.setattr(bundle_mod, "proc_kb_field", lambda path, key: need - 1)
-    with pytest.raises(BundleError, match=rf"needs {need / 2**30:.2f} GiB but .* smaller --max-context"):
+    figure = rf"needs {need / 2**30:.2f} GiB but .* smaller --max-context"
+    with pytest.raises(BundleError, match=figure):
         Generator.load(bundle_copy)
     monkeypatch.setattr(bundle_mod, "proc_kb_field", lambda path, key: need)
     assert Generator.load(bundle_copy).max_context == b.max_context
