@@ -98,7 +98,7 @@ def test_hostile_template_in_checkpoint_runs_nothing(tiny_checkpoints, tmp_path)
         export_bundle(ExportOptions(out=tmp_path / "out", target=str(ckpt), block_size=4,
                                     max_context=64, prefill_chunk=8, draft="random"),
                       progress=False)
-    assert not marker.exists()
+    assert not marker.exists() and not (tmp_path / "out").exists()
 
 
 @pytest.mark.tier2
