@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_edge.runtime.bundle import file_entry, read_bundle, write_manifest
+from dflash_edge.runtime.bundle import file_entry, inside, read_bundle, write_manifest
 from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.runtime.io_tables import portable_graphs
 from dflash_edge.runtime.trt_profiles import trt_profiles
@@ -99,7 +99,7 @@ def build_engines(opts: EngineOptions) -> dict:
         print(f"building {graph} ({opts.precision}) with TensorRT {trt.__version__} on {device} ...", file=sys.stderr)
         plan = _build_plan(trt, bundle.graph_path(graph), profiles[graph], opts)
         rel = f"engines/{graph}.{opts.precision}.plan"
-        _write_atomic(bundle.root / rel, plan)
+        _write_atomic(inside(bundle.root, rel, f"engines.{graph} (graph name)"), plan)
         seconds = time.perf_counter() - t0
         engines.setdefault(graph, {})[opts.precision] = {
             "file": file_entry(bundle.root, rel), "precision": opts.precision, "tensorrt_version": trt.__version__,

@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_edge.runtime.bundle import inside
 from dflash_edge.runtime.io_tables import portable_graphs
 
 from . import op_support as sup
@@ -74,7 +75,8 @@ def bundle_trt_readiness(bundle_dir: str | Path) -> dict:
     root = Path(bundle_dir)
     mpath = root / "manifest.json"
     if mpath.is_file():
-        graphs = {n: root / g["files"][0]["path"] for n, g in json.loads(mpath.read_text())["graphs"].items()}
+        graphs = {n: inside(root, g["files"][0]["path"], f"graphs.{n}.files[0].path")
+                  for n, g in json.loads(mpath.read_text())["graphs"].items()}
     else:
         graphs = {p.stem: p for p in sorted(root.glob("*.onnx"))}
     reports = {n: check_trt_readiness(graphs[n], n) for n in portable_graphs(graphs)}   # TensorRT never sees fused ones

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from dflash_edge.runtime.bundle import inside
 from dflash_edge.runtime.errors import CorruptFileError, ModelFormatError
 
 INDEX = "model.safetensors.index.json"
@@ -179,6 +180,10 @@ def _indexed_entries(root: Path) -> dict[str, _Entry]:
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise ModelFormatError(f"{root / INDEX} is not a safetensors index (no readable weight_map: {err}); "
                                f"re-download it") from err
+    if not isinstance(weight_map, dict):
+        raise ModelFormatError(f"{root / INDEX}: weight_map is not a JSON object; re-download it")
+    for shard in {s if isinstance(s, str) else None for s in weight_map.values()}:  # None: bad
+        _shard_path(root, shard)
     shards = sorted(set(weight_map.values()))
     missing = [s for s in shards if not (root / s).is_file()]
     if missing:
@@ -192,6 +197,14 @@ def _indexed_entries(root: Path) -> dict[str, _Entry]:
         raise ModelFormatError(f"{root / INDEX} names tensor(s) no listed shard holds: {_preview(absent)}; "
                                f"the index and the shards disagree: re-download the checkpoint")
     return {n: entries[n] for n in weight_map}
+
+
+def _shard_path(root: Path, shard) -> Path:
+    """root / shard, refused unless inside `root`. A Hugging Face cache snapshot
+    (`snapshots/<rev>/`) links its files into the repo's `blobs/`, so there symlinks may lead up
+    to the repo's folder, no further."""
+    home = root.resolve().parent.parent if root.resolve().parent.name == "snapshots" else root
+    return inside(root, shard, f"{root / INDEX} weight_map", ModelFormatError, home)
 
 
 def _shard_entries(path: Path) -> dict[str, _Entry]:

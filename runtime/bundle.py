@@ -2,6 +2,9 @@
 
 The runtime learns everything from the manifest; export and quantize write bundles through
 `write_manifest`. Unknown keys, missing files and sha256 mismatches are errors naming the key or file.
+Bundles come from downloads, so the manifest is untrusted: every path it names resolves inside
+the bundle folder (`inside`), every graph's external data is one of its listed files, and sizes
+are bounded before anything is allocated (`check_sizes`).
 
 >>> bundle = read_bundle("bundle/")                  # doctest: +SKIP
 >>> bundle.graph_path("target"), bundle.block_size   # doctest: +SKIP
@@ -16,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DflashEdgeError
+from .memory import proc_kb_field
+from .onnx_scan import OnnxScanError, external_locations
 
 FORMAT = "dflash-edge-bundle"
 MANIFEST_VERSION = 1
@@ -54,6 +59,15 @@ OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset", "draft_voca
             "checksum", "checksums"}     # older bundles lack the manifest's and the tokenizer files' sha256
 OPTIONAL_IN = {"graph": {"kv_cache", "weight_bytes"}}   # optional in that section only (the top-level kv_cache is required)
 KV_LAYOUT = "S,L,Hkv,D"
+# read by fixed name, not through the manifest (tuning.TUNED, tokenizer.py, TensorRT EP's cache)
+LOADER_FILES = ("tuned.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                ".trt-cache")
+MAX_DIM = 2**31 - 1              # any one size (onnxruntime's shapes, numpy's buffers)
+MAX_KV_BYTES = 2**40             # 1 TiB of KV cache: no device has it; a larger figure is hostile
+KV_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+SIZES = {"": ("block_size", "trained_block_size", "max_context", "prefill_chunk"),
+         "model": ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                   "head_dim", "draft_num_layers", "max_position_embeddings")}
 
 
 class BundleError(DflashEdgeError):
@@ -91,7 +105,61 @@ class Bundle:
         return self.manifest["graphs"][name].get("kv_cache", {}).get("pad_rows")
 
     def graph_path(self, name: str) -> Path:
-        return self.root / self.manifest["graphs"][name]["files"][0]["path"]
+        """Graph `name`'s .onnx file, inside the bundle; its external data all among its files."""
+        files = self.manifest["graphs"][name]["files"]
+        path = inside(self.root, files[0]["path"], f"graphs.{name}.files[0].path")
+        check_external_data(path, {f["path"] for f in files}, f"graphs.{name}")
+        return path
+
+
+class PathEscapeError(BundleError):
+    """A bundle names a file outside its folder (absolute path, `..`, or a symlink leading out)."""
+
+
+def escape_reason(rel) -> str | None:
+    """Why the relative path `rel` could leave the folder it is joined to, by its text alone
+    (None: it cannot)."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        return "is not a relative path"
+    if rel.startswith(("/", "\\")) or os.path.isabs(rel) or (len(rel) > 1 and rel[1] == ":"):
+        return "is absolute"
+    if ".." in rel.replace("\\", "/").split("/"):
+        return "climbs out with '..'"
+    return None
+
+
+def inside(root: Path, rel, key: str, error: type[DflashEdgeError] = PathEscapeError,
+           home: Path | None = None) -> Path:
+    """`root / rel`, refused (`error` naming `key` and the path) unless it stays inside `root`:
+    no absolute path, no `..`, no symlink on the way that leads outside `home` (default `root`):
+    what a hostile download would try.
+
+    >>> inside(Path("b"), "target.onnx", "graphs.target.files[0].path")     # doctest: +SKIP
+    PosixPath('b/target.onnx')
+    """
+    reason = escape_reason(rel)
+    home = os.path.realpath(home or root)
+    if reason is None and not Path(os.path.realpath(Path(root) / rel)).is_relative_to(home):
+        reason = "leads outside through a symlink"
+    if reason is not None:
+        raise error(f"{key} = {rel!r:.120} {reason} of {root}: only files inside that folder may "
+                    f"be named. The files are damaged or hostile: re-create them (or get them "
+                    f"from a source you trust)")
+    return Path(root) / rel
+
+
+def check_external_data(graph: Path, listed: set[str], key: str) -> None:
+    """Every external-data `location` in `graph` is one of the manifest's files for it (`listed`,
+    each checked by `inside`): onnxruntime 1.17 reads `../x` and follows symlinks, so we check."""
+    try:
+        unlisted = sorted(external_locations(graph) - listed)
+    except (OnnxScanError, OSError) as err:
+        raise BundleError(f"{graph} is not a readable ONNX file ({err}); re-export the bundle") \
+            from None
+    if unlisted:
+        raise PathEscapeError(f"{graph} reads external data from {unlisted[:3]!r:.160}, which "
+                              f"{key}.files does not list: the graph is damaged or hostile; "
+                              f"re-export the bundle")
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -138,6 +206,47 @@ def _file_entries(manifest: dict, where: str) -> list[dict]:
     return entries
 
 
+def _named_paths(manifest: dict) -> list[tuple[str, object]]:
+    """(manifest key, path) of every path the manifest names, the free-form sections' included."""
+    named = []
+    for name, graph in manifest["graphs"].items():
+        named += [(f"graphs.{name}.files[{i}].path", e["path"])
+                  for i, e in enumerate(graph["files"])]
+    tok = manifest["tokenizer"]
+    named += [("tokenizer.file", tok["file"])]
+    named += [("tokenizer.config", tok["config"])] if tok["config"] else []
+    named += [(f"tokenizer.checksums[{i}].path", e["path"])
+              for i, e in enumerate(tok.get("checksums", []))]
+    if "quality" in manifest:
+        named.append(("quality.path", manifest["quality"]["path"]))
+    for i, t in enumerate(_get(manifest.get("shared_weights"), "tensors", list)):
+        named.append((f"shared_weights.tensors[{i}].file", _get(t, "file", str)))
+    engines = manifest.get("engines") or {}
+    for graph in engines:
+        for precision, build in _get(engines, graph, dict).items():
+            path = _get(_get(build, "file", dict), "path", str)
+            named.append((f"engines.{graph}.{precision}.file.path", path))
+    return named
+
+
+def _get(section, key: str, kind: type):
+    """section[key] of a free-form section when it is a `kind`, else an empty `kind`."""
+    value = section.get(key) if isinstance(section, dict) else None
+    return value if isinstance(value, kind) else kind()
+
+
+def _check_paths(manifest: dict, where: str, root: Path | None = None) -> None:
+    """Every named path by its text (and, with `root`, where it resolves: symlinks)."""
+    for key, rel in _named_paths(manifest):
+        reason = escape_reason(rel)
+        if reason is not None:
+            raise PathEscapeError(f"{where} [{key}] = {rel!r:.120} {reason}: a bundle may only "
+                                  f"name files inside its own folder. The bundle is damaged or "
+                                  f"hostile: re-export it")
+        if root is not None:
+            inside(root, rel, f"{where} [{key}]")
+
+
 def _entry(e, where: str) -> dict:
     _expect(e, dict, where)
     for key, kind in (("path", str), ("bytes", int), ("sha256", str)):
@@ -174,6 +283,8 @@ def validate_manifest(manifest: dict, where: str = MANIFEST) -> None:
     for name, graph in _expect(manifest["graphs"], dict, f"{where} [graphs]").items():
         _check_keys("graph", graph, f"{where} [graphs.{name}]")
     _file_entries(manifest, where)
+    _check_paths(manifest, where)
+    check_sizes(manifest, where)
     if manifest["kv_cache"]["layout"] != KV_LAYOUT:
         raise BundleError(f"{where}: kv_cache.layout {manifest['kv_cache']['layout']!r} is not {KV_LAYOUT!r}")
     for required in (("target", "target_hybrid"), ("drafter",)):     # a hybrid target's graph is target_hybrid
@@ -198,6 +309,57 @@ def _check_windows(manifest: dict, where: str) -> None:
                           f"of 1..max_context ({manifest['max_context']}) positions; re-export the bundle")
 
 
+def check_sizes(manifest: dict, where: str = MANIFEST) -> None:
+    """Every size is an int in 1..MAX_DIM and the KV cache the runtime preallocates
+    (`kv_cache_bytes`) is under MAX_KV_BYTES: a one-line error before anything is allocated."""
+    for section, keys in SIZES.items():
+        for key in keys:
+            _check_int(manifest[section] if section else manifest, key, section, where)
+    _check_int(manifest["kv_cache"], "slack", "kv_cache", where, low=0)
+    dtype = manifest["kv_cache"]["dtype"]
+    if not isinstance(dtype, str) or dtype not in KV_ITEMSIZE:
+        raise BundleError(f"{where} [kv_cache.dtype] is {dtype!r:.40}: expected one of "
+                          f"{', '.join(KV_ITEMSIZE)}; re-export the bundle")
+    need = kv_cache_bytes(manifest)
+    if need > MAX_KV_BYTES:
+        raise BundleError(f"{where}: its KV cache would take {need / 2**30:,.0f} GiB "
+                          f"(max_context {manifest['max_context']}, "
+                          f"{manifest['model']['num_layers']} layers): no device holds that; the "
+                          f"manifest is damaged or hostile: re-export with a smaller --max-context")
+
+
+def _check_int(data: dict, key: str, section: str, where: str, low: int = 1) -> None:
+    name = f"{where} [{section + '.' if section else ''}{key}]"
+    value = _expect(data[key], int, name)
+    if not low <= value <= MAX_DIM:
+        raise BundleError(f"{name} is {value}: a size must be {low}..{MAX_DIM}; the manifest is "
+                          f"damaged or hostile: re-export the bundle")
+
+
+def kv_cache_bytes(manifest: dict) -> int:
+    """Bytes of the target's and drafter's KV caches at max context (+ slack, block, prefill
+    chunk), as Generator.load preallocates them; exact Python ints, so no product overflows."""
+    m = manifest["model"]
+    rows = manifest["max_context"] + max(manifest["kv_cache"]["slack"], manifest["block_size"],
+                                         manifest["prefill_chunk"])
+    itemsize = KV_ITEMSIZE[manifest["kv_cache"]["dtype"]]
+    per_layer = rows * m["num_kv_heads"] * m["head_dim"] * 2 * itemsize              # K and V
+    kinds = m.get("layer_types")
+    layers = kinds.count("full_attention") if isinstance(kinds, list) else m["num_layers"]
+    return per_layer * (layers + m["draft_num_layers"])
+
+
+def check_kv_fits(bundle: Bundle, provider: str) -> None:
+    """Refuse a bundle whose KV cache exceeds the memory `provider` has, with the figure (CPU: the
+    host's MemAvailable, Linux; elsewhere not checked: the device's allocator reports it)."""
+    need = kv_cache_bytes(bundle.manifest)
+    available = proc_kb_field("/proc/meminfo", "MemAvailable") if provider == "cpu" else None
+    if available is not None and need > available:
+        raise BundleError(f"{bundle.root}: its KV cache at max_context {bundle.max_context} needs "
+                          f"{need / 2**30:.2f} GiB but {available / 2**30:.2f} GiB is available; "
+                          f"re-export with a smaller --max-context (or free memory)")
+
+
 def read_bundle(path: str | Path, verify: bool = True) -> Bundle:
     """Read and validate `path/manifest.json`; with `verify`, check every file's size and sha256."""
     root = Path(path).expanduser()
@@ -212,6 +374,10 @@ def read_bundle(path: str | Path, verify: bool = True) -> Bundle:
     if verify and "checksum" in manifest and manifest["checksum"] != manifest_checksum(manifest):
         raise BundleError(f"{mpath} is corrupt: its content does not match its checksum (edited or damaged after "
                           f"export); re-export the bundle")
+    _check_paths(manifest, str(mpath), root)
+    for name in LOADER_FILES:
+        if os.path.lexists(root / name):
+            inside(root, name, f"{name} (read by the runtime)")
     for entry in {e["path"]: e for e in _file_entries(manifest, str(mpath))}.values():   # shared files once
         fpath = root / entry["path"]
         if not fpath.is_file():

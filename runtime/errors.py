@@ -25,3 +25,8 @@ class CorruptFileError(ModelFormatError):
 
 class ContextOverflowError(DflashEdgeError, ValueError):
     """A prompt (plus generation) does not fit in the preallocated context."""
+
+
+class UnsafeTemplateError(DflashEdgeError, ValueError):
+    """A chat template reached for something the sandbox forbids (Python internals, unsafe
+    attributes); nothing it asked for was run."""

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .bundle import Bundle, BundleError, read_bundle
+from .bundle import Bundle, BundleError, check_kv_fits, read_bundle
 from .emitter import Emitter
 from .errors import ContextOverflowError, DflashEdgeError
 from .guard import GenerationGuard
@@ -139,6 +139,7 @@ class Generator:
             raise InvalidArgumentError("bundle", f"bundle={bundle!r:.60}: expected a bundle directory (str or Path)")
         b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle, verify=verify)
         _check_io_tables(b)
+        check_kv_fits(b, provider)                  # before any buffer is allocated
         config = SessionConfig(provider, threads, trt_cache_dir=str(b.root / ".trt-cache"), spin=spin)
         dims = model_dims(b.model, b.block_size)
         chunk = b.manifest["prefill_chunk"]

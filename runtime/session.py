@@ -15,6 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from .bundle import inside
 from .errors import DflashEdgeError
 
 # our provider name -> (onnxruntime execution providers, most preferred first; device the buffers live on)
@@ -136,9 +137,9 @@ def shared_initializers(root, manifest: dict, config: SessionConfig = SessionCon
     device = PROVIDERS[config.provider][1]
     out: dict[str, dict] = {}
     files: dict[str, mmap.mmap] = {}
-    for entry in (manifest.get("shared_weights") or {}).get("tensors", []):
+    for i, entry in enumerate((manifest.get("shared_weights") or {}).get("tensors", [])):
         if entry["file"] not in files:
-            with open(os.path.join(root, entry["file"]), "rb") as f:
+            with open(inside(root, entry["file"], f"shared_weights.tensors[{i}].file"), "rb") as f:
                 files[entry["file"]] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         shape = tuple(entry["shape"])
         array = np.frombuffer(files[entry["file"]], entry["dtype"], int(np.prod(shape)), entry["offset"]).reshape(shape)

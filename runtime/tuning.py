@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .bundle import Bundle, BundleError
+from .bundle import Bundle, BundleError, inside
 
 TUNED = "tuned.json"
 FORMAT = "dflash-edge-tuned"
@@ -105,7 +105,7 @@ class Tuned:
 
 def read_tuned(bundle: Bundle) -> Tuned | None:
     """The bundle's validated tuned.json, or None when it has none."""
-    path = bundle.root / TUNED
+    path = inside(bundle.root, TUNED, TUNED, TunedFileError)
     if not path.is_file():
         return None
     fix = f"run `dflash-edge tune {bundle.root}` again (or delete {path})"

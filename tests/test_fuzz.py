@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dflash_edge.runtime.bundle import BundleError, read_bundle
+from dflash_edge.runtime.bundle import (MAX_DIM, MAX_KV_BYTES, BundleError, PathEscapeError,
+                                        escape_reason, kv_cache_bytes, read_bundle)
 from dflash_edge.runtime.text import TextAssembler
 from dflash_edge.runtime.sampling import SamplingParams, select_token, token_probs
 from dflash_edge.runtime.validate import ROLES, InvalidArgumentError, check_messages
@@ -96,6 +97,80 @@ def test_manifest_bytes_fuzz(bundle_dir):
         run()
     finally:
         (bundle_dir / "manifest.json").write_bytes(good_bytes)
+
+
+SIZE_KEYS = [("max_context",), ("block_size",), ("trained_block_size",), ("prefill_chunk",),
+             ("kv_cache", "slack"),
+             *[("model", k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                                      "num_kv_heads", "head_dim", "draft_num_layers",
+                                      "max_position_embeddings")]]
+INFLATED = st.one_of(st.sampled_from([0, -1, 2**31, 2**62, 2**63, -(2**63), 2**64 + 1, 2**31 - 1]),
+                     st.integers(-2**70, 2**70), st.floats(), st.booleans(), st.text(max_size=3),
+                     st.none())
+ESCAPES = st.sampled_from(["../x", "/etc/passwd", "a/../../b", "C:\\x", "\\\\host\\share", "..",
+                           "x\x00y", ""])
+
+
+def _at(tree, path):
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def test_manifest_inflated_sizes_fuzz(bundle_dir):
+    """Sizes set to absurd values (several at once: overflowing products): a one-line
+    BundleError, or accepted only with every size in range and a KV cache under MAX_KV_BYTES;
+    never another exception."""
+    good_text = (bundle_dir / "manifest.json").read_text()
+
+    @FUZZ
+    @given(sizes=st.dictionaries(st.sampled_from(SIZE_KEYS), INFLATED, min_size=1, max_size=4))
+    def run(sizes):
+        m = json.loads(good_text)
+        for path, value in sizes.items():
+            _at(m, path[:-1])[path[-1]] = value
+        (bundle_dir / "manifest.json").write_text(json.dumps(m))
+        try:
+            read_bundle(bundle_dir, verify=False)
+        except BundleError as err:
+            assert "\n" not in str(err)
+            return
+        assert all(type(_at(m, p)) is int and 0 <= _at(m, p) <= MAX_DIM for p in SIZE_KEYS)
+        assert kv_cache_bytes(m) <= MAX_KV_BYTES
+
+    try:
+        run()
+    finally:
+        (bundle_dir / "manifest.json").write_text(good_text)
+
+
+def test_manifest_path_values_fuzz(bundle_dir):
+    """Each path-valued key given an escaping (or random) path: PathEscapeError naming the key."""
+    good_text = (bundle_dir / "manifest.json").read_text()
+    good = json.loads(good_text)
+    keys = [p for p in _paths(good)
+            if p and p[-1] in ("path", "file") and isinstance(_at(good, p), str)]
+
+    @FUZZ
+    @given(key=st.sampled_from(keys), value=ESCAPES | st.text(max_size=12))
+    def run(key, value):
+        m = json.loads(good_text)
+        _at(m, key[:-1])[key[-1]] = value
+        (bundle_dir / "manifest.json").write_text(json.dumps(m))
+        try:
+            read_bundle(bundle_dir)
+        except PathEscapeError as err:
+            assert escape_reason(value) is not None and str(key[-1]) in str(err)
+            return
+        except BundleError:
+            assert escape_reason(value) is None
+            return
+        assert value == _at(good, key)
+
+    try:
+        run()
+    finally:
+        (bundle_dir / "manifest.json").write_text(good_text)
 
 
 NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2**70, 2**70), st.booleans(),
