@@ -30,6 +30,7 @@ def gguf_ckpt(tmp_path_factory):
 
 
 def _export(ckpt, out, **kw):
+    kw.setdefault("kv_cache", "fp32")            # these tests are about the weights
     opts = ExportOptions(out=out, target=str(ckpt), draft="random", block_size=4, max_context=128,
                          prefill_chunk=8, **kw)
     return export_bundle(opts, progress=False)
@@ -50,7 +51,7 @@ def _logits(bundle, ids):
 def test_gguf_blocks_are_written_exactly(gguf_ckpt, tmp_path):
     """Each mapped type keeps its own codes: the int4 graph computes what the fp32 graph of the dequantised
     weights computes (accuracy level 0: fp32 activations), every weight counted by its source type."""
-    fp32 = _export(gguf_ckpt, tmp_path / "fp32")
+    fp32 = _export(gguf_ckpt, tmp_path / "fp32", precision="fp32")
     low = _export(gguf_ckpt, tmp_path / "int4", precision="int4", accuracy_level=0)
     graphs = read_bundle(low).manifest["graphs"]
     layers = 2
