@@ -1,4 +1,4 @@
-"""`export --device NAME` (`ExportOptions.device`): take the precision and max context from the device plan, or refuse.
+"""`ExportOptions.device` (`export --device NAME`): the plan's precision and max context, or refuse.
 
 The exporter writes the precisions in `EXPORT_PRECISIONS` (fp32, or quantised through `export --precision`).
 The plan picks the first of them that fits, at the requested context or the largest that fits below it;

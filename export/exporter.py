@@ -52,11 +52,11 @@ class ExportOptions:
     draft_vocab: int = 0                 # >0: the drafter's LM head over this many frequent tokens (draft_vocab.py)
     memory_check: bool = True            # refuse up front when the estimated peak memory exceeds what is available
     fused: bool = True                   # also write `target_fused` (GroupQueryAttention) where the model allows
-    precision: str = "auto"              # the target's weights: auto | fp32 | fp16 | int8 | int4 (choices.py)
+    precision: str = "auto"              # target weights: auto | fp32 | fp16 | int8 | int4
     draft_precision: str | None = None   # the drafter's own layers; None: the planner's default
-    kv_cache: str = "auto"               # the fused target's cache: auto | fp32 | int8 (kv_cache.py)
-    device: str | None = None            # a device profile: its plan picks precision and max context
-    kv_prompts: str | None = None        # int8 cache calibration text: JSONL or a shipped set (heldout)
+    kv_cache: str = "auto"               # fused target's cache: auto | fp32 | int8 (kv_cache.py)
+    device: str | None = None            # a device profile: its plan picks precision, max context
+    kv_prompts: str | None = None        # int8 cache calibration: JSONL or a shipped set (heldout)
     threads: int = 0                     # onnxruntime threads for the calibration (0: all CPUs)
     accuracy_level: int = 4              # MatMulNBits' activations: 4 int8 (row-exact, fast), 0 fp32 (weight_format.py)
     quant_block: int = 32                # weights per scale of re-quantised (non-GGUF) weights
@@ -109,9 +109,10 @@ def fused_supported(cfg) -> str | None:
 
 
 def export_bundle(opts: ExportOptions, progress=None, finish=None) -> Path:
-    """Make the "auto" choices (choices.py), write the graphs, check parity (unless `opts.verify` is
-    False), calibrate the int8 cache on the written graph, write the manifest, run `finish(folder)` (a
-    hook that may add files it names in the manifest: quantize's quality report), publish atomically.
+    """Make the "auto" choices (choices.py), write the graphs, check parity (unless `opts.verify`
+    is False), calibrate the int8 cache on the written graph, write the manifest, run
+    `finish(folder)` (a hook that may add files it names in the manifest: quantize's quality
+    report), publish atomically.
     Everything happens in one temp folder beside `opts.out` (staging.py): a killed export leaves no
     bundle at `opts.out`, and the next one removes what it left."""
     import torch  # noqa: F401  (a runtime-only install stops here, before the progress bar is drawn)
@@ -151,18 +152,20 @@ def _kv_dtype(graphs: dict) -> str:
 
 
 def _int8_cache(opts: ExportOptions, tmp: Path, graphs: dict, steps, meter: MemoryMeter) -> dict:
-    """The fused target's int8 cache, calibrated on the graph just written in `tmp` (kv_cache.py)."""
+    """The fused target's int8 cache, calibrated on the graph just written in `tmp`."""
     steps.update(1)
     if opts.kv_cache != "int8":
         return graphs
     if "target_fused" not in graphs:                      # e.g. a hybrid target, or --no-fused
-        print("export: no fused target, so no int8 KV cache (its KV stays float32)", file=sys.stderr)
+        print("export: no fused target, so no int8 KV cache (its KV stays float32)",
+              file=sys.stderr)
         return graphs
     steps.set_postfix_str("int8 KV cache")
     pause_at("calibrate")
     manifest = json.loads((tmp / bundle_mod.MANIFEST).read_text())
     with meter.stage("kv_cache"):
-        manifest["graphs"]["target_fused"] = write_int8_cache(tmp, manifest, load_prompts(opts.kv_prompts),
+        prompts = load_prompts(opts.kv_prompts)
+        manifest["graphs"]["target_fused"] = write_int8_cache(tmp, manifest, prompts,
                                                               threads=opts.threads)
     bundle_mod.write_manifest(tmp, manifest)
     return manifest["graphs"]
@@ -213,7 +216,7 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
         steps.update(name != "target_fused")
     tok_files = _copy_tokenizer(src.target_dir, tmp)
     report = {}
-    if opts.verify:                    # reads the drafter's checkpoint again: a random one lives in the scratch
+    if opts.verify:                # reads the drafter's checkpoint again (a random one: scratch)
         t = time.perf_counter()
         steps.set_postfix_str("parity")
         pause_at("parity")
@@ -236,7 +239,7 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
 
 
 def _recorded_options(opts: ExportOptions) -> dict:
-    """What a re-export (`quantize`) needs: the options as given by name (a hub id stays a hub id)."""
+    """What a re-export (`quantize`) needs: the options as given (a hub id stays a hub id)."""
     kept = asdict(opts)
     for key in ("out", "force", "device", "threads"):
         kept.pop(key)

@@ -1,4 +1,4 @@
-"""An int8 KV cache for the fused target (`export --kv-cache int8`): 4x fewer cache bytes, no pad row.
+"""An int8 KV cache for the fused target (`--kv-cache int8`): 4x fewer cache bytes, no pad row.
 
 onnxruntime's CPU GroupQueryAttention keeps its cache as int8 with one static scale per channel
 (`k_quant_type` / `v_quant_type` PER_CHANNEL, `kv_cache_bit_width` 8, `k_scale` / `v_scale` of shape
@@ -7,7 +7,7 @@ dequantised. Two measured facts make it worth having on CPU (docs/BENCHMARKS.md,
 attention over 1,800 cached positions costs ~half of the fp32 cache's, and a decode row (T = 1) equals
 the same row of a verify block bit for bit without the fp32 graph's zero pad row, so the pad is removed.
 
-The exporter calibrates it on the graph it has just written, inside its temp folder (`write_int8_cache`).
+The exporter calibrates it on the graph it has just written, in its temp folder (write_int8_cache).
 Scales come from the bundle's own fused target run with its fp32 cache over held-out text: the largest
 |K| / |V| per layer and channel (post-rotary K, as the cache holds it) times `margin`, over 127.
 Losslessness stays against the bundle's own target: decode and verify read the same int8 cache.
@@ -52,9 +52,9 @@ def graph_kv_cache(entry: dict) -> str:
 def check_request(precision: str, kv_cache: str) -> None:
     """A KVCacheError (naming the fix) when an int8 cache cannot go with a `precision` target."""
     if check_kv_cache(kv_cache) == "int8" and precision == "fp16":
-        raise KVCacheError("--kv-cache int8 needs an fp32, int8 or int4 target: the fp16 fused graph casts "
-                           "its cache at the graph's edge (it is meant for GPU providers); pass "
-                           "--kv-cache fp32 or another --precision")
+        raise KVCacheError("--kv-cache int8 needs an fp32, int8 or int4 target: the fp16 fused "
+                           "graph casts its cache at the graph's edge (it is meant for GPU "
+                           "providers); pass --kv-cache fp32 or another --precision")
 
 
 def teacher_forced_logits(gen, ids: list[int], rows: slice) -> np.ndarray:
@@ -66,7 +66,7 @@ def teacher_forced_logits(gen, ids: list[int], rows: slice) -> np.ndarray:
     for start in range(0, n, size):
         chunk = ids[start:start + size]
         step["input_ids"][0, :len(chunk)] = chunk
-        step["input_ids"][0, len(chunk):] = chunk[-1]            # last chunk's padding: causal, ignored
+        step["input_ids"][0, len(chunk):] = chunk[-1]        # last chunk's padding: causal, ignored
         gen.target.forward(size, start)
         out[start:start + len(chunk)] = step["logits"][0, :len(chunk)]
     gen.target.kv.pos = 0
@@ -185,7 +185,7 @@ def write_int8_cache(root, manifest: dict, prompts: list[str], *, count: int = 1
                      new_tokens: int = 96, margin: float = MARGIN, threads: int = 0) -> dict:
     """Give bundle `root`'s fused target (fp32 cache) an int8 cache in place; returns its new entry.
 
-    `root` is a bundle being written (the exporter's temp folder), `manifest` its manifest as written.
+    `root` is a bundle being written (the exporter's temp folder), `manifest` its manifest.
     """
     import onnx
 
@@ -193,8 +193,8 @@ def write_int8_cache(root, manifest: dict, prompts: list[str], *, count: int = 1
 
     root, t = Path(root), time.perf_counter()
     entry = manifest["graphs"]["target_fused"]
-    gen = Generator.load(read_bundle(root, verify=False), target_graph="target_fused", threads=threads,
-                         use_tuned=False, drafter=False)           # the target alone: less memory
+    gen = Generator.load(read_bundle(root, verify=False), target_graph="target_fused",
+                         threads=threads, use_tuned=False, drafter=False)   # the target alone
     texts = calibration_texts(gen, prompts, count, new_tokens)
     k_scales, v_scales = calibrate(gen, texts, margin)
     del gen

@@ -1,9 +1,10 @@
 """Where an export is written before it is published, and what a killed export leaves behind.
 
-An export writes into one folder beside `--out`, named `.<name>.export-<pid>-<random>`, and publishes
-it with an atomic rename (runtime/publish.py: a swap where the OS allows, so a replaced bundle stays
-loadable until the rename). A SIGKILL leaves that folder, never a bundle at `--out`; the next export
-beside it removes the folders whose owning process is gone (a concurrent export's folder is kept).
+An export writes into one folder beside `--out`, named `.<name>.export-<pid>-<random>`, and
+publishes it with an atomic rename (runtime/publish.py: a swap where the OS allows, so a replaced
+bundle stays loadable until the rename). A SIGKILL leaves that folder, never a bundle at
+`--out`; the next export beside it removes the folders whose owning process is gone (a concurrent
+export's folder is kept).
 
 `pause_at(stage)` lets a test stop the export at a named stage (graphs, parity, calibrate, publish)
 and kill it there: with DFLASH_EDGE_PAUSE_AT=<stage> and DFLASH_EDGE_PAUSE_FILE=<path> the export
@@ -61,7 +62,7 @@ def _alive(pid: int) -> bool:
 
 
 def pause_at(stage: str) -> None:
-    """Test hook: stop here for good when DFLASH_EDGE_PAUSE_AT names `stage` (see the module doc)."""
+    """Test hook: stop here for good when DFLASH_EDGE_PAUSE_AT names `stage` (module doc)."""
     if os.environ.get(PAUSE_AT) != stage:
         return
     path = Path(os.environ[PAUSE_FILE])

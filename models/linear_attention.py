@@ -280,8 +280,8 @@ def rollback(after: HybridState, trail: HybridState, kept: int) -> HybridState:
 
 
 def load_hybrid(path, cfg: HybridConfig | None = None, ckpt=None) -> HybridModel:
-    """A HybridModel with the weights of a published Qwen3.5 checkpoint folder (the vision tower is not read);
-    `ckpt`: an opened checkpoint of it to read instead (export's parity: the weights as a bundle stores them)."""
+    """A HybridModel with the weights of a published Qwen3.5 checkpoint folder (the vision tower is
+    not read); `ckpt`: an opened checkpoint of it to read instead (parity: the bundle's weights)."""
     from .checkpoint import Checkpoint, check_shapes
 
     cfg = cfg or HybridConfig.from_json(path)

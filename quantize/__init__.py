@@ -1,7 +1,7 @@
-"""dflash_edge.quantize — bundle -> the same model re-exported at another precision + quality report.
+"""dflash_edge.quantize — bundle -> its model re-exported at another precision + quality report.
 
-`bundle_quant.py` re-exports from the checkpoints the bundle records (through export/, the one writer)
-and `quality.py` measures the result against the input bundle; the CLI verb is
+`bundle_quant.py` re-exports from the checkpoints the bundle records (through export/, the one
+writer) and `quality.py` measures the result against the input bundle; the CLI verb is
 dflash_edge/cli/quantize.py. Floor 5: it calls export/.
 
 >>> from dflash_edge.quantize.bundle_quant import QuantizeOptions, quantize_bundle   # doctest: +SKIP

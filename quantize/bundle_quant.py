@@ -1,9 +1,10 @@
-"""`quantize_bundle`: a bundle -> the same model re-exported at another precision, plus a quality report.
+"""`quantize_bundle`: a bundle -> its model re-exported at another precision, plus a quality report.
 
-The exporter is the one writer (DESIGN.md §2): quantize reads the source checkpoints and options the
-bundle's manifest recorded (`source.export_options`), exports them again at the requested precisions
-(export/exporter.py: one temp folder, one publish), and, before that publish, measures the new bundle
-against the input one (quality.py) and stores the report in it. The input bundle is only read.
+The exporter is the one writer (DESIGN.md §2): quantize reads the source checkpoints and options
+the bundle's manifest recorded (`source.export_options`), exports them again at the requested
+precisions (export/exporter.py: one temp folder, one publish), and, before that publish, measures
+the new bundle against the input one (quality.py) and stores the report in it. The input bundle is
+only read.
 
 >>> quantize_bundle(QuantizeOptions("bundle/", "bundle-int8/", target="int8", draft="int8"))  # doctest: +SKIP
 """
@@ -25,14 +26,14 @@ QUALITY_FILE = "quality.json"
 
 @dataclass
 class QuantizeOptions:
-    bundle: str | Path                   # input bundle: its manifest names the checkpoints it came from
+    bundle: str | Path                   # input bundle: its manifest names its checkpoints
     out: str | Path
     target: str = "int8"                 # precision of the target graph(s)
     draft: str = "int8"                  # precision of the drafter's own layers
     force: bool = False
     settings: QuantSettings = field(default_factory=QuantSettings)
     report: ReportOptions | None = field(default_factory=ReportOptions)   # None: no quality report
-    kv_cache: str = "fp32"               # the fused target's cache: fp32 | int8 (export/kv_cache.py)
+    kv_cache: str = "fp32"               # the fused target's cache: fp32 | int8 (kv_cache.py)
     source_target: str | None = None     # the target checkpoint, when the recorded one is not here
     source_draft: str | None = None      # the drafter checkpoint, likewise
 
@@ -42,25 +43,26 @@ def _check_out(src: Path, out: Path, force: bool) -> None:
     if res == src or src in res.parents:
         raise QuantizeError(f"--out {out} is inside the input bundle {src}; write the new bundle elsewhere")
     if res in src.parents:
-        raise QuantizeError(f"--out {out} contains the input bundle {src} (replacing it would delete "
-                            f"the input); choose another folder")
+        raise QuantizeError(f"--out {out} contains the input bundle {src} (replacing it would "
+                            f"delete the input); choose another folder")
     if out.exists() and not force:
         raise QuantizeError(f"{out} already exists; pass --force to replace it")
 
 
 def recorded_options(manifest: dict, opts: QuantizeOptions) -> dict:
     """The export options the bundle was written with, its checkpoints overridden by `opts`; a
-    QuantizeError naming --target-checkpoint / --draft-checkpoint when a checkpoint is unknown or gone."""
+    QuantizeError naming --target-checkpoint / --draft-checkpoint when one is unknown or gone."""
     recorded = dict((manifest.get("source") or {}).get("export_options") or {})
     if not recorded:
-        raise QuantizeError("the bundle does not record the checkpoints it was exported from (an older "
-                            "exporter); re-export it with `dflash-edge export --precision ...`, or pass "
-                            "--target-checkpoint and --draft-checkpoint")
+        raise QuantizeError("the bundle does not record the checkpoints it was exported from (an "
+                            "older exporter); re-export it with `dflash-edge export --precision "
+                            "...`, or pass --target-checkpoint and --draft-checkpoint")
     for key, given, flag in (("target", opts.source_target, "--target-checkpoint"),
                              ("draft", opts.source_draft, "--draft-checkpoint")):
         spec = given or recorded.get(key)
         if not _available(spec):
-            raise QuantizeError(f"the bundle's {key} checkpoint {spec!r} is not here; pass {flag} DIR")
+            raise QuantizeError(f"the bundle's {key} checkpoint {spec!r} is not here; "
+                                f"pass {flag} DIR")
         recorded[key] = spec
     return recorded
 
@@ -74,10 +76,10 @@ def _available(spec) -> bool:
 
 
 def quantize_bundle(opts: QuantizeOptions, log=None) -> Path:
-    """Re-export the bundle's checkpoints at `opts.target` / `opts.draft`, add the quality report (unless
-    `opts.report` is None), publish atomically."""
-    log = log or sys.stderr                     # looked up per call: a replaced sys.stderr is honoured
-    src = bundle_mod.read_bundle(opts.bundle, verify=True)        # a file failing its sha256 stops here
+    """Re-export the bundle's checkpoints at `opts.target` / `opts.draft`, add the quality report
+    (unless `opts.report` is None), publish atomically."""
+    log = log or sys.stderr                 # looked up per call: a replaced sys.stderr is honoured
+    src = bundle_mod.read_bundle(opts.bundle, verify=True)    # a file failing its sha256 stops here
     check_precision(opts.target)
     check_precision(opts.draft)
     out = Path(opts.out).expanduser()

@@ -34,8 +34,8 @@ class QuantSettings:
             raise QuantizeError(f"--block-size {self.block_size}: must be a power of two >= 16 "
                                 f"(e.g. 32, 64, 128)")
         if self.accuracy_level not in (0, 4):
-            raise QuantizeError(f"--accuracy-level {self.accuracy_level}: choose 4 (int8 activations, "
-                                f"row-exact) or 0 (fp32)")
+            raise QuantizeError(f"--accuracy-level {self.accuracy_level}: choose 4 (int8 "
+                                f"activations, row-exact) or 0 (fp32)")
 
     def to_dict(self) -> dict:
         return asdict(self)

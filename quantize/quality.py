@@ -1,4 +1,5 @@
-"""Quality report of a re-exported (quantised) bundle against the bundle it came from (JSON in the bundle, a table for humans).
+"""Quality report of a re-exported bundle against the bundle it came from (JSON in the bundle,
+a table for humans).
 
 Text: held-out prompts (the shipped set `heldout`, dflash_edge.data, unless `prompts` names another set or a JSONL with "prompt"
 fields), each followed by the reference (fp32) target's own greedy reply, teacher-forced through both

@@ -2,8 +2,8 @@
 
 Lives in runtime/ (floor 2) so every writer of bundles publishes through it. Where Linux allows,
 an existing `out` is swapped with the new folder in one `renameat2(RENAME_EXCHANGE)`: a process
-killed at any moment leaves `out` as the old bundle or the new one. Elsewhere the old folder is moved
-aside first (`.<name>.old-<pid>-*`), so a kill between the two renames leaves no `out` at all.
+killed at any moment leaves `out` as the old bundle or the new one. Elsewhere the old folder is
+moved aside first (`.<name>.old-<pid>-*`): a kill between the two renames leaves no `out` at all.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-STAGED, OLD = "export", "old"          # .<name>.export-<pid>-*: being written; .<name>.old-<pid>-*: replaced
+# .<name>.export-<pid>-*: being written; .<name>.old-<pid>-*: the bundle it replaces
+STAGED, OLD = "export", "old"
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 
 

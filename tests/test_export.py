@@ -295,8 +295,8 @@ def test_export_refuses_a_misshaped_tensor(tiny_checkpoints, tmp_path):
 
 @pytest.mark.parametrize("flags", [[], ["--precision", "int4"]])
 def test_api_and_cli_write_the_same_bundle(tiny_checkpoints, tmp_path, flags, capsys):
-    """One pipeline: `export_bundle(ExportOptions(...))` and `dflash-edge export` make the same "auto"
-    choices (precision, drafter precision, KV cache: int8 for an int4 target, calibrated in one pass)."""
+    """One pipeline: `export_bundle(ExportOptions(...))` and `dflash-edge export` make the same
+    "auto" choices (precision, drafter precision, KV cache: int8 for int4, in one pass)."""
     from dflash_edge.cli import main
 
     ckpt = tiny_checkpoints["qwen3"][1]
@@ -304,7 +304,8 @@ def test_api_and_cli_write_the_same_bundle(tiny_checkpoints, tmp_path, flags, ca
     common = dict(block_size=4, max_context=256, prefill_chunk=16)
     kw = dict(zip(flags[::2], flags[1::2]))
     api = export_bundle(ExportOptions(out=tmp_path / "api", target=ckpt, draft=str(draft), **common,
-                                      **({"precision": kw["--precision"]} if kw else {})), progress=False)
+                                      **({"precision": kw["--precision"]} if kw else {})),
+                       progress=False)
     args = ["export", "--out", str(tmp_path / "cli"), "--target", str(ckpt), "--draft", str(draft),
             "--block-size", "4", "--max-context", "256", "--prefill-chunk", "16", *flags]
     assert main(args) == 0

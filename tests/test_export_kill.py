@@ -1,5 +1,5 @@
-"""Issue 34 item 4: an export killed with SIGKILL at any moment never leaves a bundle at `--out` that
-fails to load, and the next export succeeds and removes the partial folders killed runs left beside it.
+"""Issue 34 item 4: an export killed with SIGKILL at any moment never leaves a bundle at `--out`
+that fails to load; the next export succeeds and removes the partial folders killed runs left.
 
 The kill points are deterministic: export/staging.pause_at stops the exporter at a named stage (it
 writes the stage's name to a file and blocks on a FIFO nobody writes), and only then is it killed.
@@ -20,17 +20,19 @@ from dflash_edge.models import load_target
 from dflash_edge.models.drafter import DraftConfig, new_drafter, save_drafter
 from dflash_edge.runtime.bundle import read_bundle
 
-WAIT_S = 600          # a guard against a hung test only: the export reaching its stage ends the wait
+WAIT_S = 600          # a guard against a hung test only: reaching the stage ends the wait
 
 
 def _drafter(tmp_path, ckpt):
-    cfg = DraftConfig.for_target(load_target(ckpt).config, num_layers=1, block_size=4, mask_token_id=5)
+    cfg = DraftConfig.for_target(load_target(ckpt).config, num_layers=1, block_size=4,
+                                 mask_token_id=5)
     return save_drafter(new_drafter(cfg, seed=1), tmp_path / "draft")
 
 
 def _args(out, ckpt, draft, force=False) -> list[str]:
-    return ["export", "--out", str(out), "--target", str(ckpt), "--draft", str(draft), "--block-size", "4",
-            "--max-context", "128", "--prefill-chunk", "8", "--precision", "int4",
+    return ["export", "--out", str(out), "--target", str(ckpt), "--draft", str(draft),
+            "--block-size", "4", "--max-context", "128", "--prefill-chunk", "8",
+            "--precision", "int4",
             *(["--force"] if force else [])]
 
 
@@ -62,11 +64,12 @@ def _leftovers(out):
 
 
 @pytest.mark.parametrize("stage", ["graphs", "parity", "calibrate", "publish"])
-def test_sigkill_leaves_no_broken_bundle_and_the_next_export_cleans_up(tiny_checkpoints, tmp_path, stage):
-    ckpt = tiny_checkpoints["qwen3"][1]                 # head_dim 16: fused target, int8 cache calibrated
+def test_sigkill_leaves_no_broken_bundle_and_the_next_export_cleans_up(tiny_checkpoints, tmp_path,
+                                                                       stage):
+    ckpt = tiny_checkpoints["qwen3"][1]             # head_dim 16: fused target, int8 cache
     draft = _drafter(tmp_path, ckpt)
     out = tmp_path / "bundles" / "b"
-    replacing = stage == "publish"                      # --force over a bundle that must stay loadable
+    replacing = stage == "publish"                  # --force over a bundle that must stay loadable
     if replacing:
         assert main(_args(out, ckpt, draft)) == 0
         before = read_bundle(out, verify=True).manifest["checksum"]
@@ -75,20 +78,21 @@ def test_sigkill_leaves_no_broken_bundle_and_the_next_export_cleans_up(tiny_chec
         bundle = read_bundle(out, verify=True)          # complete, every sha256 holds
         assert not replacing or bundle.manifest["checksum"] == before
     assert replacing or not out.exists()
-    assert _leftovers(out), "the killed export left its partial folder (what the next one must remove)"
+    assert _leftovers(out), "the killed export left its partial folder (the next one removes it)"
     assert main(_args(out, ckpt, draft, force=True)) == 0
-    assert read_bundle(out, verify=True).manifest["graphs"]["target_fused"]["kv_cache"]["dtype"] == "int8"
+    fused = read_bundle(out, verify=True).manifest["graphs"]["target_fused"]
+    assert fused["kv_cache"]["dtype"] == "int8"
     assert _leftovers(out) == []
 
 
 def test_a_live_exports_folder_is_kept(tmp_path):
     out = tmp_path / "b"
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
     dead, live = int(done.stdout), os.getpid()          # a finished process; this one (alive)
     for pid in (dead, live):
         (tmp_path / f".b.export-{pid}-x").mkdir()
     (tmp_path / ".b.old-1x").mkdir()                   # not ours: no pid field
     gone = remove_stale(out)
     assert [p.name for p in gone] == [f".b.export-{dead}-x"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".b.export-{}-x".format(live), ".b.old-1x"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".b.export-{live}-x", ".b.old-1x"]

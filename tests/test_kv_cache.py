@@ -1,5 +1,5 @@
-"""`--kv-cache int8` (export, and quantize through it): the fused target's cache as int8 with calibrated
-per-channel scales, calibrated by the exporter on the graph it has just written.
+"""`--kv-cache int8` (export, and quantize through it): the fused target's cache as int8 with
+calibrated per-channel scales, calibrated by the exporter on the graph it has just written.
 
 Tier 1 on the tiny qwen3 bundle (head_dim 16, so it has a fused target): lossless against its own target
 with and without quantised weights, decode rows equal verify rows bit for bit without the pad row, the
@@ -146,13 +146,13 @@ def test_tensorrt_and_cuda_keep_the_portable_target(kv8):
 def test_bundle_without_fused_target(tiny_bundle, tmp_path, capsys):
     from dflash_edge.runtime.bundle import read_bundle
 
-    out = quantize(tiny_bundle("llama", 8).path, tmp_path / "out")      # head_dim 8: portable target only
+    out = quantize(tiny_bundle("llama", 8).path, tmp_path / "out")     # head_dim 8: no fused target
     assert "no fused target, so no int8 KV cache" in capsys.readouterr().err
     assert read_bundle(out).kv_dtype == "float32"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_an_int8_cache_bundle_reexported_with_fp32_gets_the_fp32_graph_back(kv8, tiny_bundle, tmp_path):
+def test_an_int8_cache_bundle_reexported_with_fp32_gets_the_fp32_graph(kv8, tiny_bundle, tmp_path):
     back = quantize(kv8("fp32"), tmp_path / "out", kv_cache="fp32")
     want = tiny_bundle("qwen3", 8).path / "target_fused.onnx"
     assert (back / "target_fused.onnx").read_bytes() == want.read_bytes()
@@ -203,8 +203,8 @@ def test_export_kv_cache_int8_is_one_pass(tiny_bundle, tmp_path, prompts_file):
 
     root = tiny_bundle("qwen3", 8).path.parent
     opts = ExportOptions(out=tmp_path / "kv8", target=str(root / "target"), draft=str(root / "drafter"),
-                         block_size=8, max_context=128, prefill_chunk=8, verify=False, kv_cache="int8",
-                         kv_prompts=prompts_file, threads=1)
+                         block_size=8, max_context=128, prefill_chunk=8, verify=False,
+                         kv_cache="int8", kv_prompts=prompts_file, threads=1)
     out = export_bundle(opts, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kv8"]                       # no fp32 leftovers
     gen = Generator.load(out, threads=1)

