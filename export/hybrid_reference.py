@@ -14,6 +14,8 @@ from types import SimpleNamespace
 
 from dflash_edge.models.qwen3_5 import LINEAR
 
+from .sources import _lazy_drafter, _numpy, _tensors
+
 
 def hybrid_reference(src, block: int):
     """`inputs -> outputs` for a hybrid bundle's `target_hybrid` and `drafter` cases (numpy)."""
@@ -23,8 +25,6 @@ def hybrid_reference(src, block: int):
         from dflash_edge.models.drafter import WindowedDrafterGraph
         from dflash_edge.models.graphs import DrafterGraph
         from dflash_edge.models.linear_attention import load_hybrid
-
-        from .sources import _lazy_drafter, _numpy, _tensors
 
         model = load_hybrid(src.target_dir, src.target_cfg, ckpt=src.target_ckpt)
         full = [i for i, kind in enumerate(src.target_cfg.layer_types) if kind != LINEAR]

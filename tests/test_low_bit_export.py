@@ -139,7 +139,7 @@ def test_writer_refuses_a_precision_it_does_not_write(tiny_checkpoints, tmp_path
     with pytest.raises(DflashEdgeError, match="--precision 'bf16': the exporter writes fp32, fp16, int8, int4"):
         _export(tiny_checkpoints["qwen3"][1], tmp_path / "b", precision="bf16")
     with pytest.raises(DflashEdgeError, match="an fp16 bundle is fp16 throughout"):
-        _export(tiny_checkpoints["qwen3"][1], tmp_path / "b", precision="fp16")
+        _export(tiny_checkpoints["qwen3"][1], tmp_path / "b", precision="fp16", draft_precision="fp32")
 
 
 def test_fp16_writer_is_lossless_and_names_an_overflowing_layer(tmp_path):
