@@ -174,7 +174,9 @@ def run(root: Path, new_tokens: int, rounds: int, precision: str = "fp32") -> di
         out = root / (f"bundle-{name}" if precision == "fp32" else f"bundle-{name}-{precision}")
         if not (out / "manifest.json").exists():
             export_bundle(ExportOptions(out=out, target=str(root / name), draft=str(root / "draft"), block_size=16,
-                                        max_context=512, force=True, precision=precision), progress=False)
+                                        max_context=512, force=True, precision=precision,
+                                        kv_cache="fp32"),
+                          progress=False)
         bundles[name] = out
     gens = {name: Generator.load(b, spin=False) for name, b in bundles.items()}
     prompt = [int(x) for x in np.random.default_rng(0).integers(100, 4000, size=32)]

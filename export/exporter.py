@@ -16,9 +16,8 @@ import datetime
 import json
 import shutil
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dflash_edge.runtime import bundle as bundle_mod
@@ -27,7 +26,10 @@ from dflash_edge.runtime.io_tables import FLAVOURS, io_manifest
 from dflash_edge.runtime.memory import MemoryMeter
 from dflash_edge.runtime.publish import publish_dir
 
+from .choices import resolve_choices
 from .graph_builder import OPSET, OPSET_FUSED
+from .kv_cache import graph_kv_cache, load_prompts, write_int8_cache
+from .staging import pause_at, remove_stale, staging_dir
 from .weight_store import DATA_FILES
 
 EXPORTER_VERSION = "0.1.0"
@@ -50,8 +52,12 @@ class ExportOptions:
     draft_vocab: int = 0                 # >0: the drafter's LM head over this many frequent tokens (draft_vocab.py)
     memory_check: bool = True            # refuse up front when the estimated peak memory exceeds what is available
     fused: bool = True                   # also write `target_fused` (GroupQueryAttention) where the model allows
-    precision: str = "fp32"              # the target's weights: fp32 | fp16 | int8 | int4, written as read (weight_format.py)
-    draft_precision: str = "fp32"        # the drafter's own layers (it borrows the target's embedding / head)
+    precision: str = "auto"              # target weights: auto | fp32 | fp16 | int8 | int4
+    draft_precision: str | None = None   # the drafter's own layers; None: the planner's default
+    kv_cache: str = "auto"               # fused target's cache: auto | fp32 | int8 (kv_cache.py)
+    device: str | None = None            # a device profile: its plan picks precision, max context
+    kv_prompts: str | None = None        # int8 cache calibration: JSONL or a shipped set (heldout)
+    threads: int = 0                     # onnxruntime threads for the calibration (0: all CPUs)
     accuracy_level: int = 4              # MatMulNBits' activations: 4 int8 (row-exact, fast), 0 fp32 (weight_format.py)
     quant_block: int = 32                # weights per scale of re-quantised (non-GGUF) weights
 
@@ -102,20 +108,31 @@ def fused_supported(cfg) -> str | None:
     return None
 
 
-def export_bundle(opts: ExportOptions, progress=None) -> Path:
-    """Write the graphs, check parity (unless `opts.verify` is False), write the manifest, publish atomically."""
+def export_bundle(opts: ExportOptions, progress=None, finish=None) -> Path:
+    """Make the "auto" choices (choices.py), write the graphs, check parity (unless `opts.verify`
+    is False), calibrate the int8 cache on the written graph, write the manifest, run
+    `finish(folder)` (a hook that may add files it names in the manifest: quantize's quality
+    report), publish atomically.
+    Everything happens in one temp folder beside `opts.out` (staging.py): a killed export leaves no
+    bundle at `opts.out`, and the next one removes what it left."""
     import torch  # noqa: F401  (a runtime-only install stops here, before the progress bar is drawn)
     from tqdm import tqdm
 
     out = Path(opts.out).expanduser()
     if out.exists() and not opts.force:
         raise DflashEdgeError(f"{out} already exists; pass --force to replace it")
-    steps = tqdm(total=5, desc="export", unit="step", disable=progress is False, file=sys.stderr)
+    opts = resolve_choices(opts)
+    steps = tqdm(total=6, desc="export", unit="step", disable=progress is False, file=sys.stderr)
     meter, t0 = MemoryMeter(), time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    remove_stale(out)
+    tmp = staging_dir(out)
     try:
         graphs = _write(opts, tmp, steps, meter)
+        graphs = _int8_cache(opts, tmp, graphs, steps, meter)
+        if finish is not None:
+            finish(tmp)
+        pause_at("publish")
         publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -124,10 +141,34 @@ def export_bundle(opts: ExportOptions, progress=None) -> Path:
         steps.close()
     sizes = ", ".join(f"{n} {sum(f['bytes'] for f in g['files']) / 1e6:.0f} MB" for n, g in graphs.items())
     peaks = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in meter.peaks.items())
-    parity = "skipped" if not opts.verify else "not run for target_hybrid" if "target_hybrid" in graphs else "ok"
-    print(f"exported {out} in {time.perf_counter() - t0:.0f} s ({sizes}; parity {parity}; peak RSS GB: {peaks})",
-          file=sys.stderr)
+    parity = "ok" if opts.verify else "skipped"
+    print(f"exported {out} in {time.perf_counter() - t0:.0f} s ({opts.precision}, KV cache "
+          f"{_kv_dtype(graphs)}; {sizes}; parity {parity}; peak RSS GB: {peaks})", file=sys.stderr)
     return out
+
+
+def _kv_dtype(graphs: dict) -> str:
+    return graph_kv_cache(graphs["target_fused"]) if "target_fused" in graphs else "fp32"
+
+
+def _int8_cache(opts: ExportOptions, tmp: Path, graphs: dict, steps, meter: MemoryMeter) -> dict:
+    """The fused target's int8 cache, calibrated on the graph just written in `tmp`."""
+    steps.update(1)
+    if opts.kv_cache != "int8":
+        return graphs
+    if "target_fused" not in graphs:                      # e.g. a hybrid target, or --no-fused
+        print("export: no fused target, so no int8 KV cache (its KV stays float32)",
+              file=sys.stderr)
+        return graphs
+    steps.set_postfix_str("int8 KV cache")
+    pause_at("calibrate")
+    manifest = json.loads((tmp / bundle_mod.MANIFEST).read_text())
+    with meter.stage("kv_cache"):
+        prompts = load_prompts(opts.kv_prompts)
+        manifest["graphs"]["target_fused"] = write_int8_cache(tmp, manifest, prompts,
+                                                              threads=opts.threads)
+    bundle_mod.write_manifest(tmp, manifest)
+    return manifest["graphs"]
 
 
 def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
@@ -168,17 +209,17 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
         paths[name] = tmp / f"{name}.onnx"
         with meter.stage(f"export_{name}"):
             result = writers[name](paths[name])
+        pause_at("graphs")
         if name == "target_fused":
             fused_note = result
         timings[f"export_{name}"] = time.perf_counter() - t
         steps.update(name != "target_fused")
     tok_files = _copy_tokenizer(src.target_dir, tmp)
     report = {}
-    if opts.verify and "target_hybrid" in paths:     # no dense torch reference: tests/test_qwen3_5.py checks it
-        report = {"target_hybrid": "not compared at export; checked against models/linear_attention.py in tests"}
-    elif opts.verify:                    # reads the drafter's checkpoint again: a random one lives in the scratch
+    if opts.verify:                # reads the drafter's checkpoint again (a random one: scratch)
         t = time.perf_counter()
         steps.set_postfix_str("parity")
+        pause_at("parity")
         report = _parity(src, paths, opts, meter, log)
         timings["parity"] = time.perf_counter() - t
     shutil.rmtree(tmp / SCRATCH, ignore_errors=True)       # nothing reads it from here on; never published
@@ -186,6 +227,7 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     shared = store.manifest()
     graphs = {n: _graph_entry(tmp, n, _static_shapes(opts)[n], shared, formats[n], log) for n in paths}
     sources = {"target": str(src.target_dir), "drafter": src.draft_source,
+               "export_options": _recorded_options(opts),
                "drafter_random_init": src.draft_source == "random", "parity": report,
                "target_fused": fused_note, "writer": "stream",
                "export_seconds": {k: round(v, 2) for k, v in timings.items()},
@@ -196,11 +238,21 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     return graphs
 
 
+def _recorded_options(opts: ExportOptions) -> dict:
+    """What a re-export (`quantize`) needs: the options as given (a hub id stays a hub id)."""
+    kept = asdict(opts)
+    for key in ("out", "force", "device", "threads"):
+        kept.pop(key)
+    return kept
+
+
 def _parity(src, paths: dict, opts: ExportOptions, meter: MemoryMeter, log) -> dict:
     """ORT graphs first (one session at a time), then the layer-by-layer torch reference on the same inputs,
     its weights as the bundle stores them (low-bit blocks dequantised: parity at the bundle's own precision)."""
     import dataclasses
 
+    from .hybrid_reference import hybrid_reference
+    from .hybrid_target import MAX_TOKENS
     from .parity import Probe, check_graphs, tolerance_for
     from .sources import reference
     from .weight_format import StoredWeights
@@ -214,11 +266,15 @@ def _parity(src, paths: dict, opts: ExportOptions, meter: MemoryMeter, log) -> d
     # Qwen3-Coder-30B-A3B's widths), and a block still routes to ~80 of 128 experts per layer
     keep = opts.positions - 1 - opts.block_size
     prompt = list(prompt)[:min(keep, opts.block_size) if tc.num_experts else keep]
+    hybrid = "target_hybrid" in paths
+    if hybrid:                           # one call of the hybrid graph carries at most MAX_TOKENS
+        prompt = prompt[:MAX_TOKENS]
     dims = {"L": tc.num_hidden_layers, "Ld": dc.num_hidden_layers, "Hkv": tc.num_key_value_heads, "D": tc.head_dim}
     probe = Probe(prompt, opts.block_size, dc.mask_token_id, dims)
     with meter.stage("parity"):
-        tol = tolerance_for(opts.precision, opts.accuracy_level)
-        return check_graphs(paths, probe, reference(src, opts.block_size), tol=tol, stage=meter.stage)
+        tol = tolerance_for(opts.precision, opts.accuracy_level, recurrent=hybrid)
+        ref = (hybrid_reference if hybrid else reference)(src, opts.block_size)
+        return check_graphs(paths, probe, ref, tol=tol, stage=meter.stage)
 
 
 def _static_shapes(opts: ExportOptions) -> dict:

@@ -279,12 +279,13 @@ def rollback(after: HybridState, trail: HybridState, kept: int) -> HybridState:
                        [None if r is None else r[kept - 1] for r in trail.rec], length)
 
 
-def load_hybrid(path, cfg: HybridConfig | None = None) -> HybridModel:
-    """A HybridModel with the weights of a published Qwen3.5 checkpoint folder (the vision tower is not read)."""
+def load_hybrid(path, cfg: HybridConfig | None = None, ckpt=None) -> HybridModel:
+    """A HybridModel with the weights of a published Qwen3.5 checkpoint folder (the vision tower is
+    not read); `ckpt`: an opened checkpoint of it to read instead (parity: the bundle's weights)."""
     from .checkpoint import Checkpoint, check_shapes
 
     cfg = cfg or HybridConfig.from_json(path)
-    ckpt = Checkpoint.open(path)
+    ckpt = ckpt or Checkpoint.open(path)
     names = hybrid_tensors(cfg)
     check_shapes(names, ckpt, ignore=tuple(n for n in ckpt.names() if not n.startswith(cfg.weight_prefix + ".")
                                             and n != "lm_head.weight"))

@@ -1,9 +1,8 @@
-"""dflash_edge.quantize — bundle -> smaller bundle (+ quality report); see docs/design.md §2.
+"""dflash_edge.quantize — bundle -> its model re-exported at another precision + quality report.
 
-One module per precision family (`fp16.py`, `int8.py`, `int4.py`, the shared tied embedding / LM head
-in `tied_embedding.py`), the bundle-to-bundle orchestrator (`bundle_quant.py`), the quality report
-(`quality.py`) and the int8 KV cache (`int8_cache.py`); the CLI verb is dflash_edge/cli/quantize.py. Heavy imports
-stay inside the functions.
+`bundle_quant.py` re-exports from the checkpoints the bundle records (through export/, the one
+writer) and `quality.py` measures the result against the input bundle; the CLI verb is
+dflash_edge/cli/quantize.py. Floor 5: it calls export/.
 
 >>> from dflash_edge.quantize.bundle_quant import QuantizeOptions, quantize_bundle   # doctest: +SKIP
 >>> quantize_bundle(QuantizeOptions("bundle/", "bundle-int8/", target="int8", draft="int8"))  # doctest: +SKIP

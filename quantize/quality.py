@@ -1,4 +1,5 @@
-"""Quality report of a quantised bundle against its fp32 reference (JSON in the bundle, a table for humans).
+"""Quality report of a re-exported bundle against the bundle it came from (JSON in the bundle,
+a table for humans).
 
 Text: held-out prompts (the shipped set `heldout`, dflash_edge.data, unless `prompts` names another set or a JSONL with "prompt"
 fields), each followed by the reference (fp32) target's own greedy reply, teacher-forced through both
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dflash_edge.export.kv_cache import load_prompts, teacher_forced_logits
+
 
 @dataclass
 class ReportOptions:
@@ -29,33 +32,6 @@ class ReportOptions:
     accept_prompts: int = 8         # prompts for acceptance length and speed
     prompts: str | None = None      # JSONL with "prompt" fields or a shipped set (default: "heldout")
     threads: int = 0                # onnxruntime intra-op threads (0: one per CPU)
-
-
-def load_prompts(path: str | Path | None) -> list[str]:
-    """Prompt texts of a JSONL file or a shipped prompt set (default: the held-out prompts, package data)."""
-    from dflash_edge.data import read_prompts
-
-    try:
-        return [row["prompt"] for row in read_prompts(path, default="heldout")]
-    except ValueError as err:
-        from .precisions import QuantizeError
-
-        raise QuantizeError(str(err)) from err
-
-
-def teacher_forced_logits(gen, ids: list[int], rows: slice) -> np.ndarray:
-    """Logits [rows, V] of the target on `ids` run in prefill chunks from an empty cache (row i predicts i+1)."""
-    size, n = gen.prefill_chunk, len(ids)
-    step = gen.target.steps[size]
-    out = np.empty((n, step["logits"].shape[-1]), np.float32)        # [n, V]
-    for start in range(0, n, size):
-        chunk = ids[start:start + size]
-        step["input_ids"][0, :len(chunk)] = chunk
-        step["input_ids"][0, len(chunk):] = chunk[-1]                   # padding of the last chunk: causal, ignored
-        gen.target.forward(size, start)
-        out[start:start + len(chunk)] = step["logits"][0, :len(chunk)]
-    gen.target.kv.pos = 0
-    return out[rows]
 
 
 def _log_softmax_at(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:

@@ -1,13 +1,22 @@
 """Publish a finished directory atomically: readers see the old one or the new one, never a mix.
 
-Lives in runtime/ (floor 2) so both export/ and quantize/ (floor 3) write bundles through it.
+Lives in runtime/ (floor 2) so every writer of bundles publishes through it. Where Linux allows,
+an existing `out` is swapped with the new folder in one `renameat2(RENAME_EXCHANGE)`: a process
+killed at any moment leaves `out` as the old bundle or the new one. Elsewhere the old folder is
+moved aside first (`.<name>.old-<pid>-*`): a kill between the two renames leaves no `out` at all.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
+
+# .<name>.export-<pid>-*: being written; .<name>.old-<pid>-*: the bundle it replaces
+STAGED, OLD = "export", "old"
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 
 
 def publish_dir(tmp: Path, out: Path) -> None:
@@ -18,7 +27,10 @@ def publish_dir(tmp: Path, out: Path) -> None:
     if not out.exists():
         os.replace(tmp, out)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    if _exchange(tmp, out):            # `tmp` now holds the old bundle
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.{OLD}-{os.getpid()}-", dir=out.parent))
     try:
         os.replace(out, old / "dir")   # a non-empty directory cannot be replaced: move it aside first
         try:
@@ -28,3 +40,16 @@ def publish_dir(tmp: Path, out: Path) -> None:
             raise
     finally:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2); False where the OS or file system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        rename = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    rename.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return rename(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0

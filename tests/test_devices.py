@@ -329,7 +329,7 @@ def test_plan_of_a_bundle_rejects_what_it_was_not_exported_for(tiny_bundle, extr
 
 
 def test_export_device_refuses_naming_what_would_fit(tmp_path):
-    from dflash_edge.cli.device_plan import choose_for_device
+    from dflash_edge.export.device_plan import choose_for_device
 
     cfg = {"model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,   # Qwen3-4B
            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,

@@ -43,7 +43,7 @@ def test_export_passes_parity_checker_and_hashes(tiny_checkpoints, tmp_path, var
         layers = range(m["model"]["num_layers"])       # per-layer specs (fused flavour) name one input per layer
         names = [t["name"].format(i=i) for t in graph["io"]["inputs"] for i in (layers if t.get("per") else [0])]
         assert names == [i.name for i in onnx.load(str(out / f"{name}.onnx"), load_external_data=False).graph.input]
-    assert not list(tmp_path.glob(".*partial*"))
+    assert not list(tmp_path.glob(".*.export-*"))
 
 
 def test_existing_output_needs_force(tiny_checkpoints, tmp_path):
@@ -290,4 +290,32 @@ def test_export_refuses_a_misshaped_tensor(tiny_checkpoints, tmp_path):
     save_file(weights, ckpt / "model.safetensors")
     with pytest.raises(ModelFormatError, match=r"misshaped tensors .*up_proj"):
         export_bundle(ExportOptions(out=tmp_path / "b", target=ckpt, draft=str(draft), max_context=256), progress=False)
-    assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".b.partial*"))
+    assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".b.*"))
+
+
+@pytest.mark.parametrize("flags", [[], ["--precision", "int4"]])
+def test_api_and_cli_write_the_same_bundle(tiny_checkpoints, tmp_path, flags, capsys):
+    """One pipeline: `export_bundle(ExportOptions(...))` and `dflash-edge export` make the same
+    "auto" choices (precision, drafter precision, KV cache: int8 for int4, in one pass)."""
+    from dflash_edge.cli import main
+
+    ckpt = tiny_checkpoints["qwen3"][1]
+    draft = _drafter_dir(tmp_path, ckpt, block=4)
+    common = dict(block_size=4, max_context=256, prefill_chunk=16)
+    kw = dict(zip(flags[::2], flags[1::2]))
+    api = export_bundle(ExportOptions(out=tmp_path / "api", target=ckpt, draft=str(draft), **common,
+                                      **({"precision": kw["--precision"]} if kw else {})),
+                       progress=False)
+    args = ["export", "--out", str(tmp_path / "cli"), "--target", str(ckpt), "--draft", str(draft),
+            "--block-size", "4", "--max-context", "256", "--prefill-chunk", "16", *flags]
+    assert main(args) == 0
+    want = "int4" if kw else "fp32"
+    manifests = [json.loads((p / "manifest.json").read_text()) for p in (api, tmp_path / "cli")]
+    seen = [{n: (g["precision"], g.get("kv_cache", {}).get("dtype", m["kv_cache"]["dtype"]),
+                 [(f["path"], f["sha256"]) for f in g["files"]]) for n, g in m["graphs"].items()}
+            for m in manifests]
+    assert seen[0] == seen[1]
+    assert {n: p for n, (p, _, _) in seen[0].items()} == {"target": want, "target_fused": want,
+                                                          "drafter": "fp32"}
+    assert seen[0]["target_fused"][1] == ("int8" if kw else "float32")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["api", "cli", "draft4"]

@@ -1,4 +1,5 @@
-"""`quantize --kv-cache int8` (issue 12): the fused target's cache as int8 with calibrated per-channel scales.
+"""`--kv-cache int8` (export, and quantize through it): the fused target's cache as int8 with
+calibrated per-channel scales, calibrated by the exporter on the graph it has just written.
 
 Tier 1 on the tiny qwen3 bundle (head_dim 16, so it has a fused target): lossless against its own target
 with and without quantised weights, decode rows equal verify rows bit for bit without the pad row, the
@@ -86,7 +87,7 @@ def test_cache_holds_rounded_scaled_fp32_rows(kv8, tiny_bundle):
     import onnx
     from onnx import numpy_helper
 
-    from dflash_edge.quantize.quality import teacher_forced_logits
+    from dflash_edge.export.kv_cache import teacher_forced_logits
     from dflash_edge.runtime import Generator
 
     path = kv8("fp32")
@@ -142,32 +143,29 @@ def test_tensorrt_and_cuda_keep_the_portable_target(kv8):
 
 
 # ---- bad input ----------------------------------------------------------------------------------------
-def test_bundle_without_fused_target(tiny_bundle, tmp_path):
-    from dflash_edge.quantize.precisions import QuantizeError
+def test_bundle_without_fused_target(tiny_bundle, tmp_path, capsys):
+    from dflash_edge.runtime.bundle import read_bundle
 
-    with pytest.raises(QuantizeError, match="no.*fused|fused.*none|has none"):
-        quantize(tiny_bundle("llama", 8).path, tmp_path / "out")          # head_dim 8: portable target only
-    assert list(tmp_path.iterdir()) == []
+    out = quantize(tiny_bundle("llama", 8).path, tmp_path / "out")     # head_dim 8: no fused target
+    assert "no fused target, so no int8 KV cache" in capsys.readouterr().err
+    assert read_bundle(out).kv_dtype == "float32"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_raising_an_int8_cache_back_to_fp32(kv8, tmp_path):
-    from dflash_edge.quantize.precisions import QuantizeError
-
-    with pytest.raises(QuantizeError, match="already int8"):
-        quantize(kv8("fp32"), tmp_path / "out", kv_cache="fp32")
-    kept = quantize(kv8("fp32"), tmp_path / "kept", kv_cache="int8")       # asking for what it has keeps it
-    assert (kept / "target_fused.onnx").read_bytes() == (kv8("fp32") / "target_fused.onnx").read_bytes()
+def test_an_int8_cache_bundle_reexported_with_fp32_gets_the_fp32_graph(kv8, tiny_bundle, tmp_path):
+    back = quantize(kv8("fp32"), tmp_path / "out", kv_cache="fp32")
+    want = tiny_bundle("qwen3", 8).path / "target_fused.onnx"
+    assert (back / "target_fused.onnx").read_bytes() == want.read_bytes()
 
 
 def test_rewriting_an_already_int8_graph(kv8):
     import onnx
 
-    from dflash_edge.quantize.int8_cache import int8_cache_graph
-    from dflash_edge.quantize.precisions import QuantizeError
+    from dflash_edge.export.kv_cache import KVCacheError, int8_cache_graph
 
     model = onnx.load(str(kv8("fp32") / "target_fused.onnx"), load_external_data=False)
     layers = sum(n.op_type == "GroupQueryAttention" for n in model.graph.node)
-    with pytest.raises(QuantizeError, match="already quantised"):
+    with pytest.raises(KVCacheError, match="already quantised"):
         int8_cache_graph(model, np.ones((layers, 32), np.float32), np.ones((layers, 32), np.float32))
 
 
@@ -180,7 +178,7 @@ def test_unknown_kv_cache_name_on_the_cli(tiny_bundle, tmp_path, capsys):
 
 
 def test_interrupted_calibration_leaves_nothing_bundle_like(tiny_bundle, tmp_path, monkeypatch):
-    import dflash_edge.quantize.int8_cache as kv_cache
+    import dflash_edge.export.kv_cache as kv_cache
 
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
@@ -192,24 +190,22 @@ def test_interrupted_calibration_leaves_nothing_bundle_like(tiny_bundle, tmp_pat
 
 
 def test_fp16_target_is_refused_up_front(tiny_bundle, tmp_path):
-    from dflash_edge.quantize.precisions import QuantizeError
+    from dflash_edge.export.kv_cache import KVCacheError
 
-    with pytest.raises(QuantizeError, match="fp16"):
+    with pytest.raises(KVCacheError, match="fp16"):
         quantize(tiny_bundle("qwen3", 8).path, tmp_path / "out", "fp16", "fp16")
     assert list(tmp_path.iterdir()) == []
 
 
-def test_export_kv_cache_int8_is_export_then_quantise(tiny_bundle, tmp_path, prompts_file):
-    from dflash_edge.cli.export import export_with_int8_cache
-    from dflash_edge.export.exporter import ExportOptions
-    from dflash_edge.quantize.quality import ReportOptions
+def test_export_kv_cache_int8_is_one_pass(tiny_bundle, tmp_path, prompts_file):
+    from dflash_edge.export.exporter import ExportOptions, export_bundle
     from dflash_edge.runtime import Generator
 
     root = tiny_bundle("qwen3", 8).path.parent
     opts = ExportOptions(out=tmp_path / "kv8", target=str(root / "target"), draft=str(root / "drafter"),
-                         block_size=8, max_context=128, prefill_chunk=8, verify=False)
-    report = ReportOptions(positions=24, max_new_tokens=12, accept_prompts=1, prompts=prompts_file, threads=1)
-    out = export_with_int8_cache(opts, report=report)
+                         block_size=8, max_context=128, prefill_chunk=8, verify=False,
+                         kv_cache="int8", kv_prompts=prompts_file, threads=1)
+    out = export_bundle(opts, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kv8"]                       # no fp32 leftovers
     gen = Generator.load(out, threads=1)
     assert gen.target.kv.key.array.dtype == np.int8

@@ -16,7 +16,7 @@ ROOMS = {
     "data": ("data", 1), "devices": ("devices", 1),
     "runtime": ("runtime", 2),
     "models": ("models", 3),
-    "export": ("export", 4), "quantize": ("quantize", 4), "engines": ("engines", 4),
+    "export": ("export", 4), "quantize": ("quantize", 5), "engines": ("engines", 4),
     "serve": ("serve", 5), "train": ("train", 5),
     "cli": ("dflash_edge/cli", 6),
 }

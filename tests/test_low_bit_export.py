@@ -30,6 +30,7 @@ def gguf_ckpt(tmp_path_factory):
 
 
 def _export(ckpt, out, **kw):
+    kw.setdefault("kv_cache", "fp32")            # these tests are about the weights
     opts = ExportOptions(out=out, target=str(ckpt), draft="random", block_size=4, max_context=128,
                          prefill_chunk=8, **kw)
     return export_bundle(opts, progress=False)
@@ -50,7 +51,7 @@ def _logits(bundle, ids):
 def test_gguf_blocks_are_written_exactly(gguf_ckpt, tmp_path):
     """Each mapped type keeps its own codes: the int4 graph computes what the fp32 graph of the dequantised
     weights computes (accuracy level 0: fp32 activations), every weight counted by its source type."""
-    fp32 = _export(gguf_ckpt, tmp_path / "fp32")
+    fp32 = _export(gguf_ckpt, tmp_path / "fp32", precision="fp32")
     low = _export(gguf_ckpt, tmp_path / "int4", precision="int4", accuracy_level=0)
     graphs = read_bundle(low).manifest["graphs"]
     layers = 2
@@ -138,7 +139,7 @@ def test_writer_refuses_a_precision_it_does_not_write(tiny_checkpoints, tmp_path
     with pytest.raises(DflashEdgeError, match="--precision 'bf16': the exporter writes fp32, fp16, int8, int4"):
         _export(tiny_checkpoints["qwen3"][1], tmp_path / "b", precision="bf16")
     with pytest.raises(DflashEdgeError, match="an fp16 bundle is fp16 throughout"):
-        _export(tiny_checkpoints["qwen3"][1], tmp_path / "b", precision="fp16")
+        _export(tiny_checkpoints["qwen3"][1], tmp_path / "b", precision="fp16", draft_precision="fp32")
 
 
 def test_fp16_writer_is_lossless_and_names_an_overflowing_layer(tmp_path):

@@ -61,7 +61,8 @@ def moe(tmp_path_factory):
             copy.deepcopy(model).to(torch.bfloat16).save_pretrained(ckpt, max_shard_size="100KB")   # bf16 shards
             add_tiny_tokenizer(ckpt, BASE["vocab_size"])
             out = export_bundle(ExportOptions(out=root / "bundle", target=str(ckpt), draft="random", block_size=4,
-                                              max_context=400, prefill_chunk=64), progress=False)
+                                              max_context=400, prefill_chunk=64, precision="fp32"),
+                                 progress=False)
             built[variant] = model, ckpt, out
         return built[variant]
 
@@ -210,7 +211,7 @@ def _export(tmp_path, ckpt):
     from dflash_edge.export.exporter import ExportOptions, export_bundle
 
     return export_bundle(ExportOptions(out=tmp_path / "b", target=str(ckpt), draft="random", block_size=4,
-                                       max_context=64), progress=False)
+                                       max_context=64, precision="fp32"), progress=False)
 
 
 def _edited_copy(src, dst, config_change=None, drop=None):
@@ -354,8 +355,9 @@ def test_plan_of_an_moe_bundle_holds_every_expert_and_reads_the_chosen_ones(moe)
 
 
 # ---------------------------------------------------------------- low-bit experts (QMoE / dequantising gather)
-LOW_BIT = {"int4": dict(precision="int4"), "int4-fp32-activations": dict(precision="int4", accuracy_level=0),
-           "int8": dict(precision="int8")}
+LOW_BIT = {"int4": dict(precision="int4", kv_cache="fp32"),
+           "int4-fp32-activations": dict(precision="int4", accuracy_level=0, kv_cache="fp32"),
+           "int8": dict(precision="int8", kv_cache="fp32")}
 
 
 @pytest.fixture(scope="module")

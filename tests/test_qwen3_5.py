@@ -334,3 +334,35 @@ def test_int4_hybrid_bundle_is_lossless(published, tmp_path, oracle):
     oracle(gen, prompt + plain, 0.6, seed=3)
     res = gen.generate_ids(prompt, 24, draft="drafter", verify_len=3)
     assert res.token_ids == plain and res.stats.mean_acceptance_length > 1.5
+
+
+
+def test_hybrid_target_is_parity_checked_at_export(published, tmp_path, monkeypatch):
+    """Export compares target_hybrid (and the drafter on its features) with models/
+    linear_attention.py on the weights as stored: int4 blocks with fp32 activations hold the fp32
+    bounds; a broken graph fails."""
+    import shutil
+
+    from dflash_edge.export import parity
+    from dflash_edge.export.exporter import ExportOptions, export_bundle
+    from fixtures_bundle import add_tiny_tokenizer
+
+    ckpt = tmp_path / "target"
+    shutil.copytree(published["qwen3_5"][1], ckpt)
+    add_tiny_tokenizer(ckpt)
+    opts = ExportOptions(out=tmp_path / "b", target=str(ckpt), draft="random", block_size=4,
+                         max_context=400, prefill_chunk=8, precision="int4", accuracy_level=0)
+    out = export_bundle(opts, progress=False)
+    report = json.loads((out / "manifest.json").read_text())["source"]["parity"]
+    assert report["target_hybrid.logits.max_abs_diff"] <= 1e-3
+    assert "drafter.new_key.max_abs_diff" in report
+    run = parity.run_hybrid
+
+    def broken(session, probe):
+        inputs, got, features, last = run(session, probe)
+        got["target_hybrid"][1] = (got["target_hybrid"][1][0] + 1.0, *got["target_hybrid"][1][1:])
+        return inputs, got, features, last
+
+    monkeypatch.setattr(parity, "run_hybrid", broken)
+    with pytest.raises(parity.ParityError, match="'target_hybrid' output 'logits'"):
+        export_bundle(ExportOptions(**{**vars(opts), "out": tmp_path / "c"}), progress=False)

@@ -325,7 +325,8 @@ def smollm2_bundle(smollm2_dir, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("smol") / "bundle"
     return export_bundle(ExportOptions(out=out, target=str(smollm2_dir), draft="random", block_size=16,
-                                       max_context=1024, verify=False), progress=False)
+                                       max_context=1024, verify=False, precision="fp32"),
+                         progress=False)
 
 
 @pytest.mark.tier2

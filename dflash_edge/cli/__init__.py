@@ -22,7 +22,7 @@ COMMANDS = {
     "fetch": ("fetch", "obtain the default model (or import a GGUF) into the cache"),
     "generate": ("generate", "generate with the torch reference speculative loop"),
     "export": ("export", "export target + drafter to an ONNX bundle"),
-    "quantize": ("quantize", "fp32 bundle -> int4/int8/fp16 bundle with a quality report"),
+    "quantize": ("quantize", "bundle -> its model re-exported at another precision + quality"),
     "build-engines": ("build_engines", "build TensorRT engines for a bundle (needs TensorRT)"),
     "run": ("run", "generate from a bundle with the speculative runtime (streams text)"),
     "bench": ("bench", "speculative vs autoregressive tokens/s on a prompt set, lossless check"),

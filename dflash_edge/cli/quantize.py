@@ -1,24 +1,30 @@
-"""`dflash-edge quantize BUNDLE --out DIR --target P --draft P`: a smaller bundle + its quality report."""
+"""`dflash-edge quantize BUNDLE --out DIR --target P --draft P`: the bundle's model re-exported at
+another precision (from the checkpoints its manifest records) + its quality report."""
 from __future__ import annotations
 
+from dflash_edge.export.kv_cache import KV_CACHES
+from dflash_edge.quantize.bundle_quant import QuantizeOptions, quantize_bundle
 from dflash_edge.quantize.precisions import PRECISIONS, QuantizeError, QuantSettings
+from dflash_edge.quantize.quality import ReportOptions
 
 
 def add_arguments(p) -> None:
-    p.add_argument("bundle", help="input bundle directory (fp32 graphs are lowered; others can only be kept)")
+    p.add_argument("bundle", help="input bundle (re-exported from the checkpoints it records)")
     p.add_argument("--out", required=True, help="new bundle directory")
     p.add_argument("--target", default="int8", help=f"precision of the target graph(s): {', '.join(PRECISIONS)} "
                    f"(int8 default: int4 keeps only ~71%% top-1 agreement on SmolLM2, docs/BENCHMARKS.md)")
     p.add_argument("--draft", default="int8", help=f"precision of the drafter graph: {', '.join(PRECISIONS)}")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
+    p.add_argument("--target-checkpoint", default=None,
+                   help="the target checkpoint, when the one the bundle records is not here")
+    p.add_argument("--draft-checkpoint", default=None,
+                   help="the drafter checkpoint, when the one the bundle records is not here")
     add_kv_cache_argument(p)
     add_settings_arguments(p)
     add_report_arguments(p)
 
 
 def add_kv_cache_argument(p) -> None:
-    from dflash_edge.quantize.int8_cache import KV_CACHES
-
     p.add_argument("--kv-cache", default="fp32", choices=KV_CACHES,
                    help="the fused target's KV cache: int8 stores it in a quarter of the bytes with per-channel "
                         "scales calibrated on held-out text (faster attention at long context on CPU)")
@@ -29,11 +35,6 @@ def add_settings_arguments(p) -> None:
     p.add_argument("--block-size", type=int, default=d.block_size, help="weights per scale (int4/int8 blocks)")
     p.add_argument("--accuracy-level", type=int, default=d.accuracy_level,
                    help="MatMulNBits activation type: 4 int8 (fast on CPU), 0 unset (fp32)")
-    p.add_argument("--embedding-bits", type=int, default=d.embedding_bits,
-                   help="tied embedding / LM head: 0 as the graph, 4 or 8 bits, -1 keep fp32")
-    p.add_argument("--algorithm", default=d.algorithm, help="MatMul weights: rtn (fast) or hqq (float zero points: "
-                   "closer to fp32, far slower on onnxruntime's CPU kernels; needs torch)")
-    p.add_argument("--asymmetric", action="store_true", help="a 4-bit zero point per block (rtn)")
 
 
 def add_report_arguments(p) -> None:
@@ -47,13 +48,10 @@ def add_report_arguments(p) -> None:
 
 
 def settings_from(args) -> QuantSettings:
-    return QuantSettings(block_size=args.block_size, accuracy_level=args.accuracy_level,
-                         embedding_bits=args.embedding_bits, symmetric=not args.asymmetric, algorithm=args.algorithm)
+    return QuantSettings(block_size=args.block_size, accuracy_level=args.accuracy_level)
 
 
 def report_from(args):
-    from dflash_edge.quantize.quality import ReportOptions
-
     if not args.report:
         return None
     if args.report_positions < 1 or args.report_speed_prompts < 1:
@@ -63,9 +61,8 @@ def report_from(args):
 
 
 def run(args) -> int:
-    from dflash_edge.quantize.bundle_quant import QuantizeOptions, quantize_bundle
-
     quantize_bundle(QuantizeOptions(bundle=args.bundle, out=args.out, target=args.target, draft=args.draft,
                                     force=args.force, settings=settings_from(args), report=report_from(args),
-                                    kv_cache=args.kv_cache))
+                                    kv_cache=args.kv_cache, source_target=args.target_checkpoint,
+                                    source_draft=args.draft_checkpoint))
     return 0

@@ -1,4 +1,4 @@
-"""An int8 KV cache for the fused target (`quantize --kv-cache int8`): 4x fewer cache bytes, no pad row.
+"""An int8 KV cache for the fused target (`--kv-cache int8`): 4x fewer cache bytes, no pad row.
 
 onnxruntime's CPU GroupQueryAttention keeps its cache as int8 with one static scale per channel
 (`k_quant_type` / `v_quant_type` PER_CHANNEL, `kv_cache_bit_width` 8, `k_scale` / `v_scale` of shape
@@ -7,6 +7,7 @@ dequantised. Two measured facts make it worth having on CPU (docs/BENCHMARKS.md,
 attention over 1,800 cached positions costs ~half of the fp32 cache's, and a decode row (T = 1) equals
 the same row of a verify block bit for bit without the fp32 graph's zero pad row, so the pad is removed.
 
+The exporter calibrates it on the graph it has just written, in its temp folder (write_int8_cache).
 Scales come from the bundle's own fused target run with its fp32 cache over held-out text: the largest
 |K| / |V| per layer and channel (post-rotary K, as the cache holds it) times `margin`, over 127.
 Losslessness stays against the bundle's own target: decode and verify read the same int8 cache.
@@ -18,18 +19,28 @@ Losslessness stays against the bundle's own target: decode and verify read the s
 """
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import numpy as np
 
-from .precisions import QuantizeError
+from dflash_edge.data import read_prompts
+from dflash_edge.runtime.bundle import file_entry, read_bundle
+from dflash_edge.runtime.errors import DflashEdgeError
+from dflash_edge.runtime.io_tables import io_manifest
 
 KV_CACHES = ("fp32", "int8")
 GQA = "GroupQueryAttention"
 MARGIN = 1.25         # scale = margin * max|x| / 127 over the calibration text (0.8 / 1.0 / 1.25 measured: docs/BENCHMARKS.md)
 
 
+class KVCacheError(DflashEdgeError, ValueError):
+    """A KV cache request the exporter cannot honour (the message names the fix)."""
+
+
 def check_kv_cache(name: str) -> str:
     if name not in KV_CACHES:
-        raise QuantizeError(f"unknown --kv-cache {name!r}; choose one of {', '.join(KV_CACHES)}")
+        raise KVCacheError(f"unknown --kv-cache {name!r}; choose one of {', '.join(KV_CACHES)}")
     return name
 
 
@@ -38,21 +49,28 @@ def graph_kv_cache(entry: dict) -> str:
     return "int8" if entry.get("kv_cache", {}).get("dtype") == "int8" else "fp32"
 
 
-def check_request(graphs: dict, target_precision: str, kv_cache: str) -> bool:
-    """Whether the fused target's cache must be quantised; a QuantizeError (naming the fix) when it cannot be."""
-    have, want = graph_kv_cache(graphs.get("target_fused", {})), check_kv_cache(kv_cache)
-    if want == have:
-        return False
-    if have == "int8":
-        raise QuantizeError("the fused target's KV cache is already int8: cannot raise it to fp32; quantise the "
-                            "fp32 bundle instead, or pass --kv-cache int8 to keep it")
-    if "target_fused" not in graphs:
-        raise QuantizeError("--kv-cache int8 quantises the fused target's cache (GroupQueryAttention), and this "
-                            "bundle has none (head_dim not a multiple of 16, or exported with --no-fused)")
-    if target_precision == "fp16":
-        raise QuantizeError("--kv-cache int8 needs an fp32, int8 or int4 target: the fp16 fused graph casts its "
-                            "cache at the graph's edge (it is meant for GPU providers); pick another --target")
-    return True
+def check_request(precision: str, kv_cache: str) -> None:
+    """A KVCacheError (naming the fix) when an int8 cache cannot go with a `precision` target."""
+    if check_kv_cache(kv_cache) == "int8" and precision == "fp16":
+        raise KVCacheError("--kv-cache int8 needs an fp32, int8 or int4 target: the fp16 fused "
+                           "graph casts its cache at the graph's edge (it is meant for GPU "
+                           "providers); pass --kv-cache fp32 or another --precision")
+
+
+def teacher_forced_logits(gen, ids: list[int], rows: slice) -> np.ndarray:
+    """Logits [rows, V] of the target on `ids` run in prefill chunks from an empty cache (row i
+    predicts i+1)."""
+    size, n = gen.prefill_chunk, len(ids)
+    step = gen.target.steps[size]
+    out = np.empty((n, step["logits"].shape[-1]), np.float32)        # [n, V]
+    for start in range(0, n, size):
+        chunk = ids[start:start + size]
+        step["input_ids"][0, :len(chunk)] = chunk
+        step["input_ids"][0, len(chunk):] = chunk[-1]        # last chunk's padding: causal, ignored
+        gen.target.forward(size, start)
+        out[start:start + len(chunk)] = step["logits"][0, :len(chunk)]
+    gen.target.kv.pos = 0
+    return out[rows]
 
 
 def calibrate(gen, texts: list[list[int]], margin: float = MARGIN) -> tuple[np.ndarray, np.ndarray]:
@@ -61,8 +79,6 @@ def calibrate(gen, texts: list[list[int]], margin: float = MARGIN) -> tuple[np.n
     `gen` is a Generator on the fused target with an fp32 cache; each text is run in prefill chunks and
     the rows it wrote are read back from the cache (`LayerKV`: [L, Hkv, capacity, D]).
     """
-    from .quality import teacher_forced_logits
-
     kv = gen.target.kv
     layers, heads, _, dim = kv.key.array.shape
     peak = [np.zeros((layers, heads, dim), np.float32) for _ in range(2)]          # max |K|, max |V|
@@ -88,7 +104,7 @@ def _drop_pad_row(graph, node, producers: dict, users: dict) -> None:
     concat = producers.get(node.input[0])
     slices = users.get(node.output[0], [])
     if concat is None or concat.op_type != "Concat" or len(slices) != 1 or slices[0].op_type != "Slice":
-        raise QuantizeError(f"{node.name or node.output[1]}: the fused target's attention is not the "
+        raise KVCacheError(f"{node.name or node.output[1]}: the fused target's attention is not the "
                             f"pad-row form this quantiser rewrites; re-export the bundle with this version")
     node.input[0] = concat.input[0]
     node.output[0] = slices[0].output[0]                     # the o_proj reads what the Slice produced
@@ -96,7 +112,7 @@ def _drop_pad_row(graph, node, producers: dict, users: dict) -> None:
     for slot, graph_input in ((5, "seqlens_k"), (6, "total_sequence_length")):
         add = producers.get(node.input[slot])
         if add is None or add.op_type != "Add" or graph_input not in add.input:
-            raise QuantizeError(f"{node.output[1]}: lengths input {slot} is not {graph_input} + 1; re-export the bundle")
+            raise KVCacheError(f"{node.output[1]}: lengths input {slot} is not {graph_input} + 1; re-export the bundle")
         node.input[slot] = graph_input
 
 
@@ -126,10 +142,10 @@ def int8_cache_graph(model, k_scales: np.ndarray, v_scales: np.ndarray) -> dict:
     users = _consumers(graph)
     nodes = [n for n in graph.node if n.op_type == GQA]
     if len(nodes) != len(k_scales):
-        raise QuantizeError(f"the fused target has {len(nodes)} {GQA} nodes but {len(k_scales)} layers were "
+        raise KVCacheError(f"the fused target has {len(nodes)} {GQA} nodes but {len(k_scales)} layers were "
                             f"calibrated; re-export the bundle")
     if any(a.name == "kv_cache_bit_width" for n in nodes for a in n.attribute):
-        raise QuantizeError("the fused target's cache is already quantised; quantise the fp32 bundle instead")
+        raise KVCacheError("the fused target's cache is already quantised; quantise the fp32 bundle instead")
     for node in nodes:
         i = int(node.output[1].rsplit(".", 1)[1])                       # present_key.{i}
         _drop_pad_row(graph, node, producers, users)
@@ -157,25 +173,28 @@ def calibration_texts(gen, prompts: list[str], count: int, new_tokens: int) -> l
     return texts
 
 
-def quantize_cache(root, manifest: dict, prompts: list[str], *, count: int = 16, new_tokens: int = 96,
-                   margin: float = MARGIN, threads: int = 0) -> dict:
-    """Give bundle `root`'s fused target (fp32 cache) an int8 cache in place; returns its new manifest entry.
+def load_prompts(spec: str | Path | None) -> list[str]:
+    """Prompt texts of a JSONL file or a shipped prompt set (default: the held-out prompts)."""
+    try:
+        return [row["prompt"] for row in read_prompts(spec, default="heldout")]
+    except ValueError as err:
+        raise KVCacheError(str(err)) from err
 
-    `root` is a bundle being written (quantize_bundle's temp folder), `manifest` its manifest as written.
+
+def write_int8_cache(root, manifest: dict, prompts: list[str], *, count: int = 16,
+                     new_tokens: int = 96, margin: float = MARGIN, threads: int = 0) -> dict:
+    """Give bundle `root`'s fused target (fp32 cache) an int8 cache in place; returns its new entry.
+
+    `root` is a bundle being written (the exporter's temp folder), `manifest` its manifest.
     """
-    import time
-    from pathlib import Path
-
     import onnx
 
     from dflash_edge.runtime import Generator
-    from dflash_edge.runtime.bundle import file_entry, read_bundle
-    from dflash_edge.runtime.io_tables import io_manifest
 
     root, t = Path(root), time.perf_counter()
-    entry = manifest["graphs"]["target_fused"]                  # check_request ran first
-    gen = Generator.load(read_bundle(root, verify=False), target_graph="target_fused", threads=threads,
-                         use_tuned=False, drafter=False)           # the target alone: less memory
+    entry = manifest["graphs"]["target_fused"]
+    gen = Generator.load(read_bundle(root, verify=False), target_graph="target_fused",
+                         threads=threads, use_tuned=False, drafter=False)   # the target alone
     texts = calibration_texts(gen, prompts, count, new_tokens)
     k_scales, v_scales = calibrate(gen, texts, margin)
     del gen
@@ -185,8 +204,8 @@ def quantize_cache(root, manifest: dict, prompts: list[str], *, count: int = 16,
     tmp = path.with_name(path.name + ".tmp")
     onnx.save(model, str(tmp))
     tmp.replace(path)
+    calibration = {"prompts": len(texts), "positions": sum(map(len, texts)),
+                   "seconds": round(time.perf_counter() - t, 1)}
     return {**entry, "files": [file_entry(root, entry["files"][0]["path"]), *entry["files"][1:]],
             "io": io_manifest("target_fused", "int8"),
-            "kv_cache": {**info, "margin": margin, "calibration": {"prompts": len(texts),
-                                                                    "positions": sum(map(len, texts)),
-                                                                    "seconds": round(time.perf_counter() - t, 1)}}}
+            "kv_cache": {**info, "margin": margin, "calibration": calibration}}

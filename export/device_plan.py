@@ -1,4 +1,4 @@
-"""`export --device NAME`: take the precision and max context from the device plan, or refuse.
+"""`ExportOptions.device` (`export --device NAME`): the plan's precision and max context, or refuse.
 
 The exporter writes the precisions in `EXPORT_PRECISIONS` (fp32, or quantised through `export --precision`).
 The plan picks the first of them that fits, at the requested context or the largest that fits below it;
@@ -14,6 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from dflash_edge.data import shipped_drafter
 from dflash_edge.devices.errors import DeviceError
 from dflash_edge.devices.dims import dims_from_hf_config, draft_dims_from_config, recipe_drafter
 from dflash_edge.devices.planner import PlanRequest, alternatives, max_context, memory_plan
@@ -23,8 +24,6 @@ EXPORT_PRECISIONS = ("fp32", "fp16", "int8", "int4")     # most precise first
 
 
 def _drafter_dims(draft: str, target_cfg: dict, block: int):
-    from dflash_edge.data import shipped_drafter
-
     if draft in (None, "default"):
         path = shipped_drafter(*(target_cfg.get(k) for k in ("hidden_size", "vocab_size", "num_hidden_layers")))
         draft = str(path) if path else "random"
