@@ -1,6 +1,6 @@
 """`quantize_bundle`: a bundle -> its model re-exported at another precision, plus a quality report.
 
-The exporter is the one writer (DESIGN.md §2): quantize reads the source checkpoints and options
+The exporter is the one writer (docs/design.md §2): quantize reads the source checkpoints and options
 the bundle's manifest recorded (`source.export_options`), exports them again at the requested
 precisions (export/exporter.py: one temp folder, one publish), and, before that publish, measures
 the new bundle against the input one (quality.py) and stores the report in it. The input bundle is

@@ -45,7 +45,7 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
     "tokenizer": ("file", "config", "checksums"),
     "graph": ("files", "precision", "io", "static_shapes", "opset", "flavour",   # flavour: io_tables.FLAVOURS
               "quantization", "kv_cache", "weight_bytes"),    # weight_bytes: its initializers' (devices plan)            # quantization: tool, settings, what was lowered;
-    #                                                   kv_cache: the graph's own cache (quantize/int8_cache.py)
+    #                                                   kv_cache: the graph's own cache (export/kv_cache.py)
     "source": None,
     "shared_weights": None,
     "engines": None,

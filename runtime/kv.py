@@ -301,7 +301,7 @@ class FusedTargetModel(TargetModel):
         return step
 
     # pad_rows: zero rows the graph appends to attention's input, whose K/V take the slots after the live
-    # ones (1 with an fp32 cache, export/fused_target.py; 0 with an int8 cache, quantize/int8_cache.py)
+    # ones (1 with an fp32 cache, export/fused_target.py; 0 with an int8 cache, export/kv_cache.py)
     PAD_ROWS = 1
 
     def _place(self, step: HostStep, size: int, start: int) -> None:
