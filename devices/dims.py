@@ -1,5 +1,5 @@
-"""Model dims for the planner: presets (devices/presets.json), parameter counts. A checkpoint's dims come from
-its family (models.planner_dims, on a higher floor), which callers pass in.
+"""Model dims for the planner: presets (devices/presets.json), parameter counts. A checkpoint's
+dims come from its family (models.planner_dims, a higher floor): callers pass them in.
 
 >>> target, drafter, tau = preset("qwen3-8b")             # doctest: +SKIP
 >>> target.total_params / 1e9, target.active_params / 1e9  # doctest: +SKIP

@@ -155,7 +155,8 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     job = TargetJob(tc, src.target_ckpt, capture, store, fmt, opts, reach)
     writers = {**family_writers(tc.model_type).target_writers(job),
                "drafter": lambda p: build_drafter(tc, dc, src.target_ckpt, src.draft_ckpt, store, p,
-                                                  opts.block_size, src.vocab, **fmt["drafter"], reach=reach)}
+                                                  opts.block_size, src.vocab, **fmt["drafter"],
+                                                  reach=reach)}
     for name in writers:
         if name == "target_fused" and fused_note is not None:
             continue

@@ -1,6 +1,6 @@
 """The portable `target_hybrid` graph of a Qwen3.5 (hybrid linear-attention) target, written node by node from
 its checkpoint in standard ONNX ops (opset 17). The exporter writes it instead of `target` / `target_fused` for a
-hybrid family (export/families/qwen3_5.py); the runtime runs it as `HybridTargetModel` (runtime/kv.py; I/O:
+hybrid family (families/qwen3_5.py); the runtime runs it as `HybridTargetModel` (runtime/kv.py; I/O:
 `io_tables.GRAPHS["target_hybrid"]`).
 
 Its torch reference is `models/linear_attention.HybridModel.step`: full-attention layers read and return K/V

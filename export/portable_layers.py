@@ -27,7 +27,7 @@ class Layer:
     ckpt: object
     prefix: str
     spec: AttentionSpec
-    moe: object = None            # models/spec.MoESpec when the layer's MLP is sparse (router + experts)
+    moe: object = None            # spec.MoESpec when the layer's MLP is sparse (router + experts)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ def open_sources(opts, scratch: Path) -> Sources:
         check_fits(peak_weight_bytes(ckpt.num_params(skip), tc.vocab_size * tc.hidden_size, precision),
                    f"{target_dir.name} ({precision})")
     fam = family(tc.model_type)
-    fam.check_tensors(tc, ckpt.names())    # e.g. an expert count off by the config's, before the per-tensor list
+    fam.check_tensors(tc, ckpt.names())    # e.g. an expert count off by the config's, named first
     tied = ("lm_head.weight",) if tc.tie_word_embeddings else ()
     check_shapes(fam.tensors(tc), ckpt, ignore=tied + _not_text(ckpt))
     if fam.text_prefix(tc) != "model":
@@ -108,7 +108,7 @@ def _not_text(ckpt) -> tuple[str, ...]:
 
 def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple[Path, str]:
     """(z-lab drafter folder, source label) for `spec`: a folder, 'default' (shipped) or 'random' (written to `scratch`)."""
-    target_cfg = family(target_cfg.model_type).dense_view(target_cfg)   # a drafter is sized from dense dims
+    target_cfg = family(target_cfg.model_type).dense_view(target_cfg)   # a drafter's dims are dense
     if spec in (None, "default"):
         from dflash_edge.models.resolve_drafter import default_drafter_path
 

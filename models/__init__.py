@@ -1,6 +1,7 @@
-"""What a checkpoint is (floor 3): configs, families (models/families/: one module per family, its file name
-the config's `model_type`), safetensors / GGUF readers, fetch, the torch reference models (target and z-lab drafter) and the
-reference loop that export's parity, train and the tests check against.
+"""What a checkpoint is (floor 3): configs, families (models/families/: one module per family, its
+file name the config's `model_type`), safetensors / GGUF readers, fetch, the torch reference models
+(target and z-lab drafter) and the reference loop that export's parity, train and the tests check
+against.
 GGUF low-bit blocks map exactly onto onnxruntime MatMulNBits operands in `gguf_blocks` (issue 27).
 
 >>> from dflash_edge.models import load_target      # doctest: +SKIP
@@ -20,14 +21,14 @@ def family_spec(cfg: TargetConfig):
 
 
 def layer_mlps(cfg: TargetConfig) -> tuple:
-    """Per decoder layer: the family's sparse-MLP spec (families/qwen3_moe.MoESpec), or None where it is dense."""
+    """Per decoder layer: the family's sparse-MLP spec (spec.MoESpec), or None where it is dense."""
     return family(cfg.model_type).mlp_specs(cfg)
 
 
 def planner_dims(cfg: TargetConfig | dict | str | Path):
-    """The planner's dims (devices.dims.ModelDims) of a config, config.json dict or checkpoint folder.
+    """The planner's dims (devices.dims.ModelDims) of a config, config.json dict or checkpoint.
 
-    >>> planner_dims("~/.cache/dflash-edge/models/smollm2-135m-instruct").num_layers   # doctest: +SKIP
+    >>> planner_dims("models/smollm2-135m-instruct").num_layers # doctest: +SKIP
     30
     """
     if isinstance(cfg, dict):
@@ -38,7 +39,7 @@ def planner_dims(cfg: TargetConfig | dict | str | Path):
 
 
 def build_target(cfg: TargetConfig):
-    """The family's torch reference for `cfg`, randomly initialised (weights are loaded by `load_target`)."""
+    """The family's torch reference for `cfg`, random (`load_target` loads the weights)."""
     return family(cfg.model_type).reference(cfg)
 
 

@@ -70,7 +70,7 @@ class TargetConfig:
     @classmethod
     def from_dict(cls, raw: dict) -> "TargetConfig":
         own = family(raw["model_type"]).Config if raw.get("model_type") in available() else cls
-        if cls is TargetConfig and own is not cls:        # a family with fields of its own (Qwen3.5's)
+        if cls is TargetConfig and own is not cls:      # a family with fields of its own (Qwen3.5)
             return own.from_dict(raw)
         missing = [k for k in _REQUIRED if raw.get(k) is None]
         if missing:

@@ -128,7 +128,8 @@ def architecture(reader, path: Path) -> str:
     archs = gguf_archs()        # the families' GGUF entries (models/families/<model_type>.py)
     if arch not in archs:
         raise ModelFormatError(
-            f"{path}: general.architecture {arch!r} is not supported; supported: {', '.join(sorted(archs))}."
+            f"{path}: general.architecture {arch!r} is not supported; "
+            f"supported: {', '.join(sorted(archs))}."
         )
     return arch
 

@@ -1,4 +1,4 @@
-"""The layers of the hybrid Qwen3.5 family in torch (its config: models/families/qwen3_5.py), written as step functions
+"""The layers of the hybrid Qwen3.5 family in torch (families/qwen3_5.py), written as step functions
 over explicit state tensors so an exporter can follow them op for op:
 
 - Gated DeltaNet (`GatedDeltaNet`): in_proj_qkv -> causal depthwise conv (kernel K, its state = the last K-1

@@ -1,5 +1,5 @@
-"""What differs between families, as data: attention, sparse MLP and GGUF entries (torch-free: the streamed
-graph builders read them too)."""
+"""What differs between families, as data: attention, sparse MLP and GGUF entries (torch-free: the
+streamed graph builders read them too)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,8 +24,8 @@ class AttentionSpec:
 
 @dataclass(frozen=True)
 class ArchSpec:
-    """What an importable llama.cpp `general.architecture` looks like on the Hugging Face side (a family's
-    `GGUF` entry; models/gguf_import.py reads it)."""
+    """What an importable llama.cpp `general.architecture` looks like on the Hugging Face side (a
+    family's `GGUF` entry; models/gguf_import.py reads it)."""
 
     arch: str  # GGUF `general.architecture`
     hf_class: str
@@ -37,8 +37,8 @@ class ArchSpec:
 
 @dataclass(frozen=True)
 class MoESpec:
-    """One sparse MLP: a softmax router over `num_experts`; the `top_k` best run, their weights renormalised to
-    sum 1 when `norm_topk_prob`."""
+    """One sparse MLP: a softmax router over `num_experts`; the `top_k` best run, their weights
+    renormalised to sum 1 when `norm_topk_prob`."""
     hidden_size: int
     num_experts: int
     top_k: int

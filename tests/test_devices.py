@@ -252,7 +252,8 @@ def test_hf_config_dims_match_preset():
            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
            "tie_word_embeddings": False, "max_position_embeddings": 40960}
     assert planner_dims(cfg) == preset("qwen3-8b")[0]
-    moe = planner_dims({**cfg, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768})
+    moe = planner_dims({**cfg, "num_experts": 128, "num_experts_per_tok": 8,
+                        "moe_intermediate_size": 768})
     assert isinstance(moe, ModelDims) and moe.active_params < moe.total_params
 
 
@@ -416,6 +417,7 @@ def test_hybrid_dims_from_transformers_qwen3_5_config():
     configuration_qwen3_5 = pytest.importorskip("transformers.models.qwen3_5.configuration_qwen3_5")
     cfg = configuration_qwen3_5.Qwen3_5Config().to_dict()
     want = preset("qwen3.5-9b")[0]
-    assert planner_dims(cfg) == replace(want, max_position_embeddings=cfg["text_config"]["max_position_embeddings"])
+    context = cfg["text_config"]["max_position_embeddings"]
+    assert planner_dims(cfg) == replace(want, max_position_embeddings=context)
     with pytest.raises(DeviceError, match="linear.num_layers=32 must be in 1..31"):
         replace(want, linear={**vars(want.linear), "num_layers": 32})

@@ -297,7 +297,8 @@ def test_planner_holds_every_expert_and_reads_the_chosen_ones():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_planner_counts_the_checkpoint_with_its_dense_layers(variant):
-    """planner_dims' parameter counts equal the tensors a checkpoint of that config holds (norms aside),
+    """planner_dims' parameter counts equal the tensors a checkpoint of that config holds (norms
+    aside),
     dense layers between sparse ones included; active = attention + k experts + router + dense MLPs + head."""
     from dflash_edge.models import planner_dims
     from dflash_edge.models import family_spec

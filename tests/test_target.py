@@ -64,7 +64,8 @@ def test_unknown_model_type_lists_supported(tiny_checkpoints, tmp_path):
     cfg = json.loads((path / "config.json").read_text())
     cfg["model_type"] = "mamba"
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelFormatError, match="'mamba' is not supported; supported: " + ", ".join(available())):
+    with pytest.raises(ModelFormatError, match="'mamba' is not supported; supported: "
+                       + ", ".join(available())):
         load_target(path)
 
 

@@ -40,7 +40,8 @@ def choose_for_device(device: str, target_dir: Path, draft: str, block: int, con
     profile = get_profile(device) if device != "cpu" else _cpu_profile()
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
     target = planner_dims(cfg)
-    req = PlanRequest(target, _drafter_dims(draft, cfg, target, block), profile, context=context, block=block)
+    drafter = _drafter_dims(draft, cfg, target, block)
+    req = PlanRequest(target, drafter, profile, context=context, block=block)
     usable = [replace(req, precision=p) for p in precisions if p in profile.precisions]
     for alt in usable:                                 # the most precise that fits the requested context ...
         if memory_plan(alt)["fits"]:

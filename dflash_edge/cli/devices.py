@@ -13,7 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from dflash_edge.devices.errors import DeviceError
-from dflash_edge.devices.dims import DraftDims, ModelDims, draft_dims_from_config, preset, recipe_drafter
+from dflash_edge.devices.dims import (DraftDims, ModelDims, draft_dims_from_config, preset,
+                                      recipe_drafter)
 from dflash_edge.devices.planner import (FLOAT_PRECISIONS, PlanRequest, bytes_per_weight, draft_precision_of,
                                          head_bytes, plan)
 from dflash_edge.models import planner_dims
@@ -160,7 +161,7 @@ def _table_bytes(man: dict) -> tuple[float, float] | None:
 
 
 def _experts(m: dict) -> dict:
-    """An MoE bundle's expert dims from its manifest `model` (models/families/qwen3_moe.manifest_fields); {} when dense."""
+    """An MoE bundle's expert dims from its manifest `model` (families/qwen3_moe.py); {}: dense."""
     if not m.get("num_experts"):
         return {}
     return {"num_experts": m["num_experts"], "experts_per_token": m["experts_per_token"],
