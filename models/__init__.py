@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dflash_edge.runtime.errors import ModelFormatError
+
+from . import dense_family
 from .config import TargetConfig
 from .families import family
 
@@ -55,6 +58,9 @@ def load_target(path: str | Path, dtype=None):
 
     path = Path(path).expanduser()
     cfg = TargetConfig.from_json(path)
+    if family(cfg.model_type).reference is not dense_family.reference:
+        raise ModelFormatError(f"model_type {cfg.model_type!r} has its own torch reference (models/families/"
+                               f"{cfg.model_type}.py: reference), not the dense TargetModel load_target fills")
     ckpt = Checkpoint.open(path)
     ckpt.check_dtypes(cfg.torch_dtype)
     dtype = checkpoint_dtype(ckpt) if dtype == "checkpoint" else dtype or torch.float32

@@ -9,6 +9,7 @@ every missing, misshaped or unexpected tensor); tests assert it equals the torch
 """
 from __future__ import annotations
 
+from .families import family
 from .spec import AttentionSpec, MoESpec
 
 
@@ -33,10 +34,8 @@ def layer_tensors(prefix: str, s: AttentionSpec, intermediate: int) -> dict[str,
 
 def target_tensors(cfg, spec: AttentionSpec) -> dict[str, tuple[int, ...]]:
     """A target checkpoint's tensors (Hugging Face names); a tied model's `lm_head.weight` is not required."""
-    from . import layer_mlps
-
     out = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,)}
-    for i, moe in enumerate(layer_mlps(cfg)):
+    for i, moe in enumerate(family(cfg.model_type).mlp_specs(cfg)):
         prefix = f"model.layers.{i}"
         layer = layer_tensors(prefix, spec, cfg.intermediate_size)
         if moe is not None:                        # a sparse layer: router + experts instead of the dense MLP
