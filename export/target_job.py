@@ -6,8 +6,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 from .fused_target import build_fused_target
+from .portable_layers import mlp
 from .portable_target import build_target
 
 
@@ -21,6 +23,17 @@ class TargetJob:
     fmt: dict                     # graph name -> dict(fmt=..., log=...) (weight_format.py)
     opts: object                  # exporter.ExportOptions
     reach: int                    # positions the graphs must reach (ExportOptions.positions)
+
+
+class MlpWriters(NamedTuple):
+    """One layer's MLP writers `(g, h, layer) -> out`, per target flavour."""
+    portable: Callable
+    fused: Callable
+
+
+def dense_mlps(cfg) -> tuple[MlpWriters, ...]:
+    """Every layer's MLP is the dense SwiGLU (portable_layers.mlp) in both flavours."""
+    return (MlpWriters(mlp, mlp),) * cfg.num_hidden_layers
 
 
 def dense_writers(job: TargetJob) -> dict:

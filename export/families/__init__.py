@@ -1,7 +1,7 @@
 """Each family's graph writers, one module per `model_type` (models/families/ holds the rest).
 
 Every module defines `target_writers(job: TargetJob) -> {graph name: writer(path)}`, in writing
-order (export/target_job.py).
+order, and `mlp_writers(cfg)`: per decoder layer, its MLP's writers (export/target_job.py).
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import importlib
 
 from dflash_edge.models.families import family
 
-INTERFACE = ("target_writers",)
+INTERFACE = ("target_writers", "mlp_writers")
 
 
 def family_writers(model_type: str):
