@@ -51,7 +51,7 @@ def test_a_config_of_each_family_is_parsed_and_described_by_its_module(name):
     cfg = TargetConfig.from_dict(raw)
     module = family(name)
     assert isinstance(cfg, module.Config)
-    assert len(module.mlp_specs(cfg)) == cfg.num_hidden_layers
+    assert len(module.mlp_specs(cfg)) == len(family_writers(name).mlp_writers(cfg)) == 4
     tensors = module.tensors(cfg)
     assert tensors[f"{module.text_prefix(cfg)}.embed_tokens.weight"] == (64, 32)
     module.check_tensors(cfg, list(tensors))
