@@ -86,7 +86,8 @@ def op_bench(reps: int, experts: int, int4: bool = False, accuracy_level: int = 
     from dflash_edge.export.moe_layers import moe_fused, moe_gather
     from dflash_edge.export.weight_format import WeightFormat
     from dflash_edge.export.weight_store import WeightStore
-    from dflash_edge.models.qwen3_moe import MoESpec, moe_tensors
+    from dflash_edge.models.names import moe_tensors
+    from dflash_edge.models.spec import MoESpec
 
     m = MoESpec(2048, experts, 8, 768, True)
     ckpt = _RandomCkpt(moe_tensors("model.layers.0", m))

@@ -1,4 +1,5 @@
-"""Model dims for the planner: presets (devices/presets.json), HF `config.json` dicts, parameter counts.
+"""Model dims for the planner: presets (devices/presets.json), parameter counts. A checkpoint's
+dims come from its family (models.planner_dims, a higher floor): callers pass them in.
 
 >>> target, drafter, tau = preset("qwen3-8b")             # doctest: +SKIP
 >>> target.total_params / 1e9, target.active_params / 1e9  # doctest: +SKIP
@@ -13,7 +14,6 @@ from pathlib import Path
 from .errors import DeviceError
 
 PRESETS_FILE = Path(__file__).resolve().parent / "presets.json"
-GATED_ATTENTION = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_next")   # q_proj yields q and a gate
 
 
 @dataclass(frozen=True)
@@ -173,42 +173,6 @@ def _need(cfg: dict, key: str, where: str):
     if key not in cfg:
         raise DeviceError(f"{where}: missing {key!r}; is this a Hugging Face model config.json?")
     return cfg[key]
-
-
-def dims_from_hf_config(cfg: dict, where: str = "config.json") -> ModelDims:
-    """ModelDims from a Hugging Face `config.json` dict (llama, qwen2, qwen3, qwen3_moe, qwen3_5, ...)."""
-    cfg = {**cfg, **cfg.get("text_config", {}), "model_type": cfg.get("model_type", "?")}   # image-text layouts
-    hidden, heads = _need(cfg, "hidden_size", where), _need(cfg, "num_attention_heads", where)
-    return ModelDims(family=cfg.get("model_type", "?"), hidden_size=hidden,
-                     intermediate_size=_need(cfg, "intermediate_size", where),
-                     num_layers=_need(cfg, "num_hidden_layers", where), num_heads=heads,
-                     num_kv_heads=cfg.get("num_key_value_heads") or heads,
-                     head_dim=cfg.get("head_dim") or hidden // heads, vocab_size=_need(cfg, "vocab_size", where),
-                     tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                     max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-                     num_experts=cfg.get("num_experts") or cfg.get("num_local_experts") or 0,
-                     experts_per_token=cfg.get("num_experts_per_tok") or 0,
-                     moe_intermediate_size=cfg.get("moe_intermediate_size") or 0, dense_layers=_dense_layers(cfg),
-                     linear=_linear_dims(cfg), attn_output_gate=cfg["model_type"] in GATED_ATTENTION)
-
-
-def _linear_dims(cfg: dict) -> LinearDims | None:
-    """The linear-attention layers of a hybrid config (`layer_types`, else Qwen3.5's `full_attention_interval`)."""
-    if "linear_num_value_heads" not in cfg:
-        return None
-    n, every = cfg.get("num_hidden_layers", 0), cfg.get("full_attention_interval") or 4
-    kinds = cfg.get("layer_types") or ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n)]
-    return LinearDims(num_layers=kinds.count("linear_attention"), num_key_heads=cfg["linear_num_key_heads"],
-                      num_value_heads=cfg["linear_num_value_heads"], key_head_dim=cfg["linear_key_head_dim"],
-                      value_head_dim=cfg["linear_value_head_dim"], conv_kernel=cfg.get("linear_conv_kernel_dim", 4))
-
-
-def _dense_layers(cfg: dict) -> int:
-    """How many layers of an MoE config keep a dense MLP (transformers' qwen3_moe rule)."""
-    if not (cfg.get("num_experts") or cfg.get("num_local_experts")):
-        return 0
-    step, only = max(cfg.get("decoder_sparse_step") or 1, 1), set(cfg.get("mlp_only_layers") or [])
-    return sum(i in only or (i + 1) % step != 0 for i in range(cfg.get("num_hidden_layers", 0)))
 
 
 def draft_dims_from_config(cfg: dict, where: str = "drafter config.json") -> DraftDims:

@@ -16,19 +16,20 @@ from pathlib import Path
 
 from dflash_edge.data import shipped_drafter
 from dflash_edge.devices.errors import DeviceError
-from dflash_edge.devices.dims import dims_from_hf_config, draft_dims_from_config, recipe_drafter
+from dflash_edge.devices.dims import draft_dims_from_config, recipe_drafter
 from dflash_edge.devices.planner import PlanRequest, alternatives, max_context, memory_plan
 from dflash_edge.devices.profiles import get_profile
+from dflash_edge.models import planner_dims
 
 EXPORT_PRECISIONS = ("fp32", "fp16", "int8", "int4")     # most precise first
 
 
-def _drafter_dims(draft: str, target_cfg: dict, block: int):
+def _drafter_dims(draft: str, target_cfg: dict, target, block: int):
     if draft in (None, "default"):
         path = shipped_drafter(*(target_cfg.get(k) for k in ("hidden_size", "vocab_size", "num_hidden_layers")))
         draft = str(path) if path else "random"
     if draft == "random":
-        return recipe_drafter(dims_from_hf_config(target_cfg), num_layers=1, block_size=block)
+        return recipe_drafter(target, num_layers=1, block_size=block)
     return draft_dims_from_config(json.loads((Path(draft) / "config.json").read_text()), f"{draft}/config.json")
 
 
@@ -37,8 +38,9 @@ def choose_for_device(device: str, target_dir: Path, draft: str, block: int, con
     """(precision, max_context) for `device`; DeviceError naming what would fit when nothing does."""
     profile = get_profile(device) if device != "cpu" else _cpu_profile()
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
-    target = dims_from_hf_config(cfg, f"{target_dir}/config.json")
-    req = PlanRequest(target, _drafter_dims(draft, cfg, block), profile, context=context, block=block)
+    target = planner_dims(cfg)
+    drafter = _drafter_dims(draft, cfg, target, block)
+    req = PlanRequest(target, drafter, profile, context=context, block=block)
     usable = [replace(req, precision=p) for p in precisions if p in profile.precisions]
     for alt in usable:                                 # the most precise that fits the requested context ...
         if memory_plan(alt)["fits"]:

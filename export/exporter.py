@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dflash_edge.models.families import family
 from dflash_edge.runtime import bundle as bundle_mod
 from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.runtime.io_tables import FLAVOURS, io_manifest
@@ -173,11 +174,10 @@ def _int8_cache(opts: ExportOptions, tmp: Path, graphs: dict, steps, meter: Memo
 
 def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     """Everything of the bundle into the partial folder `tmp`; returns the manifest's graph entries."""
-    from .fused_target import build_fused_target
-    from .hybrid_target import build_hybrid_target
+    from .families import family_writers
     from .portable_drafter import build_drafter
-    from .portable_target import build_target
     from .sources import open_sources
+    from .target_job import TargetJob
     from .weight_format import FormatLog
     from .weight_store import WeightStore
 
@@ -193,15 +193,12 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     formats, log = weight_formats(opts), FormatLog()
     fmt = {n: dict(fmt=f, log=log) for n, f in formats.items()}
     reach = opts.positions
-    writers = {"target": lambda p: build_target(tc, src.target_ckpt, capture, store, p, **fmt["target"],
-                                                reach=reach),
-               "target_fused": lambda p: build_fused_target(tc, src.target_ckpt, capture, store, p,
-                                                            **fmt["target_fused"], reach=reach),
+    job = TargetJob(tc, src.target_ckpt, capture, store, fmt, opts, reach)
+    writers = {**family_writers(tc.model_type).target_writers(job),
                "drafter": lambda p: build_drafter(tc, dc, src.target_ckpt, src.draft_ckpt, store, p,
-                                                  opts.block_size, src.vocab, **fmt["drafter"], reach=reach),
-               "target_hybrid": lambda p: build_hybrid_target(tc, src.target_ckpt, capture, store, p, opts,
-                                                              **fmt["target_hybrid"])}
-    for name in _graph_names(tc):
+                                                  opts.block_size, src.vocab, **fmt["drafter"],
+                                                  reach=reach)}
+    for name in writers:
         if name == "target_fused" and fused_note is not None:
             continue
         t = time.perf_counter()
@@ -326,7 +323,7 @@ def _manifest(tc, dc, tok_files, graphs, opts, sources, shared: list[dict]) -> d
                   "mask_token_id": dc.mask_token_id, "draft_vocab_size": opts.draft_vocab or tc.vocab_size,
                   "eos_token_ids": list(tc.eos_token_id),
                   "bos_token_id": tc.bos_token_id, "max_position_embeddings": tc.max_position_embeddings,
-                  **windows, **_moe_fields(tc), **_hybrid_fields(tc)},
+                  **windows, **family(tc.model_type).manifest_fields(tc)},
         "block_size": opts.block_size, "trained_block_size": dc.block_size,
         "max_context": opts.max_context, "prefill_chunk": opts.prefill_chunk,
         "kv_cache": {"layout": bundle_mod.KV_LAYOUT, "dtype": "float32", "slack": opts.block_size},
@@ -342,27 +339,6 @@ def _manifest(tc, dc, tok_files, graphs, opts, sources, shared: list[dict]) -> d
         "tokenizer": tok_files,
         "source": sources,
     }
-
-
-def _moe_fields(tc) -> dict:
-    """An MoE target's expert keys for the manifest's `model` (models/qwen3_moe.manifest_fields); {} when dense."""
-    from dflash_edge.models.qwen3_moe import manifest_fields
-
-    return manifest_fields(tc)
-
-
-def _graph_names(tc) -> tuple[str, ...]:
-    """The graphs a target gets: a hybrid (linear-attention) one only `target_hybrid`, a dense one both flavours."""
-    from dflash_edge.models import HYBRID
-
-    return ("target_hybrid", "drafter") if tc.model_type in HYBRID else ("target", "target_fused", "drafter")
-
-
-def _hybrid_fields(tc) -> dict:
-    """A hybrid target's layer kinds and linear-attention dims for the manifest's `model`; {} when dense."""
-    from dflash_edge.models.qwen3_5 import manifest_fields
-
-    return manifest_fields(tc)
 
 
 def _check_only_named_files(root: Path, graphs: dict, tok_files: dict) -> None:

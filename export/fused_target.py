@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from .graph_builder import MS, OPSET_FUSED, GraphBuilder
-from dflash_edge.models import family_spec, layer_mlps
-from .moe_layers import moe_fused
-from .portable_layers import Layer, linear, mlp, packed_qkv
+from dflash_edge.models import family_spec
+from .families import family_writers
+from .portable_layers import Layer, linear, packed_qkv
 from .portable_target import embedding, lm_head
 
 
@@ -103,12 +103,12 @@ def build_fused_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, fm
     x = embed.gather("input_ids")                                                    # [1, T, H]
     h = g.op("RMSNormalization", [x, _norm_weight(g, ckpt, "model.layers.0.input_layernorm")], axis=-1,
              epsilon=eps)[0]
-    captured, mlps = {}, layer_mlps(cfg)
+    captured, mlps = {}, family_writers(cfg.model_type).mlp_writers(cfg)
     for i in range(cfg.num_hidden_layers):
         layer = Layer(ckpt, f"model.layers.{i}", spec)
         a = _attention(g, h, layer, i, io)
         h, x = _skip_norm(g, a, x, ckpt, f"{layer.prefix}.post_attention_layernorm", eps)
-        m = moe_fused(g, h, ckpt, layer.prefix, mlps[i]) if mlps[i] else mlp(g, h, layer)   # [1, T, H]
+        m = mlps[i].fused(g, h, layer)                                               # [1, T, H]
         last = i + 1 == cfg.num_hidden_layers
         h, x = _skip_norm(g, m, x, ckpt, "model.norm" if last else f"model.layers.{i + 1}.input_layernorm", eps)
         if i in capture:

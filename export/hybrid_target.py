@@ -1,6 +1,6 @@
 """The portable `target_hybrid` graph of a Qwen3.5 (hybrid linear-attention) target, written node by node from
 its checkpoint in standard ONNX ops (opset 17). The exporter writes it instead of `target` / `target_fused` for a
-hybrid family (models.HYBRID); the runtime runs it as `HybridTargetModel` (runtime/kv.py; I/O:
+hybrid family (families/qwen3_5.py); the runtime runs it as `HybridTargetModel` (runtime/kv.py; I/O:
 `io_tables.GRAPHS["target_hybrid"]`).
 
 Its torch reference is `models/linear_attention.HybridModel.step`: full-attention layers read and return K/V
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_edge.models.qwen3_5 import LINEAR, attention_spec
+from dflash_edge.models.families.qwen3_5 import LINEAR, attention_spec
 
 from .graph_builder import OPSET, GraphBuilder
 from .portable_layers import (Layer, apply_rope, attend, float_min, int_range, linear, mlp, rope_rows, rope_table,

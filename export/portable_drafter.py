@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .graph_builder import OPSET, GraphBuilder
-from dflash_edge.models.qwen3 import attention_spec
+from dflash_edge.models.families.qwen3 import attention_spec
 from .portable_layers import Layer, Rope, decoder_layer, float_min, int_range, linear, rms_norm, rope_rows, \
     rope_table, split_past, stack_new
 from .portable_target import embedding, untied_head

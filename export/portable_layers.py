@@ -27,7 +27,7 @@ class Layer:
     ckpt: object
     prefix: str
     spec: AttentionSpec
-    moe: object = None            # models/qwen3_moe.MoESpec when the layer's MLP is sparse (router + experts)
+    write_mlp: object = None      # its family's MLP writer (target_job.MlpWriters); None: `mlp`
 
 
 @dataclass(frozen=True)
@@ -137,11 +137,7 @@ def attend(g: GraphBuilder, q: str, k_new: str, v_new: str, past: tuple[str, str
 
 
 def mlp(g: GraphBuilder, h: str, layer: Layer) -> str:
-    """down(silu(gate(h)) * up(h)); silu as x * Sigmoid(x) (onnxruntime fuses it). A sparse layer: export/moe_layers."""
-    if layer.moe is not None:
-        from .moe_layers import moe_gather
-
-        return moe_gather(g, h, layer.ckpt, layer.prefix, layer.moe)                # [1, T, H]
+    """down(silu(gate(h)) * up(h)); silu as x * Sigmoid(x) (onnxruntime fuses it): the dense MLP."""
     name = f"{layer.prefix}.mlp"
     if g.fmt.bits:           # low-bit: gate and up as one MatMulNBits over stacked rows (one op and one
         width = layer.ckpt.shape(f"{name}.gate_proj.weight")[0]                  # correction fewer), both flavours
@@ -166,7 +162,9 @@ def decoder_layer(g: GraphBuilder, x: str, layer: Layer, rope: Rope, past: tuple
     kv_in = h if ctx is None else g.op("Concat", [ctx, h], axis=1)[0]            # [1, C + T, H]
     attn, k_new, v_new = attention(g, h, kv_in, layer, rope, past, mask)
     x = g.op("Add", [x, attn])[0]
-    m = mlp(g, rms_norm(g, x, layer.ckpt, f"{layer.prefix}.post_attention_layernorm", eps), layer)
+    write_mlp = layer.write_mlp or mlp              # the family's (export/families), else dense
+    h = rms_norm(g, x, layer.ckpt, f"{layer.prefix}.post_attention_layernorm", eps)
+    m = write_mlp(g, h, layer)
     return g.op("Add", [x, m])[0], k_new, v_new
 
 

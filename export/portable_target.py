@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .graph_builder import OPSET, GraphBuilder
-from dflash_edge.models import family_spec, layer_mlps
+from dflash_edge.models import family_spec
+from .families import family_writers
 from .portable_layers import (Layer, Rope, decoder_layer, float_min, int_range, rms_norm, rope_rows, rope_table,
                               split_past, stack_new)
 from .weight_format import Table, matmul
@@ -68,8 +69,8 @@ def build_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, fmt=None
     past_k = split_past(g, "past_key", cfg.num_hidden_layers)
     past_v = split_past(g, "past_value", cfg.num_hidden_layers)
     new_k, new_v, captured = [], [], {}
-    for i, moe in enumerate(layer_mlps(cfg)):
-        layer = Layer(ckpt, f"model.layers.{i}", spec, moe)
+    for i, writers in enumerate(family_writers(cfg.model_type).mlp_writers(cfg)):
+        layer = Layer(ckpt, f"model.layers.{i}", spec, writers.portable)
         x, k, v = decoder_layer(g, x, layer, rope, (past_k[i], past_v[i]), mask)
         new_k.append(k)
         new_v.append(v)

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_edge.models.families import family
 from dflash_edge.runtime.errors import ModelFormatError
 
 
@@ -38,11 +39,8 @@ def open_sources(opts, scratch: Path) -> Sources:
 
     from dflash_edge.models.fetch import resolve_target
     from .fits import check_fits, peak_weight_bytes
-    from dflash_edge.models import family_spec
     from dflash_edge.models.checkpoint import Checkpoint
     from dflash_edge.models.config import TargetConfig
-    from dflash_edge.models.names import target_tensors
-    from dflash_edge.models.qwen3_5 import HybridConfig, hybrid_tensors
     from dflash_edge.models.checkpoint import check_shapes
 
     target_dir = resolve_target(None if opts.target in (None, "default") else opts.target)
@@ -54,14 +52,12 @@ def open_sources(opts, scratch: Path) -> Sources:
         precision = getattr(opts, "precision", "fp32")
         check_fits(peak_weight_bytes(ckpt.num_params(skip), tc.vocab_size * tc.hidden_size, precision),
                    f"{target_dir.name} ({precision})")
-    if tc.num_experts:             # an expert count off by the config's is named before the per-tensor list
-        from dflash_edge.models.qwen3_moe import check_expert_count
-
-        check_expert_count(tc, ckpt.names())
-    expected = hybrid_tensors(tc) if isinstance(tc, HybridConfig) else target_tensors(tc, family_spec(tc))
-    check_shapes(expected, ckpt, ignore=(("lm_head.weight",) if tc.tie_word_embeddings else ()) + _not_text(ckpt))
-    if isinstance(tc, HybridConfig) and tc.weight_prefix != "model":
-        ckpt = TextNames(ckpt, tc.weight_prefix)
+    fam = family(tc.model_type)
+    fam.check_tensors(tc, ckpt.names())    # e.g. an expert count off by the config's, named first
+    tied = ("lm_head.weight",) if tc.tie_word_embeddings else ()
+    check_shapes(fam.tensors(tc), ckpt, ignore=tied + _not_text(ckpt))
+    if fam.text_prefix(tc) != "model":
+        ckpt = TextNames(ckpt, fam.text_prefix(tc))
     tok = ChatTokenizer.from_dir(target_dir)
     draft_dir, source = drafter_dir(opts.draft, tc, tok, scratch)
     dc, dckpt = open_drafter(draft_dir, tc)
@@ -112,10 +108,7 @@ def _not_text(ckpt) -> tuple[str, ...]:
 
 def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple[Path, str]:
     """(z-lab drafter folder, source label) for `spec`: a folder, 'default' (shipped) or 'random' (written to `scratch`)."""
-    from dflash_edge.models.qwen3_5 import HybridConfig
-
-    if isinstance(target_cfg, HybridConfig):          # a drafter is sized from the dims a dense config shares
-        target_cfg = target_cfg.dense_view()
+    target_cfg = family(target_cfg.model_type).dense_view(target_cfg)   # a drafter's dims are dense
     if spec in (None, "default"):
         from dflash_edge.models.resolve_drafter import default_drafter_path
 
@@ -137,7 +130,7 @@ def open_drafter(path: Path, target_cfg):
     from dflash_edge.models.draft_config import DraftConfig
     from dflash_edge.models.checkpoint import Checkpoint
     from dflash_edge.models.names import drafter_tensors
-    from dflash_edge.models.qwen3 import attention_spec
+    from dflash_edge.models.families.qwen3 import attention_spec
     from dflash_edge.models.checkpoint import check_shapes
 
     cfg_file = path / "config.json"

@@ -1,6 +1,7 @@
-"""What a checkpoint is (floor 3): configs, families as data (one file per family, the file name is the config's
-`model_type`), safetensors / GGUF readers, fetch, the torch reference models (target and z-lab drafter) and the
-reference loop that export's parity, train and the tests check against.
+"""What a checkpoint is (floor 3): configs, families (models/families/: one module per family, its
+file name the config's `model_type`), safetensors / GGUF readers, fetch, the torch reference models
+(target and z-lab drafter) and the reference loop that export's parity, train and the tests check
+against.
 GGUF low-bit blocks map exactly onto onnxruntime MatMulNBits operands in `gguf_blocks` (issue 27).
 
 >>> from dflash_edge.models import load_target      # doctest: +SKIP
@@ -8,42 +9,41 @@ GGUF low-bit blocks map exactly onto onnxruntime MatMulNBits operands in `gguf_b
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 from dflash_edge.runtime.errors import ModelFormatError
 
+from . import dense_family
 from .config import TargetConfig
-
-# model_type -> module in this package defining `attention_spec(cfg) -> AttentionSpec` (and, for a family with
-# sparse layers, `mlp_specs(cfg)`: per layer a MoESpec or None). A hybrid family (HYBRID: linear-attention layers,
-# models/linear_attention.py) is exported as `target_hybrid` and has no dense TargetModel.
-FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5")
-HYBRID = ("qwen3_5",)
+from .families import family
 
 
 def family_spec(cfg: TargetConfig):
     """The family's `AttentionSpec` for `cfg` (torch-free: the streamed graphs read it too)."""
-    if cfg.model_type not in FAMILIES:
-        raise ModelFormatError(f"model_type {cfg.model_type!r} is not supported; supported: {', '.join(FAMILIES)}")
-    return importlib.import_module(f"{__name__}.{cfg.model_type}").attention_spec(cfg)
+    return family(cfg.model_type).attention_spec(cfg)
 
 
 def layer_mlps(cfg: TargetConfig) -> tuple:
-    """Per decoder layer: the family's sparse-MLP spec (models/qwen3_moe.MoESpec), or None where the MLP is dense."""
-    family_spec(cfg)                                   # an unknown family is refused by name first
-    module = importlib.import_module(f"{__name__}.{cfg.model_type}")
-    return module.mlp_specs(cfg) if hasattr(module, "mlp_specs") else (None,) * cfg.num_hidden_layers
+    """Per decoder layer: the family's sparse-MLP spec (spec.MoESpec), or None where it is dense."""
+    return family(cfg.model_type).mlp_specs(cfg)
+
+
+def planner_dims(cfg: TargetConfig | dict | str | Path):
+    """The planner's dims (devices.dims.ModelDims) of a config, config.json dict or checkpoint.
+
+    >>> planner_dims("models/smollm2-135m-instruct").num_layers # doctest: +SKIP
+    30
+    """
+    if isinstance(cfg, dict):
+        cfg = TargetConfig.from_dict(cfg)
+    elif not isinstance(cfg, TargetConfig):
+        cfg = TargetConfig.from_json(Path(cfg).expanduser())
+    return family(cfg.model_type).planner_dims(cfg)
 
 
 def build_target(cfg: TargetConfig):
-    """A randomly initialised TargetModel for `cfg` (weights are loaded by `load_target`)."""
-    from .target import TargetModel
-
-    if cfg.model_type in HYBRID:
-        raise ModelFormatError(f"model_type {cfg.model_type!r} is a hybrid (linear-attention) target: its torch "
-                               f"reference is models/linear_attention.load_hybrid, not the dense TargetModel")
-    return TargetModel(cfg, family_spec(cfg), layer_mlps(cfg))
+    """The family's torch reference for `cfg`, random (`load_target` loads the weights)."""
+    return family(cfg.model_type).reference(cfg)
 
 
 def load_target(path: str | Path, dtype=None):
@@ -58,6 +58,9 @@ def load_target(path: str | Path, dtype=None):
 
     path = Path(path).expanduser()
     cfg = TargetConfig.from_json(path)
+    if family(cfg.model_type).reference is not dense_family.reference:
+        raise ModelFormatError(f"model_type {cfg.model_type!r} has its own torch reference (models/families/"
+                               f"{cfg.model_type}.py: reference), not the dense TargetModel load_target fills")
     ckpt = Checkpoint.open(path)
     ckpt.check_dtypes(cfg.torch_dtype)
     dtype = checkpoint_dtype(ckpt) if dtype == "checkpoint" else dtype or torch.float32

@@ -1,16 +1,13 @@
 """Target model configuration: one dataclass built from a Hugging Face `config.json`."""
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from dflash_edge.runtime.errors import ModelFormatError
 
-# model_type -> (module of this package, its config class) for families whose config.json has fields of its own
-# (hybrid Qwen3.5: linear-attention dims, `text_config`); TargetConfig.from_dict hands those configs over.
-OWN_CONFIGS = {"qwen3_5": ("qwen3_5", "HybridConfig"), "qwen3_5_text": ("qwen3_5", "HybridConfig")}
+from .families import available, family
 
 # Fields every supported family must declare (others have defaults below).
 _REQUIRED = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -45,7 +42,7 @@ class TargetConfig:
     eos_token_id: list[int] = field(default_factory=list)
     torch_dtype: str | None = None        # the checkpoint's declared dtype ("bfloat16", ...), checked on load
     hidden_act: str = "silu"              # the only MLP activation the families here use
-    # mixture of experts (qwen3_moe; models/qwen3_moe.py): 0 experts = every layer dense
+    # mixture of experts (qwen3_moe; models/families/qwen3_moe.py): 0 experts = every layer dense
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
@@ -72,9 +69,9 @@ class TargetConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "TargetConfig":
-        if cls is TargetConfig and raw.get("model_type") in OWN_CONFIGS:      # a family with fields of its own
-            module, name = OWN_CONFIGS[raw["model_type"]]
-            return getattr(importlib.import_module(f"{__package__}.{module}"), name).from_dict(raw)
+        own = family(raw["model_type"]).Config if raw.get("model_type") in available() else cls
+        if cls is TargetConfig and own is not cls:      # a family with fields of its own (Qwen3.5)
+            return own.from_dict(raw)
         missing = [k for k in _REQUIRED if raw.get(k) is None]
         if missing:
             raise ModelFormatError(f"config.json lacks required key(s) {missing}; is this a decoder-only LLM config?")
@@ -139,6 +136,7 @@ def _refuse_unsupported_moe(raw: dict) -> None:
 # The attention kinds a `layer_types` entry may name; a target here runs only full attention, a DFlash
 # drafter may also slide (models/draft_config.py), and hybrid families add their own kinds.
 LAYER_TYPES = ("full_attention", "sliding_attention")
+LINEAR = "linear_attention"        # a hybrid family's linear-attention layers (families/qwen3_5.py)
 
 
 def layer_types_of(raw: dict, known: tuple[str, ...] = LAYER_TYPES) -> list[str]:

@@ -26,7 +26,7 @@ from .static_cache import StaticKVCache
 from .graphs import DrafterGraph, _split_layers, _stack_layers
 from .layers import DecoderLayer, RMSNorm, RotaryTable
 from .target import lm_logits
-from .qwen3 import attention_spec
+from .families.qwen3 import attention_spec
 from dflash_edge.runtime.publish import publish_dir
 
 class DFlashDrafter(nn.Module):

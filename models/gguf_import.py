@@ -20,35 +20,19 @@ import json
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_edge.runtime.publish import publish_dir
 from dflash_edge.runtime.errors import ModelFormatError
 
+from .families import gguf_archs
 from .gguf_check import check_gguf, corrupt
+from .spec import ArchSpec
 
 GGUF_MAGIC = b"GGUF"
 BLOCKS_FILE = "gguf_blocks.safetensors"      # exact low-bit operands beside the float32 checkpoint
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 
-
-@dataclass(frozen=True)
-class ArchSpec:
-    """What an importable `general.architecture` looks like on the Hugging Face side."""
-
-    hf_class: str
-    model_type: str
-    qkv_bias: bool  # q/k/v projections carry biases (Qwen2)
-    qk_norm: bool  # per-head RMSNorm on q and k (Qwen3)
-    rotary_permuted: bool  # llama.cpp permuted Q/K rows for its interleaved rope; undo it
-
-
-ARCHS = {
-    "llama": ArchSpec("LlamaForCausalLM", "llama", qkv_bias=False, qk_norm=False, rotary_permuted=True),
-    "qwen2": ArchSpec("Qwen2ForCausalLM", "qwen2", qkv_bias=True, qk_norm=False, rotary_permuted=False),
-    "qwen3": ArchSpec("Qwen3ForCausalLM", "qwen3", qkv_bias=False, qk_norm=True, rotary_permuted=False),
-}
 
 # GGUF tensor name pattern -> HF name pattern; {i} is the layer index, {p} is weight|bias.
 TENSOR_NAMES = {
@@ -143,9 +127,11 @@ def open_gguf(path: Path):
 def architecture(reader, path: Path) -> str:
     """`general.architecture`, checked against the supported ones."""
     arch = _field(reader, "general.architecture", path)
-    if arch not in ARCHS:
+    archs = gguf_archs()        # the families' GGUF entries (models/families/<model_type>.py)
+    if arch not in archs:
         raise ModelFormatError(
-            f"{path}: general.architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHS))}."
+            f"{path}: general.architecture {arch!r} is not supported; "
+            f"supported: {', '.join(sorted(archs))}."
         )
     return arch
 
@@ -159,7 +145,7 @@ def read_tensors(reader, arch: str, path: Path) -> dict:
     import numpy as np
     from gguf.quants import dequantize
 
-    spec = ARCHS[arch]
+    spec = gguf_archs()[arch]
     present = {t.name for t in reader.tensors}
     _check_tensor_names(present, _expected_gguf_names(reader, arch, spec, path), path)
     n_heads = _count(reader, f"{arch}.attention.head_count", path)
@@ -183,7 +169,7 @@ def read_blocks(reader, arch: str, path: Path) -> tuple[dict, dict]:
 
     from .gguf_blocks import TYPES, nbits_operands
 
-    spec = ARCHS[arch]
+    spec = gguf_archs()[arch]
     n_heads = _count(reader, f"{arch}.attention.head_count", path)
     n_kv = _count(reader, f"{arch}.attention.head_count_kv", path, default=n_heads)
     heads = {".attn_q.weight": n_heads, ".attn_k.weight": n_kv}
@@ -268,7 +254,7 @@ def _some(names: list[str], n: int = 5) -> str:
 
 def build_config(reader, arch: str, tensors: dict, path: Path) -> dict:
     """The HF `config.json` dict for this file (fields named as transformers' config classes name them)."""
-    spec = ARCHS[arch]
+    spec = gguf_archs()[arch]
 
     def key(name, default=...):
         return _field(reader, f"{arch}.{name}", path, default=default)

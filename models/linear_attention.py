@@ -1,4 +1,4 @@
-"""The layers of the hybrid Qwen3.5 family in torch (its config: models/qwen3_5.py), written as step functions
+"""The layers of the hybrid Qwen3.5 family in torch (families/qwen3_5.py), written as step functions
 over explicit state tensors so an exporter can follow them op for op:
 
 - Gated DeltaNet (`GatedDeltaNet`): in_proj_qkv -> causal depthwise conv (kernel K, its state = the last K-1
@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layers import MLP, RotaryTable
-from .qwen3_5 import LINEAR, HybridConfig, hybrid_tensors
+from .config import LINEAR, TargetConfig
+from .families import family
 
 
 class CentredRMSNorm(nn.Module):
@@ -88,7 +89,7 @@ def delta_rule_chunked(q, k, v, g, beta, state, chunk: int = 64):
 class GatedDeltaNet(nn.Module):
     """One linear-attention layer (published names: `linear_attn.*`)."""
 
-    def __init__(self, cfg: HybridConfig):
+    def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.cfg = cfg
         h, hv = cfg.hidden_size, cfg.linear_num_value_heads
@@ -149,7 +150,7 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 class GatedAttention(nn.Module):
     """One full-attention layer (published names: `self_attn.*`), over an explicit K/V prefix."""
 
-    def __init__(self, cfg: HybridConfig):
+    def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.cfg = cfg
         h, d, hq, hkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -203,7 +204,7 @@ class HybridState:
 
 
 class HybridLayer(nn.Module):
-    def __init__(self, cfg: HybridConfig, kind: str):
+    def __init__(self, cfg: TargetConfig, kind: str):
         super().__init__()
         self.kind = kind
         self.input_layernorm = CentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -218,7 +219,7 @@ class HybridLayer(nn.Module):
 class HybridModel(nn.Module):
     """The Qwen3.5 text model + LM head as one pure `step` over a HybridState (names: published, unprefixed)."""
 
-    def __init__(self, cfg: HybridConfig):
+    def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
@@ -279,14 +280,14 @@ def rollback(after: HybridState, trail: HybridState, kept: int) -> HybridState:
                        [None if r is None else r[kept - 1] for r in trail.rec], length)
 
 
-def load_hybrid(path, cfg: HybridConfig | None = None, ckpt=None) -> HybridModel:
+def load_hybrid(path, cfg: TargetConfig | None = None, ckpt=None) -> HybridModel:
     """A HybridModel with the weights of a published Qwen3.5 checkpoint folder (the vision tower is
     not read); `ckpt`: an opened checkpoint of it to read instead (parity: the bundle's weights)."""
     from .checkpoint import Checkpoint, check_shapes
 
-    cfg = cfg or HybridConfig.from_json(path)
+    cfg = cfg or TargetConfig.from_json(path)       # a qwen3_5 config.json gives its HybridConfig
     ckpt = ckpt or Checkpoint.open(path)
-    names = hybrid_tensors(cfg)
+    names = family(cfg.model_type).tensors(cfg)
     check_shapes(names, ckpt, ignore=tuple(n for n in ckpt.names() if not n.startswith(cfg.weight_prefix + ".")
                                             and n != "lm_head.weight"))
     model = HybridModel(cfg)

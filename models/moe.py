@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .layers import MLP
-from .qwen3_moe import MoESpec
+from .spec import MoESpec
 
 
 class SparseMoE(nn.Module):

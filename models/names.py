@@ -9,7 +9,8 @@ every missing, misshaped or unexpected tensor); tests assert it equals the torch
 """
 from __future__ import annotations
 
-from .spec import AttentionSpec
+from .families import family
+from .spec import AttentionSpec, MoESpec
 
 
 def layer_tensors(prefix: str, s: AttentionSpec, intermediate: int) -> dict[str, tuple[int, ...]]:
@@ -33,11 +34,8 @@ def layer_tensors(prefix: str, s: AttentionSpec, intermediate: int) -> dict[str,
 
 def target_tensors(cfg, spec: AttentionSpec) -> dict[str, tuple[int, ...]]:
     """A target checkpoint's tensors (Hugging Face names); a tied model's `lm_head.weight` is not required."""
-    from . import layer_mlps
-    from .qwen3_moe import moe_tensors
-
     out = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,)}
-    for i, moe in enumerate(layer_mlps(cfg)):
+    for i, moe in enumerate(family(cfg.model_type).mlp_specs(cfg)):
         prefix = f"model.layers.{i}"
         layer = layer_tensors(prefix, spec, cfg.intermediate_size)
         if moe is not None:                        # a sparse layer: router + experts instead of the dense MLP
@@ -45,6 +43,16 @@ def target_tensors(cfg, spec: AttentionSpec) -> dict[str, tuple[int, ...]]:
         out.update(layer)
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
+    return out
+
+
+def moe_tensors(prefix: str, m: MoESpec) -> dict[str, tuple[int, ...]]:
+    """A sparse layer's MLP tensors under `prefix` (`model.layers.N`), name -> shape."""
+    out = {f"{prefix}.mlp.gate.weight": (m.num_experts, m.hidden_size)}
+    for e in range(m.num_experts):
+        expert = f"{prefix}.mlp.experts.{e}"
+        out[f"{expert}.gate_proj.weight"] = out[f"{expert}.up_proj.weight"] = (m.intermediate, m.hidden_size)
+        out[f"{expert}.down_proj.weight"] = (m.hidden_size, m.intermediate)
     return out
 
 

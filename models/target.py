@@ -48,7 +48,7 @@ class TargetModel(nn.Module):
     """
 
     def __init__(self, cfg: TargetConfig, spec: AttentionSpec, mlps: tuple = ()):
-        """`mlps`: per layer, a sparse MLP's spec (models/qwen3_moe.MoESpec) or None (dense); () is all dense."""
+        """`mlps`: per layer a sparse MLP's spec (spec.MoESpec) or None (dense); () is all dense."""
         super().__init__()
         self.config = cfg
         self.model = _Body(cfg, spec, mlps)

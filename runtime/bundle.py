@@ -38,9 +38,9 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
               "draft_intermediate_size",                       # MLP widths for devices plan (older bundles lack them)
               "draft_layer_types", "draft_sliding_window",     # a drafter with sliding-window layers (io_tables)
               "num_experts", "experts_per_token", "moe_intermediate_size", "intermediate_size",
-              "sparse_layers",                                # an MoE target (models/qwen3_moe.manifest_fields)
+              "sparse_layers",                                # an MoE target (qwen3_moe)
               "layer_types", "linear_conv_kernel_dim", "linear_num_key_heads", "linear_num_value_heads",
-              "linear_key_head_dim", "linear_value_head_dim"),    # a hybrid target (models/qwen3_5.manifest_fields)
+              "linear_key_head_dim", "linear_value_head_dim"),    # a hybrid target (qwen3_5)
     "kv_cache": ("layout", "dtype", "slack"),
     "tokenizer": ("file", "config", "checksums"),
     "graph": ("files", "precision", "io", "static_shapes", "opset", "flavour",   # flavour: io_tables.FLAVOURS

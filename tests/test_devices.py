@@ -10,7 +10,9 @@ import pytest
 from dflash_edge.cli import main
 from dflash_edge.devices import detect as det
 from dflash_edge.devices.errors import DeviceError
-from dflash_edge.devices.dims import ModelDims, dims_from_hf_config, preset
+from dflash_edge.devices.dims import ModelDims, preset
+from dflash_edge.models import planner_dims
+from dflash_edge.runtime.errors import ModelFormatError
 from dflash_edge.devices.planner import (PlanRequest, alpha_for_tau, bytes_per_weight, memory_plan, plan, tau_at,
                                          target_step)
 from dflash_edge.devices.profiles import PROFILE_DIR, get_profile, load_profile_file, load_profiles
@@ -241,16 +243,17 @@ def test_bad_plan_inputs():
         plan(PlanRequest(t, d, dev, "int4", 99999))
     with pytest.raises(DeviceError, match="unknown model preset 'qwen9'.*qwen3-8b"):
         preset("qwen9")
-    with pytest.raises(DeviceError, match="missing 'hidden_size'"):
-        dims_from_hf_config({"num_attention_heads": 4})
+    with pytest.raises(ModelFormatError, match="lacks required key.*hidden_size"):
+        planner_dims({"model_type": "qwen3", "num_attention_heads": 4})
 
 
 def test_hf_config_dims_match_preset():
     cfg = {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
            "tie_word_embeddings": False, "max_position_embeddings": 40960}
-    assert dims_from_hf_config(cfg) == preset("qwen3-8b")[0]
-    moe = dims_from_hf_config({**cfg, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768})
+    assert planner_dims(cfg) == preset("qwen3-8b")[0]
+    moe = planner_dims({**cfg, "num_experts": 128, "num_experts_per_tok": 8,
+                        "moe_intermediate_size": 768})
     assert isinstance(moe, ModelDims) and moe.active_params < moe.total_params
 
 
@@ -414,6 +417,7 @@ def test_hybrid_dims_from_transformers_qwen3_5_config():
     configuration_qwen3_5 = pytest.importorskip("transformers.models.qwen3_5.configuration_qwen3_5")
     cfg = configuration_qwen3_5.Qwen3_5Config().to_dict()
     want = preset("qwen3.5-9b")[0]
-    assert dims_from_hf_config(cfg) == replace(want, max_position_embeddings=cfg["text_config"]["max_position_embeddings"])
+    context = cfg["text_config"]["max_position_embeddings"]
+    assert planner_dims(cfg) == replace(want, max_position_embeddings=context)
     with pytest.raises(DeviceError, match="linear.num_layers=32 must be in 1..31"):
         replace(want, linear={**vars(want.linear), "num_layers": 32})

@@ -298,16 +298,17 @@ def test_planner_holds_every_expert_and_reads_the_chosen_ones():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_planner_counts_the_checkpoint_with_its_dense_layers(variant):
-    """dims_from_hf_config's parameter counts equal the tensors a checkpoint of that config holds (norms aside),
+    """planner_dims' parameter counts equal the tensors a checkpoint of that config holds (norms
+    aside),
     dense layers between sparse ones included; active = attention + k experts + router + dense MLPs + head."""
-    from dflash_edge.devices.dims import dims_from_hf_config
+    from dflash_edge.models import planner_dims
     from dflash_edge.models import family_spec
     from dflash_edge.models.names import target_tensors
 
     raw = _cfg(**VARIANTS[variant])
     cfg = TargetConfig.from_dict(raw)
     tensors = {k: int(np.prod(v)) for k, v in target_tensors(cfg, family_spec(cfg)).items() if "norm" not in k}
-    dims = dims_from_hf_config(raw)
+    dims = planner_dims(raw)
     assert dims.total_params == sum(tensors.values())
     per_expert = 3 * 32 * 16
     assert dims.total_params - dims.active_params == (8 - 3) * per_expert * (4 - dims.dense_layers) + 96 * 32
@@ -322,7 +323,7 @@ def test_plan_of_an_moe_bundle_holds_every_expert_and_reads_the_chosen_ones(moe)
     from dataclasses import replace
 
     from dflash_edge.cli.devices import bundle_request
-    from dflash_edge.devices.dims import dims_from_hf_config
+    from dflash_edge.models import planner_dims
     from dflash_edge.devices.planner import GB, class_factors, target_step, weight_bytes
     from dflash_edge.devices.profiles import get_profile
     from dflash_edge.models import family_spec
@@ -331,7 +332,7 @@ def test_plan_of_an_moe_bundle_holds_every_expert_and_reads_the_chosen_ones(moe)
     _, ckpt, out = moe("renorm")
     dev = replace(get_profile("jetson-agx-orin-64gb"), bandwidth_gb_s=1e-3)   # slow: ms that 4 decimals resolve
     req = bundle_request(Namespace(bundle=str(out), precision=None, block=None, context=1, tau=None), dev)
-    want = dims_from_hf_config(json.loads((ckpt / "config.json").read_text()))
+    want = planner_dims(json.loads((ckpt / "config.json").read_text()))
     fields = ("num_experts", "experts_per_token", "moe_intermediate_size", "intermediate_size", "dense_layers")
     assert [getattr(req.target, f) for f in fields] == [getattr(want, f) for f in fields] == [8, 3, 16, 48, 1]
 
@@ -455,7 +456,7 @@ class _RandomExperts:
     root = "random"
 
     def __init__(self, m):
-        from dflash_edge.models.qwen3_moe import moe_tensors
+        from dflash_edge.models.names import moe_tensors
 
         self.shapes = moe_tensors("model.layers.0", m)
 
@@ -480,7 +481,7 @@ def test_fused_experts_give_a_token_the_same_row_in_any_call(tmp_path, precision
     from dflash_edge.export.moe_layers import moe_fused, moe_gather
     from dflash_edge.export.weight_format import WeightFormat
     from dflash_edge.export.weight_store import WeightStore
-    from dflash_edge.models.qwen3_moe import MoESpec
+    from dflash_edge.models.spec import MoESpec
 
     m, store = MoESpec(64, 8, 3, 32, True), WeightStore(tmp_path)
     sessions = {}

@@ -8,7 +8,7 @@ import torch
 from dflash_edge.models.config import TargetConfig
 from dflash_edge.models.linear_attention import (HybridModel, delta_rule_chunked, delta_rule_steps, load_hybrid,
                                                  rollback)
-from dflash_edge.models.qwen3_5 import HybridConfig, hybrid_tensors
+from dflash_edge.models.families.qwen3_5 import HybridConfig, tensors
 from dflash_edge.runtime.errors import ModelFormatError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -68,7 +68,7 @@ def test_config_and_names_follow_the_published_layout(published, layout):
     prefix = "model.language_model" if layout == "qwen3_5" else "model"
     assert cfg.weight_prefix == prefix
     theirs = {k: tuple(v.shape) for k, v in model.state_dict().items() if "visual" not in k}
-    assert hybrid_tensors(cfg) == theirs
+    assert tensors(cfg) == theirs
 
 
 @pytest.mark.parametrize("layout", ["qwen3_5", "qwen3_5_text"])

@@ -5,7 +5,8 @@ import shutil
 import pytest
 import torch
 
-from dflash_edge.models import FAMILIES, load_target
+from dflash_edge.models import load_target
+from dflash_edge.models.families import available
 from dflash_edge.runtime.errors import ContextOverflowError, CorruptFileError, ModelFormatError
 from tiny import FAMILY_EXTRAS
 
@@ -63,7 +64,8 @@ def test_unknown_model_type_lists_supported(tiny_checkpoints, tmp_path):
     cfg = json.loads((path / "config.json").read_text())
     cfg["model_type"] = "mamba"
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelFormatError, match="'mamba' is not supported; supported: " + ", ".join(FAMILIES)):
+    with pytest.raises(ModelFormatError, match="'mamba' is not supported; supported: "
+                       + ", ".join(available())):
         load_target(path)
 
 

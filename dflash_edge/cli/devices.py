@@ -13,10 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from dflash_edge.devices.errors import DeviceError
-from dflash_edge.devices.dims import (DraftDims, ModelDims, dims_from_hf_config, draft_dims_from_config, preset,
-                                        recipe_drafter)
+from dflash_edge.devices.dims import (DraftDims, ModelDims, draft_dims_from_config, preset,
+                                      recipe_drafter)
 from dflash_edge.devices.planner import (FLOAT_PRECISIONS, PlanRequest, bytes_per_weight, draft_precision_of,
                                          head_bytes, plan)
+from dflash_edge.models import planner_dims
 
 DEFAULT_TAU = 2.0
 
@@ -87,7 +88,7 @@ def request_from_args(args) -> PlanRequest:
 
 
 def checkpoint_dims(target_dir: str, draft_dir: str | None) -> tuple[ModelDims, DraftDims]:
-    target = dims_from_hf_config(_read_json(Path(target_dir) / "config.json"), f"{target_dir}/config.json")
+    target = planner_dims(_read_json(Path(target_dir) / "config.json"))
     if draft_dir:
         return target, draft_dims_from_config(_read_json(Path(draft_dir) / "config.json"), f"{draft_dir}/config.json")
     return target, recipe_drafter(target)
@@ -160,7 +161,7 @@ def _table_bytes(man: dict) -> tuple[float, float] | None:
 
 
 def _experts(m: dict) -> dict:
-    """An MoE bundle's expert dims from its manifest `model` (models/qwen3_moe.manifest_fields); {} when dense."""
+    """An MoE bundle's expert dims from its manifest `model` (families/qwen3_moe.py); {}: dense."""
     if not m.get("num_experts"):
         return {}
     return {"num_experts": m["num_experts"], "experts_per_token": m["experts_per_token"],

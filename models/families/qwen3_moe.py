@@ -1,6 +1,7 @@
 """Qwen3-MoE family (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): qwen3's attention, and in the sparse layers a router
 plus `num_experts` SwiGLU experts of which `num_experts_per_tok` run per token. Torch-free: the streamed graph
 writers read these specs and names too; the torch layer is models/moe.py, the ONNX one export/moe_layers.py.
+No GGUF import (gguf_import reads dense llama.cpp files only).
 
 Published layout (what transformers 5's `save_pretrained` writes too), per sparse layer N and expert E:
 `model.layers.N.mlp.gate.weight` [E, H] (the router) and `model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight`.
@@ -17,22 +18,15 @@ of width `intermediate_size`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-
 from dflash_edge.runtime.errors import ModelFormatError
 
+from ..dense_family import (Config, dense_view, planner_dims, reference, tensors,  # noqa: F401
+                            text_prefix)
+from ..names import moe_tensors  # noqa: F401
+from ..spec import MoESpec
 from .qwen3 import attention_spec  # noqa: F401  (qwen3's attention: per-head q/k RMSNorm)
 
-
-@dataclass(frozen=True)
-class MoESpec:
-    """One sparse MLP: a softmax router over `num_experts`; the `top_k` best run, their weights renormalised to
-    sum 1 when `norm_topk_prob`."""
-    hidden_size: int
-    num_experts: int
-    top_k: int
-    intermediate: int              # each expert's SwiGLU width (moe_intermediate_size)
-    norm_topk_prob: bool
+GGUF = None
 
 
 def mlp_specs(cfg) -> tuple[MoESpec | None, ...]:
@@ -61,22 +55,14 @@ def manifest_fields(cfg) -> dict:
             "sparse_layers": sparse}
 
 
-def moe_tensors(prefix: str, m: MoESpec) -> dict[str, tuple[int, ...]]:
-    """A sparse layer's MLP tensors under `prefix` (`model.layers.N`), name -> shape."""
-    out = {f"{prefix}.mlp.gate.weight": (m.num_experts, m.hidden_size)}
-    for e in range(m.num_experts):
-        expert = f"{prefix}.mlp.experts.{e}"
-        out[f"{expert}.gate_proj.weight"] = out[f"{expert}.up_proj.weight"] = (m.intermediate, m.hidden_size)
-        out[f"{expert}.down_proj.weight"] = (m.hidden_size, m.intermediate)
-    return out
-
-
 _EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
 
 
-def check_expert_count(cfg, names) -> None:
+def check_tensors(cfg, names) -> None:
     """A checkpoint whose experts per layer disagree with config.json's `num_experts`: say so with both counts
     (before the per-tensor check lists every missing or unexpected expert tensor)."""
+    if not cfg.num_experts:
+        return
     found: dict[int, set[int]] = {}
     for name in names:
         hit = _EXPERT.match(name)

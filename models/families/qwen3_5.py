@@ -22,10 +22,14 @@ from dataclasses import dataclass, field, fields
 
 from dflash_edge.runtime.errors import ModelFormatError
 
-from .config import TargetConfig, layer_types_of
-from .spec import AttentionSpec
+from dflash_edge.devices.dims import LinearDims
 
-FULL, LINEAR = "full_attention", "linear_attention"
+from .. import dense_family
+from ..config import LINEAR, TargetConfig, layer_types_of
+from ..spec import AttentionSpec
+
+FULL = "full_attention"
+GGUF = None
 MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 # config.json keys parsed here (the dense TargetConfig would refuse or drop them)
 _HYBRID_KEYS = ("layer_types", "full_attention_interval", "partial_rotary_factor")
@@ -103,6 +107,9 @@ class HybridConfig(TargetConfig):
         return cfg
 
 
+Config = HybridConfig
+
+
 def _interval_types(raw: dict) -> list[str]:
     """transformers' default when `layer_types` is absent: full attention every `full_attention_interval` layers."""
     every = raw.get("full_attention_interval", 4)
@@ -115,7 +122,7 @@ def attention_spec(cfg: HybridConfig) -> AttentionSpec:
                          cfg.rms_norm_eps, qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias, qk_norm=True)
 
 
-def hybrid_tensors(cfg: HybridConfig) -> dict[str, tuple[int, ...]]:
+def tensors(cfg: HybridConfig) -> dict[str, tuple[int, ...]]:
     """The text model's tensors (published names, under `cfg.weight_prefix`), name -> shape."""
     p, h = cfg.weight_prefix, cfg.hidden_size
     out = {f"{p}.embed_tokens.weight": (cfg.vocab_size, h), f"{p}.norm.weight": (h,)}
@@ -152,11 +159,40 @@ def _attention_tensors(cfg: HybridConfig, name: str) -> dict[str, tuple[int, ...
     return out
 
 
-def manifest_fields(cfg) -> dict:
-    """A hybrid target's keys for the bundle manifest's `model` (runtime/io_tables.hybrid_dims reads them); {} for
-    a dense one."""
-    if not isinstance(cfg, HybridConfig):
-        return {}
+def manifest_fields(cfg: HybridConfig) -> dict:
+    """A hybrid target's keys for the bundle manifest's `model` (runtime/io_tables.hybrid_dims reads them)."""
     return {"layer_types": list(cfg.layer_types), "linear_conv_kernel_dim": cfg.linear_conv_kernel_dim,
             **{f"linear_{k}": getattr(cfg, f"linear_{k}")
                for k in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim")}}
+
+
+def mlp_specs(cfg: HybridConfig) -> tuple:
+    """Every layer's MLP is dense."""
+    return (None,) * cfg.num_hidden_layers
+
+
+def check_tensors(cfg: HybridConfig, names) -> None:
+    """Nothing beyond the per-tensor name and shape check."""
+
+
+def text_prefix(cfg: HybridConfig) -> str:
+    return cfg.weight_prefix
+
+
+def dense_view(cfg: HybridConfig) -> TargetConfig:
+    return cfg.dense_view()
+
+
+def planner_dims(cfg: HybridConfig):
+    """The dense dims plus the linear-attention layers; q_proj also yields the output gate."""
+    linear = LinearDims(num_layers=len(cfg.linear_layers), num_key_heads=cfg.linear_num_key_heads,
+                        num_value_heads=cfg.linear_num_value_heads, key_head_dim=cfg.linear_key_head_dim,
+                        value_head_dim=cfg.linear_value_head_dim, conv_kernel=cfg.linear_conv_kernel_dim)
+    return dense_family.planner_dims(cfg, linear=linear, gated=True)
+
+
+def reference(cfg: HybridConfig):
+    """The torch reference (models/linear_attention.py's HybridModel) with random weights."""
+    from ..linear_attention import HybridModel
+
+    return HybridModel(cfg)

@@ -1,0 +1,11 @@
+"""qwen3_5: a hybrid target, one graph with linear-attention state (export/hybrid_target.py)."""
+from ..hybrid_target import build_hybrid_target
+from ..target_job import TargetJob
+from ..target_job import dense_mlps as mlp_writers  # noqa: F401  (hybrid_target writes them)
+
+
+def target_writers(job: TargetJob) -> dict:
+    """The hybrid graph: full-attention KV plus the linear layers' conv and recurrent state."""
+    args = job.tc, job.ckpt, job.capture, job.store
+    fmt = job.fmt["target_hybrid"]
+    return {"target_hybrid": lambda p: build_hybrid_target(*args, p, job.opts, **fmt)}
