@@ -2,9 +2,10 @@
 
     prefill (chunks) -> [choose -> propose -> verify -> accept -> advance] -> ...
 
-Each step the proposer (proposals.py: the sources, the drafter and prompt lookup, and the policy.py policy
-choosing among them) names a source and how many of its tokens the target verifies; the target (kv.py)
-answers `run(ids)` and `commit(n)`, so the loop never touches a cache position. Every emitted token is the target's own choice at its
+Each step the proposer (proposals.py: the drafter and prompt lookup, and a policy.py policy
+choosing among them) names a source and how many of its tokens the target verifies; the target
+(kv.py) answers `run(ids)` and `commit(n)`, so the loop never touches a cache position.
+Every emitted token is the target's own choice at its
 position (`sampling.select_token`, keyed by absolute position, exactly as `models/reference_loop.py`), so the
 output is the same whatever was proposed, token for token, greedy or sampled. Buffers are preallocated at
 load (`kv.py`); text assembly is `text.py`; the options and their checks are `validate.GenerationOptions`.
@@ -197,8 +198,8 @@ class Generator:
         >>> for piece in gen.stream("Hi", max_new_tokens=16): print(piece, end="")    # doctest: +SKIP
         """
         t_call = time.perf_counter()
-        opts = self._options(options, fields)                       # every input is checked here, before
-        req = Request(self.encode(prompt, opts.chat, opts.parse_special), opts, t_call)   # any iteration
+        opts = self._options(options, fields)               # all input checked before iterating
+        req = Request(self.encode(prompt, opts.chat, opts.parse_special), opts, t_call)
         self._room(req.prompt_ids)
         return Stream(self._text_pieces(req), self._guard.acquire())
 
@@ -249,12 +250,13 @@ class Generator:
         return self.tokenizer.encode_chat(list(prompt))
 
     def _options(self, options: GenerationOptions | None, fields: dict) -> GenerationOptions:
-        """`options` with `fields` replaced, checked (verify_len against this bundle's block size, a draft
-        mode against the graphs loaded)."""
+        """`options` with `fields` replaced, checked (verify_len against this bundle's block size, a
+        draft mode against the graphs loaded)."""
         opts = GenerationOptions.of(options, **fields).checked(block_size=self.block_size)
         if self.drafter is None and opts.draft != "none":
-            raise InvalidArgumentError("draft", f"draft={opts.draft!r}: this Generator was loaded without its "
-                                                f"drafter (drafter=False); pass draft='none' or load it with one")
+            raise InvalidArgumentError("draft", f"draft={opts.draft!r}: this Generator was loaded "
+                                       f"without its drafter (drafter=False); pass draft='none' or "
+                                       f"load it with one")
         return opts
 
     def _text_pieces(self, req: Request) -> Iterator[str]:
@@ -278,10 +280,10 @@ class Generator:
             yield emit.tokens
             while not emit.reason:
                 t_step = time.perf_counter()
-                last, pos = emit.tokens[-1], self.target.pos        # pos: position of `last` (not yet cached)
+                last, pos = emit.tokens[-1], self.target.pos    # pos: of `last` (not yet cached)
                 choice, proposals = proposer.propose(last, pos, room=emit.budget - len(emit.tokens))
                 t = time.perf_counter()
-                tokens = self._verify(last, proposals, sampling)    # verify + accept (the target commits)
+                tokens = self._verify(last, proposals, sampling)    # verify, accept, commit
                 seconds = time.perf_counter() - t
                 committed = emit.push(tokens)                       # advance (stop id, budget, context end)
                 proposer.commit(committed, seconds)
@@ -291,17 +293,17 @@ class Generator:
             clock.stop(emit)
 
     def _proposer(self, opts: GenerationOptions, history: list[int]) -> Proposer:
-        """The proposal sources of `opts.draft` and the policy choosing among them, fresh for one generation
-        (`history`: the token ids so far, by absolute position)."""
+        """The proposal sources of `opts.draft` and the policy choosing among them, fresh for one
+        generation (`history`: the token ids so far, by absolute position)."""
         limit = self.block_size - 1
         sources = make_sources(opts.draft, self.drafter, history, limit, self.tuned)
-        return Proposer(sources, make_policy(opts.draft, self.block_size, sources, self.tuned, opts.verify_len),
-                        limit)
+        policy = make_policy(opts.draft, self.block_size, sources, self.tuned, opts.verify_len)
+        return Proposer(sources, policy, limit)
 
     def _verify(self, last: int, proposals, sampling: SamplingParams) -> list[int]:
         """Run `last` + k proposals through the target (T = k + 1); keep the agreeing prefix + the target's next
         token. k = 0 is a plain decode step."""
-        start = self.target.pos                                     # position of `last` (not yet cached)
+        start = self.target.pos                             # position of `last` (not yet cached)
         step = self.target.run([last, *proposals])
         block = step["input_ids"][0]                                # [T]: last token, then T-1 proposals
         accepted, bonus = self._accept(step, block, start, sampling)
@@ -331,11 +333,11 @@ class Generator:
         return self.max_context - len(prompt_ids)
 
     def _prefill(self, ids: list[int], sampling: SamplingParams) -> int:
-        """Run the prompt from an empty cache (the target's static chunks); returns the first generated token."""
+        """Run the prompt from an empty cache (the target's static chunks); the first new token."""
         if self.drafter is not None:
             self.drafter.reset()
         step, row = self.target.prefill(ids, self.prefill_chunk)
-        return self._select(step, row, len(ids), sampling)         # the last chunk's row of token n-1
+        return self._select(step, row, len(ids), sampling)     # the last chunk's row of token n-1
 
     def _accept(self, step, block: np.ndarray, start: int, sampling: SamplingParams) -> tuple[int, int]:
         """(number of drafts accepted, the target's token after them); row i predicts position start+1+i."""

@@ -176,7 +176,7 @@ def test_prompt_lookup_sampling_distribution_matches_target(tiny_bundle, always_
 
 # ---- the adaptive policy ----------------------------------------------------------------------------------
 class ScriptedDrafter:
-    """Stands in for kv.DraftModel: drafts what the test sets in `next`; each pass takes `seconds` of `clock`."""
+    """Stands in for kv.DraftModel: drafts what the test sets in `next`; a pass takes `seconds`."""
 
     def __init__(self, seconds: float):
         self.now, self.seconds, self.next = 0.0, seconds, []
@@ -203,7 +203,7 @@ class ScriptedLookup:
 
 
 def scripted(block_size=16, draft_s=0.015, tuned=None, verify_len=None):
-    """An adaptive policy over a scripted drafter and a scripted prompt lookup, and the loop's Proposer."""
+    """An adaptive policy over a scripted drafter and prompt lookup: (Proposer, drafter, lookup)."""
     from dflash_edge.runtime.policy import AdaptivePolicy
     from dflash_edge.runtime.proposals import DrafterProposals, LookupProposals, Proposer
 
@@ -216,8 +216,8 @@ def scripted(block_size=16, draft_s=0.015, tuned=None, verify_len=None):
 
 
 def drive(proposer, steps, truth_of, spec_s=lambda k: 0.05 + 0.003 * k, decode_s=0.05):
-    """Run `steps` steps of the loop's propose -> verify -> commit with target tokens `truth_of(i, history)`
-    and the given step times; the choices in order."""
+    """Run `steps` steps of the loop's propose -> verify -> commit with target tokens
+    `truth_of(i, history)` and the given step times; the choices in order."""
     history, chosen = [0], []
     for i in range(steps):
         truth = truth_of(i, history)
@@ -229,9 +229,10 @@ def drive(proposer, steps, truth_of, spec_s=lambda k: 0.05 + 0.003 * k, decode_s
     return chosen
 
 
-def simulate(accept, steps, block_size=16, spec_s=lambda k: 0.05 + 0.003 * k, decode_s=0.05, draft_s=0.015):
-    """Drive an adaptive policy with a drafter whose draft j is right with probability accept(step) (given j-1
-    right) and no lookup proposal; (drafter k per step, 0 when plain; the policy)."""
+def simulate(accept, steps, block_size=16, spec_s=lambda k: 0.05 + 0.003 * k, decode_s=0.05,
+             draft_s=0.015):
+    """Drive an adaptive policy with a drafter whose draft j is right with probability accept(step)
+    (given j-1 right) and no lookup proposal; (drafter k per step, 0 when plain; the policy)."""
     proposer, drafter, _ = scripted(block_size, draft_s)
     rng = np.random.default_rng(0)
 
@@ -258,13 +259,14 @@ def test_adaptive_policy_follows_step_costs():
     assert np.median(cheap[100:]) >= 6 and 2 <= np.median(dear[100:]) <= 5   # dearer verifies: shorter k (best 3)
 
 
-def drive_lookup(proposer, lookup, steps, match, right, spec_s=lambda k: 0.05 + 0.003 * k, decode_s=0.05):
-    """Drive `proposer` with a lookup proposing kmax tokens of agreement `match(i)` whose first `right(i)` are
-    right (the drafter's drafts all wrong); the step's (source, k, probe) per step."""
+def drive_lookup(proposer, lookup, steps, match, right, spec_s=lambda k: 0.05 + 0.003 * k,
+                 decode_s=0.05):
+    """Drive `proposer` with a lookup proposing kmax tokens of agreement `match(i)` whose first
+    `right(i)` are right (the drafter drafts nothing); the step's (source, k, probe) per step."""
     kmax = proposer.limit
 
     def truth_of(i, history):
-        truth = list(range(len(history), len(history) + kmax + 1))         # the target's tokens from here
+        truth = list(range(len(history), len(history) + kmax + 1))     # the target's tokens
         lookup.next, lookup.matched = truth[:right(i)] + [-1] * (kmax - right(i)), match(i)
         return truth
 
@@ -284,10 +286,11 @@ def test_policy_shares_what_long_agreements_taught_across_match_lengths():
 
     (fresh, _, fresh_lookup), (taught, _, taught_lookup) = scripted(), scripted()
     fresh.propose(0, 0, room=1000)
-    fresh.commit([1], 0.05)                                                  # a plain step: decode measured
-    drive_lookup(taught, taught_lookup, 30, match=lambda i: 1 + 15 * (i % 2), right=lambda i: 15)   # copies ran on
+    fresh.commit([1], 0.05)                                         # a plain step: decode measured
+    drive_lookup(taught, taught_lookup, 30, match=lambda i: 1 + 15 * (i % 2),
+                 right=lambda i: 15)                                # copies that ran on
     for lookup in (fresh_lookup, taught_lookup):
-        lookup.next, lookup.matched = list(range(100, 115)), 3              # a match length never seen
+        lookup.next, lookup.matched = list(range(100, 115)), 3     # a match length never seen
     before, after = fresh.propose(1, 1, room=1000)[0], taught.propose(1, 1, room=1000)[0]
     assert before.source == "lookup" and before.k < 15 and after == Choice("lookup", 15)
 
@@ -295,9 +298,9 @@ def test_policy_shares_what_long_agreements_taught_across_match_lengths():
 def test_adaptive_policy_is_seeded_by_tuned_and_capped_by_verify_len(tiny_bundle):
     gen = tiny_bundle("qwen3", 8).generator
     good = synthetic_tuned(gen, verify_len=7, acceptance=1.0)
-    assert scripted(8, tuned=good)[0].propose(0, 0, room=100)[0].k == 7               # from the first step
+    assert scripted(8, tuned=good)[0].propose(0, 0, room=100)[0].k == 7       # from the first step
     assert scripted(8, tuned=good, verify_len=3)[0].propose(0, 0, room=100)[0].k == 3
-    assert scripted(8, tuned=good)[0].propose(0, 0, room=3)[0].k == 2                 # never past the budget
+    assert scripted(8, tuned=good)[0].propose(0, 0, room=3)[0].k == 2         # within the budget
     assert scripted(8, tuned=synthetic_tuned(gen))[0].propose(0, 0, room=100)[0].source == "plain"
 
 
@@ -309,7 +312,7 @@ def test_policy_rescales_tuned_times_measured_at_another_load(tiny_bundle):
     policy = scripted(8, tuned=busy)[0].policy
     policy.learn(Choice("plain"), {}, seconds=0.020)                        # now it is 5x faster
     assert policy.decode_s == 0.020 and policy.cost["drafter"] == pytest.approx(0.008)
-    policy.learn(Choice("lookup", 5), {}, seconds=0.028)                    # verify / decode as tuned: 1.4
+    policy.learn(Choice("lookup", 5), {}, seconds=0.028)            # verify / decode as tuned: 1.4
     assert policy.scale == pytest.approx(1.0)                               # not "verifies are free"
     assert policy.verify_s(5) == pytest.approx(0.028)
 
