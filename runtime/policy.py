@@ -133,6 +133,7 @@ class AdaptivePolicy:
         # A tuned "do not draft" says the drafter did not pay on the calibration prompts: probe it
         # rarely from the start (a probe costs a draft pass) instead of after 1, 2, 4, .. steps.
         self.backoff = self.until_probe = TUNED_OFF_BACKOFF if tuned and not tuned.verify_len else 1
+        self.since_probe = 0                                # steps since a costly source last ran
         self.chosen: list[Choice] = []
 
     # ---- the decision ------------------------------------------------------------------------
@@ -160,19 +161,21 @@ class AdaptivePolicy:
             if rates[i] > rate:
                 best, rate = Choice(name, int(ks[i])), float(rates[i])
         costly = [n for n, s in self.sources.items() if not s.free]
+        self.since_probe += 1
         if best.source in costly:
             self.backoff = self.until_probe = 1
+            self.since_probe = 0
         elif best.source == "plain" and kmax >= 1 and costly:   # not beside a free source that pays
             self.until_probe -= 1
-            if self.until_probe <= 0:                       # run the costly sources unverified
-                best = Choice(best.source, best.k, probe=True)
-                self.until_probe = max(self.backoff, self._probe_spacing(costly))
+            if self.until_probe <= 0 and self.since_probe > self._probe_spacing(costly):
+                best = Choice(best.source, best.k, probe=True)  # run the costly sources unverified
+                self.until_probe, self.since_probe = self.backoff, 0
                 self.backoff = min(2 * self.backoff, self.max_backoff)
         return self._note(best)
 
     def _probe_spacing(self, costly: list[str]) -> int:
-        """Steps between probes that keep their share of the decode time at PROBE_SHARE (0 while a
-        cost is unknown: the first probe measures it)."""
+        """Steps from one probe to the next that keep probes at PROBE_SHARE of the decode time (0
+        while a cost is unknown: the first probe measures it)."""
         costs = [self.cost[n] for n in costly]
         if PROBE_SHARE <= 0 or None in costs:
             return 0
