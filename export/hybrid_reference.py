@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from dflash_edge.models.qwen3_5 import LINEAR
+from dflash_edge.models.families.qwen3_5 import LINEAR
 
 from .sources import _lazy_drafter, _numpy, _tensors
 

@@ -2,8 +2,10 @@
 
     prefill (chunks) -> [choose -> propose -> verify -> accept -> advance] -> ...
 
-Each step the policy (policy.py) chooses a proposal source (proposals.py: none, the drafter, prompt lookup)
-and how many of its tokens the target verifies. Every emitted token is the target's own choice at its
+Each step the proposer (proposals.py: the drafter and prompt lookup, and a policy.py policy
+choosing among them) names a source and how many of its tokens the target verifies; the target
+(kv.py) answers `run(ids)` and `commit(n)`, so the loop never touches a cache position.
+Every emitted token is the target's own choice at its
 position (`sampling.select_token`, keyed by absolute position, exactly as `models/reference_loop.py`), so the
 output is the same whatever was proposed, token for token, greedy or sampled. Buffers are preallocated at
 load (`kv.py`); text assembly is `text.py`; the options and their checks are `validate.GenerationOptions`.
@@ -29,8 +31,7 @@ from .guard import GenerationGuard
 from .io_tables import GRAPHS, io_manifest, model_dims, pick_graph
 from .kv import TARGET_MODELS, DraftModel, TargetModel
 from .policy import make_policy
-from .proposals import (DrafterProposals, LookupProposals, NoProposals, ProposalSource, chosen_proposals,
-                        free_offers)
+from .proposals import Proposer, make_sources
 from .sampling import SamplingParams, select_token
 from .session import SessionConfig, open_graph, release_pages, shared_initializers
 from .stats import GenerationStats
@@ -198,9 +199,9 @@ class Generator:
         >>> for piece in gen.stream("Hi", max_new_tokens=16): print(piece, end="")    # doctest: +SKIP
         """
         t_call = time.perf_counter()
-        opts = self._options(options, fields)
+        opts = self._options(options, fields)               # all input checked before iterating
         req = Request(self.encode(prompt, opts.chat, opts.parse_special), opts, t_call)
-        self._room(req.prompt_ids)                                  # bad input fails here, not mid-iteration
+        self._room(req.prompt_ids)
         return Stream(self._text_pieces(req), self._guard.acquire())
 
     def generate_ids(self, prompt_ids: list[int], max_new_tokens: int | None = None,
@@ -250,8 +251,14 @@ class Generator:
         return self.tokenizer.encode_chat(list(prompt))
 
     def _options(self, options: GenerationOptions | None, fields: dict) -> GenerationOptions:
-        """`options` with `fields` replaced, checked (verify_len against this bundle's block size)."""
-        return GenerationOptions.of(options, **fields).checked(block_size=self.block_size)
+        """`options` with `fields` replaced, checked (verify_len against this bundle's block size, a
+        draft mode against the graphs loaded)."""
+        opts = GenerationOptions.of(options, **fields).checked(block_size=self.block_size)
+        if self.drafter is None and opts.draft != "none":
+            raise InvalidArgumentError("draft", f"draft={opts.draft!r}: this Generator was loaded "
+                                       f"without its drafter (drafter=False); pass draft='none' or "
+                                       f"load it with one")
+        return opts
 
     def _text_pieces(self, req: Request) -> Iterator[str]:
         stats, text = GenerationStats(prompt_tokens=len(req.prompt_ids)), TextAssembler(self.tokenizer, req.options.stop)
@@ -262,61 +269,46 @@ class Generator:
 
     # ---- the loop ----------------------------------------------------------------------------------
     def _loop(self, req: Request, stats: GenerationStats, eos: frozenset[int]) -> Iterator[list[int]]:
-        """prefill -> [choose -> propose -> verify -> accept -> advance]*; yields the tokens committed."""
+        """prefill -> [propose -> verify -> accept -> advance]*; yields the tokens committed."""
         opts = req.options
         sampling = SamplingParams(opts.temperature, opts.top_k, opts.top_p, opts.seed)
         emit = Emitter(opts.max_new_tokens, eos, room=self._room(req.prompt_ids))
         t = time.perf_counter()
         emit.push([self._prefill(req.prompt_ids, sampling)])
         stats.prefill_s, stats.ttft_s = time.perf_counter() - t, time.perf_counter() - req.t_call
-        clock, limit = _Clock(self, stats), self.block_size - 1
-        if self.drafter is None and opts.draft != "none":
-            raise InvalidArgumentError("draft", f"draft={opts.draft!r}: this Generator was loaded without its "
-                                                f"drafter (drafter=False); pass draft='none' or load it with one")
-        policy = make_policy(opts.draft, self.block_size, self.tuned, opts.verify_len)
-        history = req.prompt_ids + emit.tokens                      # token ids by absolute position
-        sources = self._sources(policy.sources, history)
+        clock, proposer = _Clock(self, stats), self._proposer(opts, req.prompt_ids + emit.tokens)
         try:
             yield emit.tokens
             while not emit.reason:
                 t_step = time.perf_counter()
-                last, pos = emit.tokens[-1], self.target.kv.pos    # pos: position of `last` (not yet cached)
-                offers = free_offers(sources, last, pos, limit)    # prompt lookup (no model pass), none
-                choice = policy.pick(offers, room=emit.budget - len(emit.tokens))     # source, k (0: plain)
-                made = chosen_proposals(sources, offers, choice, last, pos, limit)   # + the drafter if needed
+                last, pos = emit.tokens[-1], self.target.pos    # pos: of `last` (not yet cached)
+                choice, proposals = proposer.propose(last, pos, room=emit.budget - len(emit.tokens))
                 t = time.perf_counter()
-                tokens = self._verify(last, made[choice.source].tokens[:choice.k], sampling)   # verify + accept
+                tokens = self._verify(last, proposals, sampling)    # verify, accept, commit
                 seconds = time.perf_counter() - t
                 committed = emit.push(tokens)                       # advance (stop id, budget, context end)
-                history += committed
-                for source in sources.values():
-                    source.commit(committed)
-                policy.learn(choice, made, seconds, history)
+                proposer.commit(committed, seconds)
                 stats.record_step(choice, len(tokens), time.perf_counter() - t_step)
                 yield committed
         finally:
             clock.stop(emit)
 
-    def _sources(self, names: tuple[str, ...], history: list[int]) -> dict[str, ProposalSource]:
-        """The proposal sources a policy uses, by name (proposals.py), fresh for one generation."""
-        make = {"plain": NoProposals, "drafter": lambda: DrafterProposals(self.drafter),
-                "lookup": lambda: LookupProposals(history)}
-        return {name: make[name]() for name in names}
+    def _proposer(self, opts: GenerationOptions, history: list[int]) -> Proposer:
+        """The proposal sources of `opts.draft` and the policy choosing among them, fresh for one
+        generation (`history`: the token ids so far, by absolute position)."""
+        limit = self.block_size - 1
+        sources = make_sources(opts.draft, self.drafter, history, limit, self.tuned)
+        policy = make_policy(opts.draft, self.block_size, sources, self.tuned, opts.verify_len)
+        return Proposer(sources, policy, limit)
 
     def _verify(self, last: int, proposals, sampling: SamplingParams) -> list[int]:
         """Run `last` + k proposals through the target (T = k + 1); keep the agreeing prefix + the target's next
         token. k = 0 is a plain decode step."""
-        start = self.target.kv.pos                                  # position of `last` (not yet cached)
-        size = len(proposals) + 1
-        step = self.target.steps[size]
+        start = self.target.pos                             # position of `last` (not yet cached)
+        step = self.target.run([last, *proposals])
         block = step["input_ids"][0]                                # [T]: last token, then T-1 proposals
-        block[0] = last
-        if size > 1:
-            block[1:] = proposals
-        self.target.forward(size, start)
         accepted, bonus = self._accept(step, block, start, sampling)
-        self.target.kv.pos = start + accepted + 1                   # rollback: rejected rows are just ignored
-        self.target.keep(accepted + 1)                              # (a recurrent state: rebuilt after these)
+        self.target.commit(accepted + 1)                            # the rejected rows roll back
         return block[1:1 + accepted].tolist() + [bonus] if accepted else [bonus]
 
     # ---- helpers -----------------------------------------------------------------------------------
@@ -342,19 +334,11 @@ class Generator:
         return self.max_context - len(prompt_ids)
 
     def _prefill(self, ids: list[int], sampling: SamplingParams) -> int:
-        """Run the prompt in static chunks of P from an empty cache; returns the first generated token."""
-        self.target.reset()
+        """Run the prompt from an empty cache (the target's static chunks); the first new token."""
         if self.drafter is not None:
-            self.drafter.kv.pos = 0
-        size, n = self.prefill_chunk, len(ids)
-        for start in _chunk_starts(n, size, self.target.RERUN_OK):
-            chunk = ids[start:start + size]
-            step = self.target.step(size if self.target.RERUN_OK else len(chunk))   # else: a shorter last chunk
-            step["input_ids"][0, :len(chunk)] = chunk
-            step["input_ids"][0, len(chunk):] = chunk[-1]           # padding (only when n < P): causal, ignored
-            self.target.forward(step["input_ids"].shape[1], start)
-        self.target.kv.pos = n
-        return self._select(step, n - 1 - start, n, sampling)    # the last chunk's row of token n-1
+            self.drafter.reset()
+        step, row = self.target.prefill(ids, self.prefill_chunk)
+        return self._select(step, row, len(ids), sampling)     # the last chunk's row of token n-1
 
     def _accept(self, step, block: np.ndarray, start: int, sampling: SamplingParams) -> tuple[int, int]:
         """(number of drafts accepted, the target's token after them); row i predicts position start+1+i."""
@@ -417,15 +401,6 @@ def _shorthands(max_new_tokens: int | None, sampling: SamplingParams | None) -> 
         raise InvalidArgumentError("sampling", f"sampling={sampling!r}: expected a SamplingParams")
     return {**fields, "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
             "seed": sampling.seed}
-
-
-def _chunk_starts(n: int, size: int, rerun_ok: bool = True) -> list[int]:
-    """Chunk starts covering [0, n): the last chunk overlaps the previous one instead of running past n (unless
-    re-running a position is not allowed: then it is shorter)."""
-    starts = list(range(0, n, size))
-    if rerun_ok and n >= size and starts[-1] + size > n:
-        starts[-1] = n - size                     # recomputes a few cached rows (identical K/V), never pads
-    return starts
 
 
 def _check_io_tables(b: Bundle) -> None:

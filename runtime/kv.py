@@ -240,6 +240,7 @@ class TargetModel:
         self.runner, self.dims = runner, dims
         self.pad_rows = self.PAD_ROWS if pad_rows is None else pad_rows
         self.kv = self._new_cache(capacity, kv_dtype)
+        self.ran = 0                                # tokens of the last `run`, not yet committed
         self.hidden = DeviceBuffer(capacity, (dims["N"],), np.float32, runner.device, runner.device_id, lead=(1,))
         self.steps: dict[int, HostStep] = {}
         for size in sorted(set(step_sizes)):
@@ -261,9 +262,46 @@ class TargetModel:
     # instead of padding): harmless for a KV cache (identical rows), not for a recurrent state.
     RERUN_OK = True
 
+    # ---- the target protocol (what the loop calls): reset, prefill, run, commit, pos ----------
+    @property
+    def pos(self) -> int:
+        """Positions cached and kept: the next `run` places its first token here."""
+        return self.kv.pos
+
     def reset(self) -> None:
         """An empty sequence (the next call starts at position 0)."""
-        self.kv.pos = 0
+        self.kv.pos, self.ran = 0, 0
+
+    def prefill(self, ids: list[int], chunk: int) -> tuple[HostStep, int]:
+        """From an empty cache, run `ids` in static chunks of `chunk` and keep them all; (the last
+        chunk's step, its row for the last token)."""
+        self.reset()
+        n = len(ids)
+        for start in chunk_starts(n, chunk, self.RERUN_OK):
+            part = ids[start:start + chunk]
+            step = self.step(chunk if self.RERUN_OK else len(part))    # else: a shorter last chunk
+            step["input_ids"][0, :len(part)] = part
+            step["input_ids"][0, len(part):] = part[-1]    # padding (only when n < P): causal
+            self.forward(step["input_ids"].shape[1], start)
+        self.kv.pos, self.ran = n, 0
+        return step, n - 1 - start
+
+    def run(self, ids) -> HostStep:
+        """Run `ids` (T tokens) at positions pos.. : the step's `logits` [1, T, V], `next_ids`
+        [1, T] and hidden rows; none of the tokens is kept until `commit`."""
+        step = self.step(len(ids))
+        step["input_ids"][0] = ids                                  # [T]
+        self.ran = len(ids)
+        return self.forward(len(ids), self.kv.pos)
+
+    def commit(self, count: int) -> None:
+        """Keep the last `run`'s first `count` tokens (1..T); the rest roll back (a KV cache: by
+        moving `pos`, a recurrent state: rebuilt after them by the next call)."""
+        if not 1 <= count <= self.ran:
+            raise ValueError(f"commit({count}): the last run had {self.ran} tokens; commit "
+                             f"1..{self.ran}")
+        self.keep(count)
+        self.kv.pos, self.ran = self.kv.pos + count, 0
 
     def keep(self, count: int) -> None:
         """The last call's first `count` tokens are accepted: a KV cache rolls back by `pos` alone."""
@@ -420,6 +458,10 @@ class DraftModel:
         self.step = HostStep(runner, "drafter", dims, self.HOST)
         self.step["block_ids"][:] = mask_id
 
+    def reset(self) -> None:
+        """An empty context (a new sequence)."""
+        self.kv.pos = 0
+
     def draft(self, last_token: int, ctx_end: int) -> np.ndarray:
         """Greedy draft tokens [B-1] after `last_token` (a view: valid until the next call).
 
@@ -440,3 +482,16 @@ class DraftModel:
         self.kv.bind(step.binding, start, ctx_end - start)
         self.runner.run(step.binding)
         self.kv.pos = ctx_end
+
+
+def chunk_starts(n: int, size: int, rerun_ok: bool = True) -> list[int]:
+    """Chunk starts covering [0, n): the last chunk overlaps the previous one instead of running
+    past n (unless re-running a position is not allowed: then it is shorter).
+
+    >>> chunk_starts(10, 4), chunk_starts(10, 4, rerun_ok=False)
+    ([0, 4, 6], [0, 4, 8])
+    """
+    starts = list(range(0, n, size))
+    if rerun_ok and n >= size and starts[-1] + size > n:
+        starts[-1] = n - size           # recomputes a few cached rows (identical K/V), never pads
+    return starts

@@ -175,34 +175,78 @@ def test_prompt_lookup_sampling_distribution_matches_target(tiny_bundle, always_
 
 
 # ---- the adaptive policy ----------------------------------------------------------------------------------
-def simulate(policy, accept, steps, spec_s=lambda k: 0.05 + 0.003 * k, decode_s=0.05, draft_s=0.015):
-    """Drive `policy` with a drafter whose draft j is right with probability accept(step) (given j-1 right)."""
-    rng = np.random.default_rng(0)
-    history, ks = [0], []
+class ScriptedDrafter:
+    """Stands in for kv.DraftModel: drafts what the test sets in `next`; a pass takes `seconds`."""
+
+    def __init__(self, seconds: float):
+        self.now, self.seconds, self.next = 0.0, seconds, []
+
+    def draft(self, last_token, ctx_end):
+        self.now += self.seconds
+        return np.array(self.next)
+
+    def clock(self) -> float:
+        return self.now
+
+
+class ScriptedLookup:
+    """Stands in for lookup.PromptLookup: proposes `next`, with agreement `matched`."""
+
+    def __init__(self):
+        self.next, self.matched, self.max_match = [], 0, 32
+
+    def propose(self, limit):
+        return self.next[:limit]
+
+    def extend(self, tokens):
+        pass
+
+
+def scripted(block_size=16, draft_s=0.015, tuned=None, verify_len=None):
+    """An adaptive policy over a scripted drafter and prompt lookup: (Proposer, drafter, lookup)."""
+    from dflash_edge.runtime.policy import AdaptivePolicy
+    from dflash_edge.runtime.proposals import DrafterProposals, LookupProposals, Proposer
+
+    drafter = ScriptedDrafter(draft_s)
+    lookup = LookupProposals([0], block_size - 1)
+    lookup.lookup = ScriptedLookup()
+    sources = [lookup, DrafterProposals(drafter, block_size - 1, tuned, clock=drafter.clock)]
+    policy = AdaptivePolicy(block_size, sources, tuned, verify_len)
+    return Proposer(sources, policy, block_size - 1), drafter, lookup.lookup
+
+
+def drive(proposer, steps, truth_of, spec_s=lambda k: 0.05 + 0.003 * k, decode_s=0.05):
+    """Run `steps` steps of the loop's propose -> verify -> commit with target tokens
+    `truth_of(i, history)` and the given step times; the choices in order."""
+    history, chosen = [0], []
     for i in range(steps):
-        c = accept(i)
-        truth = [int(rng.integers(1, 1000)) for _ in range(policy.kmax + 1)]
-        drafts = [t if rng.random() < c else -1 for t in truth[:policy.kmax]]
-        choice = policy.choose(lookup_len=0, room=1000)
-        pos = len(history)
-        if choice.source == "drafter" or choice.probe:
-            policy.observe("drafter", pos, drafts)
-        if choice.source == "drafter":
-            ok = next((j for j, d in enumerate(drafts[:choice.k]) if d != truth[j]), choice.k)
-            history += truth[:ok + 1]
-            policy.step_done(choice, spec_s(choice.k), draft_s)
-        else:
-            history += truth[:1]
-            policy.step_done(choice, decode_s, draft_s if choice.probe else 0.0)
-        policy.commit(history)
-        ks.append(choice.k if choice.source == "drafter" else 0)
-    return ks
+        truth = truth_of(i, history)
+        choice, proposals = proposer.propose(history[-1], len(history) - 1, room=1000)
+        ok = next((j for j, d in enumerate(proposals) if d != truth[j]), len(proposals))
+        history += truth[:ok + 1]
+        proposer.commit(truth[:ok + 1], spec_s(choice.k) if choice.k else decode_s)
+        chosen.append(choice)
+    return chosen
+
+
+def simulate(accept, steps, block_size=16, spec_s=lambda k: 0.05 + 0.003 * k, decode_s=0.05,
+             draft_s=0.015):
+    """Drive an adaptive policy with a drafter whose draft j is right with probability accept(step)
+    (given j-1 right) and no lookup proposal; (drafter k per step, 0 when plain; the policy)."""
+    proposer, drafter, _ = scripted(block_size, draft_s)
+    rng = np.random.default_rng(0)
+
+    def truth_of(i, history):
+        truth = [int(rng.integers(1, 1000)) for _ in range(block_size)]
+        drafter.next = [t if rng.random() < accept(i) else -1 for t in truth[:block_size - 1]]
+        return truth
+
+    chosen = drive(proposer, steps, truth_of, spec_s, decode_s)
+    return [c.k if c.source == "drafter" else 0 for c in chosen], proposer.policy
 
 
 def test_adaptive_policy_switches_k_with_acceptance():
-    from dflash_edge.runtime.policy import AdaptivePolicy
-
-    ks = simulate(AdaptivePolicy(block_size=16), lambda i: 0.95 if i < 150 else 0.5 if i < 300 else 0.0, 450)
+    ks, _ = simulate(lambda i: 0.95 if i < 150 else 0.5 if i < 300 else 0.0, 450)
     good, middling, useless = ks[100:150], ks[250:300], ks[400:450]
     assert np.median(good) >= 10                                    # long k while drafts are right
     assert 2 <= np.median(middling) <= 6                            # short k when half are (best: 3-4)
@@ -210,75 +254,65 @@ def test_adaptive_policy_switches_k_with_acceptance():
 
 
 def test_adaptive_policy_follows_step_costs():
-    from dflash_edge.runtime.policy import AdaptivePolicy
-
-    cheap = simulate(AdaptivePolicy(block_size=16), lambda i: 0.6, 200, spec_s=lambda k: 0.051)
-    dear = simulate(AdaptivePolicy(block_size=16), lambda i: 0.6, 200, spec_s=lambda k: 0.05 + 0.008 * k)
+    cheap, _ = simulate(lambda i: 0.6, 200, spec_s=lambda k: 0.051)
+    dear, _ = simulate(lambda i: 0.6, 200, spec_s=lambda k: 0.05 + 0.008 * k)
     assert np.median(cheap[100:]) >= 6 and 2 <= np.median(dear[100:]) <= 5   # dearer verifies: shorter k (best 3)
 
 
-def drive_lookup(policy, steps, match, right, spec_s=lambda k: 0.05 + 0.003 * k, decode_s=0.05):
-    """Drive `policy` with a lookup proposing kmax tokens of agreement `match(i)` whose first `right(i)` are right;
-    the step's (source, k) per step."""
-    history, chosen = [0], []
-    for i in range(steps):
-        truth = list(range(len(history), len(history) + policy.kmax + 1))   # the target's tokens from here
-        proposal = truth[:right(i)] + [-1] * (policy.kmax - right(i))
-        choice = policy.choose(lookup_len=policy.kmax, room=1000, lookup_match=match(i))
-        policy.observe("lookup", len(history), proposal, match(i))
-        if choice.source == "lookup":
-            ok = min(right(i), choice.k)
-            history += truth[:ok + 1]
-            policy.step_done(choice, spec_s(choice.k))
-        else:
-            history += truth[:1]
-            policy.step_done(choice, decode_s, 0.015 if choice.probe else 0.0)
-        policy.commit(history)
-        chosen.append((choice.source, choice.k, choice.probe))
-    return chosen
+def drive_lookup(proposer, lookup, steps, match, right, spec_s=lambda k: 0.05 + 0.003 * k,
+                 decode_s=0.05):
+    """Drive `proposer` with a lookup proposing kmax tokens of agreement `match(i)` whose first
+    `right(i)` are right (the drafter drafts nothing); the step's (source, k, probe) per step."""
+    kmax = proposer.limit
+
+    def truth_of(i, history):
+        truth = list(range(len(history), len(history) + kmax + 1))     # the target's tokens
+        lookup.next, lookup.matched = truth[:right(i)] + [-1] * (kmax - right(i)), match(i)
+        return truth
+
+    return [(c.source, c.k, c.probe) for c in drive(proposer, steps, truth_of, spec_s, decode_s)]
 
 
 def test_policy_verifies_a_long_copy_whole_and_stops_verifying_failing_lookups():
-    from dflash_edge.runtime.policy import AdaptivePolicy
-
-    copy = drive_lookup(AdaptivePolicy(16), 40, match=lambda i: 32, right=lambda i: 15)
+    copy = drive_lookup(*scripted()[::2], 40, match=lambda i: 32, right=lambda i: 15)
     assert all(src == "lookup" for src, _, _ in copy[1:]) and [k for _, k, _ in copy[-10:]] == [15] * 10
-    failing = drive_lookup(AdaptivePolicy(16), 200, match=lambda i: 1, right=lambda i: 0)
+    failing = drive_lookup(*scripted()[::2], 200, match=lambda i: 1, right=lambda i: 0)
     assert sum(src == "lookup" for src, _, _ in failing[50:]) <= 5          # counted, then left plain
     assert not any(probe for src, _, probe in copy)                          # no drafter probe beside a good lookup
 
 
 def test_policy_shares_what_long_agreements_taught_across_match_lengths():
-    from dflash_edge.runtime.policy import AdaptivePolicy, Choice
+    from dflash_edge.runtime.policy import Choice
 
-    fresh, taught = AdaptivePolicy(16), AdaptivePolicy(16)
-    fresh.step_done(Choice("plain"), 0.05)
-    drive_lookup(taught, 30, match=lambda i: 1 + 15 * (i % 2), right=lambda i: 15)   # copies that ran on
-    before = fresh.choose(lookup_len=15, room=1000, lookup_match=3)
-    after = taught.choose(lookup_len=15, room=1000, lookup_match=3)         # a match length never seen
+    (fresh, _, fresh_lookup), (taught, _, taught_lookup) = scripted(), scripted()
+    fresh.propose(0, 0, room=1000)
+    fresh.commit([1], 0.05)                                         # a plain step: decode measured
+    drive_lookup(taught, taught_lookup, 30, match=lambda i: 1 + 15 * (i % 2),
+                 right=lambda i: 15)                                # copies that ran on
+    for lookup in (fresh_lookup, taught_lookup):
+        lookup.next, lookup.matched = list(range(100, 115)), 3     # a match length never seen
+    before, after = fresh.propose(1, 1, room=1000)[0], taught.propose(1, 1, room=1000)[0]
     assert before.source == "lookup" and before.k < 15 and after == Choice("lookup", 15)
 
 
 def test_adaptive_policy_is_seeded_by_tuned_and_capped_by_verify_len(tiny_bundle):
-    from dflash_edge.runtime.policy import AdaptivePolicy
-
     gen = tiny_bundle("qwen3", 8).generator
     good = synthetic_tuned(gen, verify_len=7, acceptance=1.0)
-    assert AdaptivePolicy(8, good).choose(0, 100).k == 7                     # from the first step
-    assert AdaptivePolicy(8, good, verify_len=3).choose(0, 100).k == 3
-    assert AdaptivePolicy(8, good).choose(0, room=3).k == 2                 # never past the token budget
-    assert AdaptivePolicy(8, synthetic_tuned(gen)).choose(0, 100).source == "plain"
+    assert scripted(8, tuned=good)[0].propose(0, 0, room=100)[0].k == 7       # from the first step
+    assert scripted(8, tuned=good, verify_len=3)[0].propose(0, 0, room=100)[0].k == 3
+    assert scripted(8, tuned=good)[0].propose(0, 0, room=3)[0].k == 2         # within the budget
+    assert scripted(8, tuned=synthetic_tuned(gen))[0].propose(0, 0, room=100)[0].source == "plain"
 
 
 def test_policy_rescales_tuned_times_measured_at_another_load(tiny_bundle):
-    from dflash_edge.runtime.policy import AdaptivePolicy, Choice
+    from dflash_edge.runtime.policy import Choice
 
     gen = tiny_bundle("qwen3", 8).generator
     busy = synthetic_tuned(gen, decode_ms=100.0, verify_ms=140.0, draft_ms=40.0)     # tuned on a busy machine
-    policy = AdaptivePolicy(8, busy)
-    policy.step_done(Choice("plain"), seconds=0.020)                        # now it is 5x faster
-    assert policy.decode_s == 0.020 and policy.draft_s == pytest.approx(0.008)
-    policy.step_done(Choice("lookup", 5), seconds=0.028)                    # verify / decode as tuned: 1.4
+    policy = scripted(8, tuned=busy)[0].policy
+    policy.learn(Choice("plain"), {}, seconds=0.020)                        # now it is 5x faster
+    assert policy.decode_s == 0.020 and policy.cost["drafter"] == pytest.approx(0.008)
+    policy.learn(Choice("lookup", 5), {}, seconds=0.028)            # verify / decode as tuned: 1.4
     assert policy.scale == pytest.approx(1.0)                               # not "verifies are free"
     assert policy.verify_s(5) == pytest.approx(0.028)
 
@@ -290,13 +324,15 @@ def scripted_step_times(monkeypatch):
     steps' choices in order."""
     from dflash_edge.runtime.policy import AdaptivePolicy
 
-    measured, chosen = AdaptivePolicy.step_done, []
+    measured, chosen = AdaptivePolicy.learn, []
 
-    def step_done(self, choice, seconds, draft_seconds=0.0):
+    def learn(self, choice, made, seconds):
         chosen.append(choice)
-        measured(self, choice, 0.05 + 0.003 * choice.k, 0.015 if draft_seconds else 0.0)
+        for proposal in made.values():
+            proposal.seconds = 0.015 if proposal.seconds else 0.0
+        measured(self, choice, made, 0.05 + 0.003 * choice.k)
 
-    monkeypatch.setattr(AdaptivePolicy, "step_done", step_done)
+    monkeypatch.setattr(AdaptivePolicy, "learn", learn)
     return chosen
 
 
@@ -313,10 +349,7 @@ def test_auto_uses_long_k_with_an_oracle_drafter(tiny_bundle, oracle, scripted_s
 
 
 def test_adaptive_policy_probes_a_useless_drafter_rarely():
-    from dflash_edge.runtime.policy import AdaptivePolicy
-
-    policy = AdaptivePolicy(block_size=16)
-    ks = simulate(policy, lambda i: 0.0, 400)
+    ks, policy = simulate(lambda i: 0.0, 400)
     probes = sum(c.probe for c in policy.chosen)
     assert sum(ks) == 0 and 3 <= probes <= 15                       # backs off to one probe in 64 steps
 

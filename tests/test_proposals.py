@@ -5,7 +5,7 @@ import inspect
 import pytest
 
 from dflash_edge.runtime.policy import AdaptivePolicy, Choice, FixedPolicy, make_policy
-from dflash_edge.runtime.proposals import LookupProposals, NoProposals
+from dflash_edge.runtime.proposals import LookupProposals
 from dflash_edge.runtime.sampling import SamplingParams
 from dflash_edge.runtime.validate import DRAFT_MODES, GenerationOptions, InvalidArgumentError
 
@@ -33,8 +33,8 @@ def test_fixed_policies_and_the_lookup_source():
     assert make_policy("none", 8).pick({}, room=9) == Choice("plain")
     assert make_policy("drafter", 8, verify_len=3).pick({}, room=9) == Choice("drafter", 3)
     assert isinstance(make_policy("auto", 8), AdaptivePolicy)
-    src = LookupProposals([1, 2, 3, 4, 1, 2])
-    offers = {"plain": NoProposals().propose(2, 5, 7), "lookup": src.propose(2, 5, 7)}
+    src = LookupProposals([1, 2, 3, 4, 1, 2], limit=7)
+    offers = {"lookup": src.propose(2, 5, 7)}
     assert offers["lookup"].tokens[:2] == [3, 4] and offers["lookup"].first == 6
     assert FixedPolicy("lookup", 7).pick(offers, room=100) == Choice("lookup", 7)
     assert FixedPolicy("lookup", 7).pick(offers, room=3) == Choice("lookup", 2)         # never past the budget

@@ -42,6 +42,23 @@ def test_generate_names_the_bad_argument(tiny_bundle, kwargs, named):
         gen.stream("t5 t6", **kwargs)
 
 
+@pytest.mark.parametrize("fields, argument", [
+    ({"draft": "drafter"}, "draft"),              # needs the drafter that was not loaded
+    ({"draft": "auto"}, "draft"),
+    ({"verify_len": 8}, "verify_len"),            # outside this bundle's 1..7
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"parse_special": True}, "parse_special"),   # only for a raw prompt
+])
+def test_stream_checks_every_input_at_the_call(tiny_bundle, fields, argument):
+    """Issue 35: a bad option raises when stream() is called, before any iteration or model pass."""
+    gen = Generator.load(tiny_bundle("qwen3", 8).path, drafter=False)
+    calls = gen.target.runner.calls
+    with pytest.raises(InvalidArgumentError) as err:
+        gen.stream("t5 t6", **fields)
+    assert err.value.argument == argument and gen.target.runner.calls == calls
+    assert gen.generate("t5 t6", max_new_tokens=3, draft="none").token_ids     # it is free again
+
+
 @pytest.mark.parametrize("prompt, named", [
     (123, r"prompt=123: expected a string or a list of chat messages"),
     (None, r"prompt=None"),
