@@ -1,4 +1,5 @@
 """The README.md written next to a trained drafter: data, recipe, hardware, measured acceptance."""
+
 from __future__ import annotations
 
 import json
@@ -20,11 +21,24 @@ def _cpu_name() -> str:
 def model_card(cfg, result: dict) -> str:
     """Markdown model card for a drafter trained by `recipe.run_recipe` with `cfg`."""
     rates = " ".join(f"{r:.2f}" for r in result.get("position_acceptance", []))
-    per_cat = "\n".join(f"| {c} | {t:.3f} |" for c, t in sorted(result.get("tau_per_category", {}).items()))
-    name = "SmolLM2-135M-Instruct (the default target)" if cfg.target in (None, "default") else cfg.target
-    used = f", the first {cfg.max_shards} batches of {cfg.gen.batch_size} used" if cfg.max_shards else ""
-    start = ("the target's layers above the deepest captured feature (`--init target`)" if cfg.init == "target"
-             else "random weights")
+    per_cat = "\n".join(
+        f"| {c} | {t:.3f} |" for c, t in sorted(result.get("tau_per_category", {}).items())
+    )
+    name = (
+        "SmolLM2-135M-Instruct (the default target)"
+        if cfg.target in (None, "default")
+        else cfg.target
+    )
+    used = (
+        f", the first {cfg.max_shards} batches of {cfg.gen.batch_size} used"
+        if cfg.max_shards
+        else ""
+    )
+    start = (
+        "the target's layers above the deepest captured feature (`--init target`)"
+        if cfg.init == "target"
+        else "random weights"
+    )
     timing = "".join(f"- {k}: {v / 60:.1f} min\n" for k, v in result.get("wall_s", {}).items())
     return f"""# DFlash drafter for {name}
 
@@ -33,7 +47,7 @@ trained with dflash-edge's recipe (`dflash-edge train`). It borrows the target's
 
 ## Measured acceptance (held-out prompts, greedy, block {cfg.block_size}, {cfg.gen.max_new_tokens} new tokens)
 
-Mean acceptance length **tau = {result.get('tau', 0):.3f}** at training step {result.get('step')}
+Mean acceptance length **tau = {result.get("tau", 0):.3f}** at training step {result.get("step")}
 (greedy decoding replayed on the target's own fp32 greedy responses to {cfg.eval_prompts} held-out prompts,
 the shipped set `heldout`, none used in training). Re-measure with the reference loop:
 `dflash-edge eval-drafter --target default --draft <this dir> --prompts heldout`.
@@ -54,16 +68,16 @@ target in {cfg.gen.dtype}), with its hidden states at layers {list(cfg.gen.captu
 
 ## Recipe
 
-{cfg.layers} draft layer(s), block {cfg.block_size}, draft vocabulary for the loss: {cfg.draft_vocab or 'full'};
-`fc` trained on {'per-channel unit-scale features (folded into `fc` on save)' if cfg.scale_features else 'raw features'}.
+{cfg.layers} draft layer(s), block {cfg.block_size}, draft vocabulary for the loss: {cfg.draft_vocab or "full"};
+`fc` trained on {"per-channel unit-scale features (folded into `fc` on save)" if cfg.scale_features else "raw features"}.
 Started from {start}.
 
 ```json
 {json.dumps(asdict(cfg.train), indent=2)}
 ```
 
-Command: `{result.get('command', 'dflash-edge train ...')}`
+Command: `{result.get("command", "dflash-edge train ...")}`
 
 Hardware: {_cpu_name()}, {os.cpu_count()} logical CPUs (shared with other jobs), no GPU. Wall time:
-{timing or '(see the training log)'}
+{timing or "(see the training log)"}
 """
