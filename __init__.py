@@ -3,7 +3,8 @@
 The front door only: a lazy public API (nothing heavy is imported until used) and the CLI.
 
     >>> import dflash_edge
-    >>> dflash_edge.export_bundle(dflash_edge.ExportOptions(out="bundle/"))  # as `export`  # doctest: +SKIP
+    >>> opts = dflash_edge.ExportOptions(out="bundle/")  # doctest: +SKIP
+    >>> dflash_edge.export_bundle(opts)  # as `export`  # doctest: +SKIP
     >>> gen = dflash_edge.Generator.load("bundle/")                             # doctest: +SKIP
     >>> gen.generate("Why is the sky blue?", max_new_tokens=64).text            # doctest: +SKIP
     >>> ckpt = dflash_edge.fetch_default_model()  # SmolLM2-135M-Instruct, cached  # doctest: +SKIP

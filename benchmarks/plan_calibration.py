@@ -18,7 +18,10 @@ import statistics
 import subprocess
 import sys
 
-MEASURE = "import json; from dflash_edge.devices.detect import measure_cpu; print(json.dumps(measure_cpu(0.5)))"
+MEASURE = (
+    "import json; from dflash_edge.devices.detect import measure_cpu; "
+    "print(json.dumps(measure_cpu(0.5)))"
+)
 
 
 def detect_once() -> dict:

@@ -28,7 +28,9 @@ path, threads = sys.argv[1], int(sys.argv[2])
 config = og.Config(path)
 config.clear_providers()                                    # CPU
 cfg = json.load(open(path + "/genai_config.json"))
-assert cfg["model"]["decoder"]["session_options"].get("intra_op_num_threads") == threads, "threads not set"
+assert (
+    cfg["model"]["decoder"]["session_options"].get("intra_op_num_threads") == threads
+), "threads not set"
 model = og.Model(config)
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
@@ -44,7 +46,8 @@ for line in sys.stdin:
         gen.generate_next_token()
         tokens.append(int(gen.get_next_tokens()[0]))
         stamps.append(time.perf_counter())
-    print(json.dumps({"tokens": tokens, "first_s": stamps[0] - t0, "decode_s": stamps[-1] - stamps[0]}), flush=True)
+    print(json.dumps({"tokens": tokens, "first_s": stamps[0] - t0,
+                      "decode_s": stamps[-1] - stamps[0]}), flush=True)
 """
 
 

@@ -25,7 +25,8 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--parse-special",
         action="store_true",
-        help="with --raw: control-token strings in the prompt become control tokens (default: text)",
+        help="with --raw: control-token strings in the prompt become control tokens "
+        "(default: text)",
     )
     p.add_argument(
         "--no-draft", action="store_true", help="target-only autoregressive decoding (the baseline)"
@@ -54,8 +55,14 @@ def run(args) -> int:
         drafter = resolve_drafter(args.draft, target, tok)
         res = speculative_generate(target, drafter, ids, gen)
     print(tok.decode(res.token_ids))
-    stats = f"{len(res.token_ids)} tokens, {res.decode_tokens_per_s:.1f} tok/s decode, prefill {res.prefill_s * 1e3:.0f} ms"
+    stats = (
+        f"{len(res.token_ids)} tokens, {res.decode_tokens_per_s:.1f} tok/s decode, "
+        f"prefill {res.prefill_s * 1e3:.0f} ms"
+    )
     if not args.no_draft:
-        stats += f", mean acceptance length {res.mean_acceptance_length:.2f} over {len(res.acceptance_lengths)} steps"
+        stats += (
+            f", mean acceptance length {res.mean_acceptance_length:.2f} "
+            f"over {len(res.acceptance_lengths)} steps"
+        )
     print(f"[{stats}; finish: {res.finish_reason}]", file=sys.stderr)
     return 0

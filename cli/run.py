@@ -122,7 +122,10 @@ def summary(stats, gen, provider: str = "cpu", threads: int = 0) -> str:
             f"{stats.plain_timed_steps} plain steps)"
         )
     else:
-        first += f", speed against plain decoding unknown (run `dflash-edge tune {gen.bundle.root}` to measure it)"
+        first += (
+            ", speed against plain decoding unknown "
+            f"(run `dflash-edge tune {gen.bundle.root}` to measure it)"
+        )
     first += (
         f"; TTFT {stats.ttft_s * 1e3:.0f} ms (prompt {stats.prompt_tokens} tokens); "
         f"finish: {stats.finish_reason}"

@@ -21,7 +21,9 @@ from pathlib import Path
 PROMPT_SETS = {
     "bench": "mixed everyday prompts (chat, code, maths, ...): `bench` and `tune` by default",
     "quote": "prompts whose answers quote their input (fix, rewrite, convert, extract)",
-    "heldout": "held-out prompts never used in drafter training: quality reports and drafter evaluation",
+    "heldout": (
+        "held-out prompts never used in drafter training: quality reports and drafter evaluation"
+    ),
 }
 
 

@@ -229,7 +229,9 @@ def detect_cpu(
     measured = measured or measure_cpu()
     base = (profiles or load_profiles())["cpu"]
     profile = base.filled(
-        title=f"{info['model']} ({info['cores']} cores; {' '.join(info['isa']) or 'no SIMD flags'})",
+        title=(
+            f"{info['model']} ({info['cores']} cores; {' '.join(info['isa']) or 'no SIMD flags'})"
+        ),
         memory_gb=round(parse_meminfo_gb(read_text(meminfo) or "") or 0.0, 2),
         bandwidth_gb_s=measured["bandwidth_gb_s"],
         compute_tflops={**base.compute_tflops, "fp32": measured["fp32_tflops"]},

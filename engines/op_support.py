@@ -210,12 +210,13 @@ OPS: dict[str, str] = {
 # "Supported: N" rows.
 UNSUPPORTED = frozenset(
     """
-    AffineGrid Bernoulli BitShift BitwiseAnd BitwiseNot BitwiseOr BitwiseXor Col2Im CenterCropPad Compress
-    ConcatFromSequence ConvInteger DFT Det DynamicQuantizeLinear ImageDecoder MatMulInteger MaxRoiPool
-    MaxUnpool MelWeightMatrix Multinomial NegativeLogLikelihoodLoss Optional OptionalGetElement
-    OptionalHasElement QLinearConv QLinearMatMul RegexFullMatch SequenceAt SequenceConstruct SequenceEmpty
-    SequenceErase SequenceInsert SequenceLength SequenceMap SoftmaxCrossEntropyLoss SplitToSequence
-    StringConcat StringNormalizer StringSplit TfIdfVectorizer Unique
+    AffineGrid Bernoulli BitShift BitwiseAnd BitwiseNot BitwiseOr BitwiseXor Col2Im CenterCropPad
+    Compress ConcatFromSequence ConvInteger DFT Det DynamicQuantizeLinear ImageDecoder MatMulInteger
+    MaxRoiPool MaxUnpool MelWeightMatrix Multinomial NegativeLogLikelihoodLoss Optional
+    OptionalGetElement OptionalHasElement QLinearConv QLinearMatMul RegexFullMatch SequenceAt
+    SequenceConstruct SequenceEmpty SequenceErase SequenceInsert SequenceLength SequenceMap
+    SoftmaxCrossEntropyLoss SplitToSequence StringConcat StringNormalizer StringSplit
+    TfIdfVectorizer Unique
 """.split()
 )
 
@@ -236,7 +237,8 @@ RESTRICTIONS: dict[str, str] = {
     "Hardmax": "the `axis` dimension of the input must be a build-time constant",
     "If": "the two branches' outputs must have the same rank and different names",
     "LayerNormalization": "only the first output `Y` is supported",
-    "Loop": "scan output length cannot be dynamic; loop-carried shapes must not change across iterations",
+    "Loop": "scan output length cannot be dynamic; loop-carried shapes must not change across "
+    "iterations",
     "LSTM": "bidirectional: same activations both ways; input_forget and layout must be 0",
     "LpPool": "dilations empty or all ones",
     "MaxPool": "2-D or 3-D pooling only; `Indices` output unsupported; dilations empty or all ones",

@@ -203,7 +203,8 @@ def _check_node(
             op,
             "problem",
             f"{op} ({where}) is not a standard ONNX op: TensorRT needs a plugin "
-            f"for it; export without custom ops (e.g. onnxruntime contrib ops are onnxruntime-only)",
+            "for it; export without custom ops (e.g. onnxruntime contrib ops are "
+            "onnxruntime-only)",
         )
         return
     if op in sup.UNSUPPORTED or op not in sup.OPS:

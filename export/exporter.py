@@ -136,7 +136,10 @@ def weight_formats(opts: ExportOptions) -> dict:
 def fused_supported(cfg) -> str | None:
     """Why the fused target cannot be built for `cfg` (None: it can)."""
     if cfg.head_dim % 16:
-        return f"head_dim {cfg.head_dim} is not a multiple of 16 (onnxruntime's GroupQueryAttention requires it)"
+        return (
+            f"head_dim {cfg.head_dim} is not a multiple of 16 "
+            "(onnxruntime's GroupQueryAttention requires it)"
+        )
     return None
 
 

@@ -14,7 +14,8 @@ references every tensor the portable graph already stores (by name, or byte for 
 `target.onnx.data`, or the embedding in `shared.onnx.data`) instead of storing it again: the two
 flavours share one copy of the weights.
 
->>> build_fused_target(cfg, ckpt, capture=(1, 4), store=store, out=Path("b/target_fused.onnx"))  # doctest: +SKIP
+>>> build_fused_target(  # doctest: +SKIP
+...     cfg, ckpt, capture=(1, 4), store=store, out=Path("b/target_fused.onnx"))
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ were accepted) and first rebuilds the states after exactly those tokens (`_commi
 conv rows and one rank-`kept` update of the recurrent state), so a partial accept costs what a full
 one does and nothing is re-run.
 
->>> build_hybrid_target(cfg, ckpt, capture=(1,), store=store, out=Path("b/target_hybrid.onnx"))  # doctest: +SKIP
+>>> build_hybrid_target(  # doctest: +SKIP
+...     cfg, ckpt, capture=(1,), store=store, out=Path("b/target_hybrid.onnx"))
 """
 
 from __future__ import annotations

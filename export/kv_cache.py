@@ -9,9 +9,9 @@ attention"): attention over 1,800 cached positions costs ~half of the fp32 cache
 the pad is removed.
 
 The exporter calibrates it on the graph it has just written, in its temp folder (write_int8_cache).
-Scales come from the bundle's own fused target run with its fp32 cache over held-out text: the largest
-|K| / |V| per layer and channel (post-rotary K, as the cache holds it) times `margin`, over 127.
-Losslessness stays against the bundle's own target: decode and verify read the same int8 cache.
+Scales come from the bundle's own fused target run with its fp32 cache over held-out text: the
+largest |K| / |V| per layer and channel (post-rotary K, as the cache holds it) times `margin`, over
+127. Losslessness stays against the bundle's own target: decode and verify read the same int8 cache.
 
 `calibrate` returns two [L, Hkv * D] arrays; `int8_cache_graph` rewrites the proto in place:
 

@@ -7,7 +7,8 @@ only then does the torch reference run on the very same inputs (`reference`, a c
 export/sources.reference, the layer-streamed torch models of models/graphs.py), so the two never
 hold the weights at the same time.
 
->>> report = check_graphs(paths, Probe(prompt_ids, block=16, mask_id=5, dims=dims), reference)  # doctest: +SKIP
+>>> probe = Probe(prompt_ids, block=16, mask_id=5, dims=dims)  # doctest: +SKIP
+>>> report = check_graphs(paths, probe, reference)  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ their Hugging Face names under a prefix (`model.layers.3` for a target, `layers.
 drafter); what differs per family comes from its `AttentionSpec` (biases, per-head q/k norm), never
 from the file name.
 
->>> x = decoder_layer(g, x, Layer(ckpt, "model.layers.0", spec, intermediate), rope, past, mask)  # doctest: +SKIP
+>>> layer = Layer(ckpt, "model.layers.0", spec, intermediate)  # doctest: +SKIP
+>>> x = decoder_layer(g, x, layer, rope, past, mask)  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ sequence-major KV layout, fused argmax); this writes the same computation node b
 weight at a time from the checkpoint, so no model is ever held in memory. The embedding (and an
 untied LM head, stored as W^T) go to the shared file under the keys the drafter borrows them by.
 
->>> build_target(cfg, ckpt, capture=(1, 4), store=store, out=Path("b/target.onnx"))  # doctest: +SKIP
+>>> build_target(  # doctest: +SKIP
+...     cfg, ckpt, capture=(1, 4), store=store, out=Path("b/target.onnx"))
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ The embedding / tied LM head is one table for the target and the drafter (`share
 or 8 bits GatherBlockQuantized reads it for the embedding and MatMulNBits for the head, the scales
 stored in each op's rank.
 
->>> y = matmul(g, "x", ckpt, ["model.layers.0.mlp.up_proj.weight"], "model.layers.0.mlp.up_proj.weight")  # doctest: +SKIP
+>>> name = "model.layers.0.mlp.up_proj.weight"  # doctest: +SKIP
+>>> y = matmul(g, "x", ckpt, [name], name)  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -174,7 +174,9 @@ def layer_types_of(raw: dict, known: tuple[str, ...] = LAYER_TYPES) -> list[str]
     configs) from `use_sliding_window`, `sliding_window` and `max_window_layers`. Unknown kinds are
     refused by name.
 
-    >>> layer_types_of({"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"]})
+    >>> layer_types_of(
+    ...     {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"]}
+    ... )
     ['sliding_attention', 'full_attention']
     """
     n = raw.get("num_hidden_layers") or 0

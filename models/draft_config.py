@@ -17,7 +17,8 @@ with window_left = W - 1) all apply them:
   non-causal sliding layer also hides keys W or more positions *after* the query (z-lab's rule).
   vLLM's `dflash_config.use_swa` / `swa_window_size` (MiMo drafters) is refused by name.
 
->>> cfg = DraftConfig.from_dict(json.loads(Path("drafter/config.json").read_text()))  # doctest: +SKIP
+>>> raw = json.loads(Path("drafter/config.json").read_text())  # doctest: +SKIP
+>>> cfg = DraftConfig.from_dict(raw)  # doctest: +SKIP
 >>> default_target_layer_ids(28, 5)
 [1, 7, 13, 19, 25]
 """

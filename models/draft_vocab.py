@@ -6,7 +6,8 @@ draft token outside the set is simply never proposed, and verification by the fu
 output lossless. The ranking comes from the target's own training responses: `dflash-edge train`
 writes it next to the drafter as `draft_vocab.json` (z-lab loaders ignore the extra file).
 
->>> ids = load_draft_vocab("data/drafters/smollm2-135m-instruct", 8192, vocab_size=49152)  # doctest: +SKIP
+>>> ids = load_draft_vocab(  # doctest: +SKIP
+...     "data/drafters/smollm2-135m-instruct", 8192, vocab_size=49152)
 """
 
 from __future__ import annotations

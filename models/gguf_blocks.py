@@ -13,7 +13,8 @@ with blocksum(A) [M, K/bs] the sums of A over each block of `block_size` inputs 
 [K/bs, N] = (o + c*s)^T. The result equals `gguf.quants.dequantize` up to float32 rounding.
 
     >>> from gguf import GGUFReader  # doctest: +SKIP
-    >>> t = next(t for t in GGUFReader(path).tensors if t.name == "blk.0.ffn_up.weight")  # doctest: +SKIP
+    >>> name = "blk.0.ffn_up.weight"  # doctest: +SKIP
+    >>> t = next(t for t in GGUFReader(path).tensors if t.name == name)  # doctest: +SKIP
     >>> w = nbits_operands(t.data, t.tensor_type)  # doctest: +SKIP
     >>> w.bits, w.block_size, w.B.shape, w.scales.shape, w.correction.shape  # doctest: +SKIP
     (4, 32, (1536, 18, 16), (1536, 18), (18, 1536))

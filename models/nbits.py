@@ -88,9 +88,10 @@ def concat_rows(parts: list[NBitsWeight], qtype: str | None = None) -> NBitsWeig
     first = parts[0]
     if any(p.layout != first.layout or p.k != first.k for p in parts):
         raise ValueError("concat_rows needs weights of one layout and K")
-    cat = lambda f: (
-        None if getattr(first, f) is None else np.concatenate([getattr(p, f) for p in parts])
-    )  # noqa: E731
+
+    def cat(f):
+        return None if getattr(first, f) is None else np.concatenate([getattr(p, f) for p in parts])
+
     corr = None
     if any(p.correction is not None for p in parts):
         blocks = first.scales.shape[1]

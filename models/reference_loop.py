@@ -5,7 +5,8 @@
 Every emitted token is the target's own choice at its position (greedy argmax, or the seeded draw of
 `runtime.sampling.select_token`), so speculative output equals target-only output token for token.
 
->>> res = speculative_generate(target, drafter, prompt_ids, GenerationConfig(max_new_tokens=64))  # doctest: +SKIP
+>>> gen = GenerationConfig(max_new_tokens=64)  # doctest: +SKIP
+>>> res = speculative_generate(target, drafter, prompt_ids, gen)  # doctest: +SKIP
 >>> res.token_ids, res.mean_acceptance_length  # doctest: +SKIP
 """
 

@@ -5,7 +5,8 @@ against the checkpoint's headers before any data is read, then each parameter is
 requested dtype and set: peak memory is the model plus one tensor. `stream_layers` goes further: a
 layer's weights are read when it runs and dropped after it, so only one layer is ever in memory.
 
->>> model = load_streamed(lambda: TargetModel(cfg, spec), Checkpoint.open(path), torch.float32)  # doctest: +SKIP
+>>> ckpt = Checkpoint.open(path)  # doctest: +SKIP
+>>> model = load_streamed(lambda: TargetModel(cfg, spec), ckpt, torch.float32)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def stream_layers(
     (forward hook). A ModuleList inside a layer (a mixture-of-experts MLP's `experts`) streams the
     same way, item by item: an expert is read only if a token chose it, and one at a time.
 
-    >>> model = stream_layers(lambda: TargetModel(cfg, spec), ckpt, "model.layers")  # doctest: +SKIP
+    >>> model = stream_layers(  # doctest: +SKIP
+    ...     lambda: TargetModel(cfg, spec), ckpt, "model.layers")
     """
     with torch.device("meta"):
         model = build()

@@ -5,5 +5,6 @@ writer) and `quality.py` measures the result against the input bundle; the CLI v
 cli/quantize.py. Floor 5: it calls export/.
 
 >>> from dflash_edge.quantize.bundle_quant import QuantizeOptions, quantize_bundle  # doctest: +SKIP
->>> quantize_bundle(QuantizeOptions("bundle/", "bundle-int8/", target="int8", draft="int8"))  # doctest: +SKIP
+>>> quantize_bundle(  # doctest: +SKIP
+...     QuantizeOptions("bundle/", "bundle-int8/", target="int8", draft="int8"))
 """

@@ -6,7 +6,8 @@ requested precisions (export/exporter.py: one temp folder, one publish), and, be
 measures the new bundle against the input one (quality.py) and stores the report in it. The input
 bundle is only read.
 
->>> quantize_bundle(QuantizeOptions("bundle/", "bundle-int8/", target="int8", draft="int8"))  # doctest: +SKIP
+>>> quantize_bundle(  # doctest: +SKIP
+...     QuantizeOptions("bundle/", "bundle-int8/", target="int8", draft="int8"))
 """
 
 from __future__ import annotations

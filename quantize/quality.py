@@ -9,7 +9,8 @@ tokens under each target (low for the reference: they are its own picks) Then on
 `accept_prompts` prompts, each bundle generates with its drafter (mean acceptance length, tokens/s)
 and the quantised one also plainly (ms/token; and whether both outputs are equal).
 
->>> report = quality_report("bundle/", "bundle-int4/", ReportOptions(positions=2048))  # doctest: +SKIP
+>>> opts = ReportOptions(positions=2048)  # doctest: +SKIP
+>>> report = quality_report("bundle/", "bundle-int4/", opts)  # doctest: +SKIP
 >>> print(format_report(report))  # doctest: +SKIP
 """
 

@@ -90,8 +90,8 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
         "quantization",
         "kv_cache",
         "weight_bytes",
-        # weight_bytes: its initializers' (devices plan)            # quantization: tool, settings, what
-        # was lowered;
+        # quantization: tool, settings, what was lowered; weight_bytes: its initializers' (devices
+        # plan)
     ),
     # kv_cache: the graph's own cache (export/kv_cache.py)
     "source": None,

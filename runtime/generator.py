@@ -298,7 +298,8 @@ class Generator:
         `max_new_tokens` and `sampling` may be given positionally (shorthands for those option
         fields).
 
-        >>> gen.generate_ids([5, 17, 33], 40, draft="drafter", verify_len=4).token_ids  # doctest: +SKIP
+        >>> gen.generate_ids(  # doctest: +SKIP
+        ...     [5, 17, 33], 40, draft="drafter", verify_len=4).token_ids
         """
         t_call = time.perf_counter()
         vocab = self.bundle.model["vocab_size"]

@@ -11,7 +11,7 @@ Traceback (most recent call last):
 ...
 dflash_edge.runtime.guard.GeneratorBusyError: this thread already has a generation open on this Generator ...
 >>> hold.release(); guard.acquire().release()
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -202,7 +202,8 @@ def pick_graph(names, role: str, provider: str, kv_dtype) -> str:
     'target_fused'
     >>> pick_graph(["target", "target_fused", "drafter"], "target", "tensorrt", "float32")
     'target'
-    >>> pick_graph(["target", "target_fused"], "target", "cuda", {"target": "float32", "target_fused": "int8"})
+    >>> pick_graph(["target", "target_fused"], "target", "cuda",
+    ...            {"target": "float32", "target_fused": "int8"})
     'target'
     """
     dtype = (lambda n: kv_dtype) if isinstance(kv_dtype, str) else kv_dtype.__getitem__  # noqa: E731

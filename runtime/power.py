@@ -5,7 +5,8 @@ reads and charged to arm X's name (ARM_NAMES). Joules cover the whole call (pref
 whatever else the meter's scope sees; they are measurements, never estimates. A meter that fails
 mid-run nulls its fields with the reason; the bench itself carries on.
 
->>> gen = MeteredGenerator(Generator.load("bundle/"), meter=None, reason="disabled")  # doctest: +SKIP
+>>> gen = MeteredGenerator(  # doctest: +SKIP
+...     Generator.load("bundle/"), meter=None, reason="disabled")
 >>> gen.energy_report()["plain"]  # doctest: +SKIP
 {'energy_j_per_token': None, 'avg_power_w': None, 'reason': 'disabled'}
 """

@@ -89,7 +89,7 @@ class GenerationStats:
 
         >>> GenerationStats(acceptance_lengths=[3, 2], lookup_lengths=[4], plain_steps=5).sources()
         'drafter 2.50 tokens/step over 2 steps, prompt lookup 4.00 tokens/step over 1 step, 5 plain steps'
-        """
+        """  # noqa: E501
         parts = [
             f"{name} {sum(steps) / len(steps):.2f} tokens/step over {_n(len(steps), 'step')}"
             for name, steps in (

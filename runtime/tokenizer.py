@@ -10,7 +10,8 @@ Templates come with downloads, so they are untrusted code: they render in jinja2
 `strftime_now`, `tojson`, `namespace`, loop controls); one that reaches for Python internals
 gets `UnsafeTemplateError` (docs/security.md).
 
->>> tok = ChatTokenizer.from_dir("~/.cache/dflash-edge/models/smollm2-135m-instruct")  # doctest: +SKIP
+>>> tok = ChatTokenizer.from_dir(  # doctest: +SKIP
+...     "~/.cache/dflash-edge/models/smollm2-135m-instruct")
 >>> ids = tok.encode_chat([{"role": "user", "content": "Hi"}])  # doctest: +SKIP
 >>> tok.decode(ids)  # doctest: +SKIP
 """

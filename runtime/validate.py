@@ -11,7 +11,7 @@ any token is computed. Errors name the argument as the caller knows it (`tempera
 Traceback (most recent call last):
 ...
 dflash_edge.runtime.validate.InvalidArgumentError: --temperature=nan: expected a finite number >= 0 (0 = greedy)
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def check(name: str, value, label: str | None = None):
     Traceback (most recent call last):
     ...
     dflash_edge.runtime.validate.InvalidArgumentError: max_new_tokens='2': expected an integer >= 1, got str
-    """
+    """  # noqa: E501
     rule, label = RULES[name], label or name
     ok_type = isinstance(
         value, numbers.Integral if rule.kind is int else numbers.Real
@@ -236,7 +236,7 @@ def check_text(text, label: str) -> str:
     Traceback (most recent call last):
     ...
     dflash_edge.runtime.validate.InvalidArgumentError: --prompt='Hi \\udcff': not valid text (a lone surrogate '\\udcff' at character 3, or bytes that are not UTF-8); pass UTF-8 text
-    """
+    """  # noqa: E501
     if not isinstance(text, str):
         raise InvalidArgumentError(label, f"{label}={_short(text)}: expected a string")
     try:
@@ -360,7 +360,7 @@ class GenerationOptions:
     Traceback (most recent call last):
     ...
     dflash_edge.runtime.validate.InvalidArgumentError: draft='sometimes': expected one of 'auto' (per step, ...
-    """
+    """  # noqa: E501
 
     max_new_tokens: int = 128
     temperature: float = 0.0  # 0 = greedy

@@ -19,7 +19,8 @@ Fields, as OpenAI's own API treats them (it refuses arguments it does not recogn
 dropped silently. `model` may be left out (the served model answers); given, it must be the served
 id (`GET /v1/models`), else 404 with code `model_not_found`, as OpenAI answers.
 
->>> job = parse_request({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0}, chat=True)
+>>> job = parse_request(
+...     {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0}, chat=True)
 >>> job.options.temperature, job.options.draft, job.stream
 (0.0, 'auto', False)
 """

@@ -7,9 +7,10 @@ result) or ("error", exception). A ticket cancelled by its client (a closed stre
 generation at the next text piece, which frees the Generator for the next job; a job whose client
 left while it waited gives its queue slot back at once and never starts.
 
->>> sched = Scheduler(gen, max_queue=8)                    # doctest: +SKIP
->>> ticket = sched.submit(job.prompt, job.options)  # on the event loop; ServerBusy when full  # doctest: +SKIP
->>> async for kind, value in ticket: ...                   # doctest: +SKIP
+>>> sched = Scheduler(gen, max_queue=8)  # doctest: +SKIP
+>>> # on the event loop; ServerBusy when full:
+>>> ticket = sched.submit(job.prompt, job.options)  # doctest: +SKIP
+>>> async for kind, value in ticket: ...  # doctest: +SKIP
 """
 
 from __future__ import annotations

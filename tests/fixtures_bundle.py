@@ -18,7 +18,10 @@ MAX_CONTEXT = 128
 PREFILL_CHUNK = (
     8  # small, so test prompts span several chunks (and the overlapped / padded last one)
 )
-CHAT_TEMPLATE = "{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}{% if add_generation_prompt %}t3{% endif %}"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}"
+    "{% if add_generation_prompt %}t3{% endif %}"
+)
 
 
 @dataclass

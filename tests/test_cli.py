@@ -11,7 +11,10 @@ from dflash_edge.cli import main
 
 
 def test_import_is_lazy():
-    code = "import sys, dflash_edge; print(sorted(m for m in ('torch', 'onnx', 'transformers', 'numpy') if m in sys.modules))"
+    code = (
+        "import sys, dflash_edge; print(sorted(m for m in ('torch', 'onnx', 'transformers', "
+        "'numpy') if m in sys.modules))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout

@@ -14,7 +14,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGML_QUANT_SIZES  # noqa: E402
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
 from dflash_edge.models.gguf_blocks import TYPES, UnsupportedQuantType, nbits_operands  # noqa: E402

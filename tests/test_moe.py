@@ -188,9 +188,10 @@ def test_graphs_read_only_the_chosen_experts(moe):
     assert not any(set(n.input) & set(fc1) for n in portable.node if n.op_type == "MatMul")
     moe_nodes = [n for n in fused.node if n.op_type == "MoE"]
     assert len(moe_nodes) == 3 and {n.input[2] for n in moe_nodes} == set(fc1)
-    where = lambda graph: {
-        i.name: [(e.key, e.value) for e in i.external_data] for i in graph.initializer
-    }  # noqa: E731
+
+    def where(graph):
+        return {i.name: [(e.key, e.value) for e in i.external_data] for i in graph.initializer}
+
     shared = where(portable)
     assert all(
         where(fused)[name] == shared[name] for name in fc1

@@ -304,9 +304,10 @@ def _fake_tensorrt(calls, parse_ok=True):
                 if v.type.tensor_type.elem_type == TensorProto.FLOAT
             }
             tensors = {}
-            get = lambda n: tensors.setdefault(
-                n, _T(n, dtype="float32" if n in floats else "int64")
-            )  # noqa: E731
+
+            def get(n):
+                return tensors.setdefault(n, _T(n, dtype="float32" if n in floats else "int64"))
+
             self.net.inputs = [_T(i.name, dyn(i)) for i in model.graph.input]
             tensors.update({t.name: t for t in self.net.inputs})
             for init in model.graph.initializer:
@@ -412,12 +413,12 @@ def test_norm_chains_stay_fp32(tiny_bundles, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", _fake_tensorrt(calls))
     build_engines(EngineOptions(bundle_dir, graphs=("target",), device="x"))
     layers = calls["networks"][0].layers
-    pinned = [l for l in layers if l.precision == "float32"]
-    n_norms = sum(1 for l in layers if l.type == "REDUCE")
+    pinned = [layer for layer in layers if layer.precision == "float32"]
+    n_norms = sum(1 for layer in layers if layer.type == "REDUCE")
     assert n_norms == 25  # 6 layers x (2 + q/k norms) + final norm
     # pow, mean, +eps, sqrt, 1/x, and the x * rsqrt that ends each chain
-    assert len(pinned) == 6 * n_norms and all(l.out_types == {0: "float32"} for l in pinned)
-    assert all(l.precision is None for l in layers if l.type == "OTHER")
+    assert len(pinned) == 6 * n_norms and all(layer.out_types == {0: "float32"} for layer in pinned)
+    assert all(layer.precision is None for layer in layers if layer.type == "OTHER")
 
 
 def test_build_engines_reports_parser_errors(tiny_bundles, monkeypatch):

@@ -85,7 +85,10 @@ def add_tiny_tokenizer(path, vocab_size: int = 96) -> None:
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(Path(path) / "tokenizer.json"))
-    template = "{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}{% if add_generation_prompt %}t3{% endif %}"
+    template = (
+        "{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}"
+        "{% if add_generation_prompt %}t3{% endif %}"
+    )
     (Path(path) / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
 
 

@@ -6,8 +6,9 @@ Two measurements of the same quantity:
   features): every anchor's block in one batched drafter pass, then the accept/advance walk. It is
   exact for greedy decoding up to float rounding, and takes seconds, so training uses it.
 
->>> report = reference_eval(target, drafter, prompt_ids, categories, EvalSpec(block_size=16))  # doctest: +SKIP
->>> print(format_report(report))                                                   # doctest: +SKIP
+>>> spec = EvalSpec(block_size=16)  # doctest: +SKIP
+>>> report = reference_eval(target, drafter, prompt_ids, categories, spec)  # doctest: +SKIP
+>>> print(format_report(report))  # doctest: +SKIP
 """
 
 from __future__ import annotations

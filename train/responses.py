@@ -6,7 +6,8 @@ decoded with `TargetModel.step` (per-row positions and masks, one preallocated K
 The target's features at `capture` layers are kept (fp16) for every token but the last: training
 then never re-runs the 30-layer target (they come free with generation).
 
->>> write_shards(target, tok, prompts, "/tmp/resp", GenSpec(capture=(1, 8, 14, 20, 27)))  # doctest: +SKIP
+>>> spec = GenSpec(capture=(1, 8, 14, 20, 27))  # doctest: +SKIP
+>>> write_shards(target, tok, prompts, "/tmp/resp", spec)  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ Stored per response shard as `soft_{i:05d}_k{K}.pt` next to `shard_{i:05d}.pt` (
 feature row, i.e. per token 0..N-2 of each sample (row t is the distribution of token t + 1; prompt
 rows are left zero and never read).
 
->>> attach_soft_targets(target, shard_paths, samples_per_shard, capture=(1, 8, 14, 20, 27), k=16)  # doctest: +SKIP
+>>> attach_soft_targets(  # doctest: +SKIP
+...     target, shard_paths, samples_per_shard, capture=(1, 8, 14, 20, 27), k=16)
 """
 
 from __future__ import annotations

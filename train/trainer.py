@@ -4,7 +4,8 @@ The batch of step s is drawn from a generator seeded with (seed, s), so a resume
 same data as an uninterrupted one (and worker processes can build batches ahead, in any order).
 A time budget (`max_minutes`) ends a run early, with the learning-rate decay squeezed to fit.
 
->>> drafter = train_drafter(target, samples, TrainConfig(steps=400), ckpt_dir="/tmp/ck")  # doctest: +SKIP
+>>> cfg = TrainConfig(steps=400)  # doctest: +SKIP
+>>> drafter = train_drafter(target, samples, cfg, ckpt_dir="/tmp/ck")  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -11,13 +11,14 @@ Published layouts: `model_type` "qwen3_5" (image-text: `text_config`, weights un
 `model.language_model.*`, the vision tower under `model.visual.*`, ignored for text) and
 "qwen3_5_text" (weights under `model.*`).
 
->>> cfg = HybridConfig.from_dict({"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_text",
-...     "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
-...     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2,
+>>> cfg = HybridConfig.from_dict({"model_type": "qwen3_5", "text_config": {
+...     "model_type": "qwen3_5_text", "vocab_size": 64, "hidden_size": 32,
+...     "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+...     "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2,
 ...     "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8}})
 >>> cfg.layer_types, cfg.rotary_dim, cfg.weight_prefix
 (['linear_attention', 'linear_attention', 'linear_attention', 'full_attention'], 4, 'model.language_model')
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
