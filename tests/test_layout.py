@@ -166,3 +166,18 @@ def test_low_floors_import_no_third_party_heavyweights(room):
                 - {"dflash_edge", ""}
             )
     assert third <= allowed, sorted(third - allowed)
+
+
+def test_rooms_import_each_other_relatively():
+    """Inside the package every first-party import is relative, so the edges between rooms resolve
+    on disk (the repository root is the package) for tools that never ran the editable install."""
+    absolute = sorted(
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ImportFrom) and not node.level
+        and (node.module or "").split(".")[0] == "dflash_edge"
+    )
+    assert not absolute, "absolute first-party imports (use `from ..room import x`):\n" + "\n".join(
+        absolute
+    )
