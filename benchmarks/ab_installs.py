@@ -1,15 +1,15 @@
-"""Two installs of dflash-edge side by side on one bundle: the same prompts, arms interleaved per
-prompt.
+"""Two dflash-edge installs side by side on one bundle: same prompts, arms interleaved per prompt.
 
 For a refactor or a dependency bump: is the new code as fast as the old? Each install runs in its
-own worker process (its folder first on PYTHONPATH, e.g. one made by `pip install --no-deps --target
-DIR WHEEL`) with the bundle loaded once; per prompt the runs alternate A, B, B, A ... so machine
-noise hits both alike. Reports per install and arm the median tokens/s over prompts (whole
-`generate` call, prefill included), and the median per-prompt ratio B / A. Greedy outputs must agree
-across installs and arms (lossless).
+own worker process (its folder first on PYTHONPATH, e.g. one made by
+`pip install --no-deps --target DIR WHEEL`) with the bundle loaded once; per prompt the runs
+alternate A, B, B, A ... so machine noise hits both alike. Reports per install and arm the median
+tokens/s over prompts (whole `generate` call, prefill included), and the median per-prompt ratio
+B / A. Greedy outputs must agree across installs and arms (lossless).
 
-    python benchmarks/ab_installs.py BUNDLE --a /tmp/old_site --b . --prompts quote --max-new-tokens
-128"""
+    python benchmarks/ab_installs.py BUNDLE --a /tmp/old_site --b . --prompts quote \\
+        --max-new-tokens 128
+"""
 
 from __future__ import annotations
 

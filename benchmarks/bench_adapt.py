@@ -1,13 +1,13 @@
-"""Is the tuned verify length right? Oracle drafters of several hit rates: tuned k vs every fixed k
-(issue 13).
+"""Is the tuned verify length right? Oracle drafters of several hit rates: tuned k vs every fixed k.
 
-For each hit rate h the bundle's drafter is wrapped by tests/oracle_drafter.py's `OracleDrafter`
-(each draft token replaced by the target's true next token with probability h), then:
-  1. tune: `calibrate.step_times` + `calibrate.acceptance` on the prompts, `choose_verify_len` ->
-     tuned k
+Issue 13. For each hit rate h the bundle's drafter is wrapped by tests/oracle_drafter.py's
+`OracleDrafter` (each draft token replaced by the target's true next token with probability h),
+then:
+  1. tune: `calibrate.step_times` + `calibrate.acceptance` on the prompts, `choose_verify_len`
+     -> tuned k
   2. per prompt, interleaved (order rotating): plain decoding, always-draft with each fixed k, and
-     the default arm (adaptive policy seeded by that tuned result) and reports the median speedup
-     over plain of each, the best fixed k, and tuned / best.
+     the default arm (adaptive policy seeded by that tuned result)
+and reports the median speedup over plain of each, the best fixed k, and tuned / best.
 
     python benchmarks/bench_adapt.py BUNDLE --hits 0.5,0.8,0.95 --ks 1,2,3,5,7,10,15 --limit 3 \
         --max-new-tokens 64 --tune-budget 40 [--repeats 3] [--json OUT]

@@ -13,9 +13,11 @@ drafter runs, then each draft token is replaced by the target's true next token 
 `hit`) and reports speedup vs acceptance length: what a trained drafter of that quality would give
 on this machine.
 
-    python benchmarks/bench_runtime.py BUNDLE [--context 256] [--repeats 20] [--threads 0] [--json
-    OUT] python benchmarks/bench_runtime.py BUNDLE --oracle-hits 0.6,0.8,0.9,1.0 [--limit 8]
-    [--max-new-tokens 96]"""
+    python benchmarks/bench_runtime.py BUNDLE [--context 256] [--repeats 20] [--threads 0] \\
+        [--json OUT]
+    python benchmarks/bench_runtime.py BUNDLE --oracle-hits 0.6,0.8,0.9,1.0 [--limit 8] \\
+        [--max-new-tokens 96]
+"""
 
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
 """Issue 26 costs: sliding-window drafters and the hybrid (Qwen3.5) target graph's rollback.
 
     python benchmarks/issue26_costs.py window   # draft ms and drafter-cache MB at 64 / 1,024 /
-                                                2,000 cached # positions: a 2-layer drafter (hidden
-                                                512) all full vs all W=64 python
-                                                benchmarks/issue26_costs.py hybrid [--precision
-                                                int4]   # a Qwen3.5-4B-dimension slice (3 Gated
-                                                DeltaNet + 1 gated full # layer, vocab cut to
-                                                1,024), fp32, 512 cached positions: decode # (T=1)
-                                                and verify (T=16) ms of export/hybrid_target.py's
-                                                graph, # the bytes of state it returns, the rebuild
-                                                after a partial accept; # decode at 64 vs 1,800
-                                                cached positions (what grows with context)
+                                                # 2,000 cached positions: a 2-layer drafter
+                                                # (hidden 512) all full vs all W=64
+    python benchmarks/issue26_costs.py hybrid [--precision int4]
+                                                # a Qwen3.5-4B-dimension slice (3 Gated DeltaNet
+                                                # + 1 gated full layer, vocab cut to 1,024), fp32,
+                                                # 512 cached positions: decode (T=1) and verify
+                                                # (T=16) ms of export/hybrid_target.py's graph,
+                                                # the bytes of state it returns, the rebuild
+                                                # after a partial accept; decode at 64 vs 1,800
+                                                # cached positions (what grows with context)
 
 Random weights (seeded), built in a temp folder; medians of interleaved runs on `--threads` threads.
 """

@@ -1,6 +1,7 @@
 """Bytes and time per verify step: new-block K/V write (our design) vs copying a full-cache output.
 
-python benchmarks/kv_copy_cost.py [--layers 30 --kv-heads 3 --head-dim 64 --context 2048 --block 16]
+python benchmarks/kv_copy_cost.py [--layers 30 --kv-heads 3 --head-dim 64 --context 2048 \\
+    --block 16]
 """
 
 import argparse

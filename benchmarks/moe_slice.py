@@ -1,20 +1,18 @@
-"""Mixture-of-experts targets (issue 25): the expert MLP's two graph forms, and a
-Qwen3-Coder-30B-A3B slice.
+"""MoE targets (issue 25): the expert MLP's two graph forms, and a Qwen3-Coder-30B-A3B slice.
 
-    python benchmarks/moe_slice.py op                 # one sparse MLP at Qwen3-Coder-30B-A3B dims
-                                                      (128 x 768, top-8, # hidden 2048), fp32:
-                                                      gather graph vs onnxruntime's MoE op, # T = 1
-                                                      (decode) and T = 16 (verify), interleaved;
-                                                      exactness python benchmarks/moe_slice.py write
-                                                      /tmp/moe-fx  # 4-layer slices in bf16, tensor
-                                                      by tensor: MoE and a dense # twin
-                                                      (intermediate 6144 = 8 active experts x 768)
-                                                      python benchmarks/moe_slice.py run /tmp/moe-fx
-                                                      # export both (fp32), plain decode
-                                                      interleaved, verify(k)/decode python
-                                                      benchmarks/moe_slice.py run /tmp/moe-fx
-                                                      --precision int4     # the same with int4
-                                                      weights (QMoE experts)
+    python benchmarks/moe_slice.py op                 # one sparse MLP at Qwen3-Coder-30B-A3B
+                                                      # dims (128 x 768, top-8, hidden 2048),
+                                                      # fp32: gather graph vs onnxruntime's MoE
+                                                      # op, T = 1 (decode) and T = 16 (verify),
+                                                      # interleaved; exactness
+    python benchmarks/moe_slice.py write /tmp/moe-fx  # 4-layer slices in bf16, tensor by
+                                                      # tensor: MoE and a dense twin
+                                                      # (intermediate 6144 = 8 active experts
+                                                      # x 768)
+    python benchmarks/moe_slice.py run /tmp/moe-fx    # export both (fp32), plain decode
+                                                      # interleaved, verify(k)/decode
+    python benchmarks/moe_slice.py run /tmp/moe-fx --precision int4
+                                                      # the same with int4 weights (QMoE experts)
 
 No weights are committed: `write` generates them (seeded) one tensor at a time, never a torch model.
 """

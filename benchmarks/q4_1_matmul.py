@@ -1,11 +1,12 @@
-"""Groundwork for issue 27: can a GGUF Q4_1 matrix (x = d*q + m per 32-block) run exactly in
-onnxruntime?
+"""Issue 27 prep: can a GGUF Q4_1 matrix (x = d*q + m per 32-block) run exactly in onnxruntime?
 
 Three graphs over the same random Q4_1 weight [N, K], against numpy's A @ dequant(W)^T (medians of
-  --repeats): float_zp   MatMulNBits with float zero points zp = -m/d ((q - zp) * d = d*q + m)
+--repeats):
+  float_zp   MatMulNBits with float zero points zp = -m/d ((q - zp) * d = d*q + m)
   zp8_fix    MatMulNBits with the packed uint8 zero point 8 (x = d*(q-8) + (m+8d)) plus the
-  per-block term: ReduceSum of A over each block [M, K/32] @ (m+8d)^T [K/32, N], added (each at
-  accuracy_level 0: fp32 activations, and 4: int8 activations)
+             per-block term:
+             ReduceSum of A over each block [M, K/32] @ (m+8d)^T [K/32, N], added
+  (each at accuracy_level 0: fp32 activations, and 4: int8 activations)
 
     python benchmarks/q4_1_matmul.py --k 576 --n 1536 --rows 1,16 --threads 2
 """

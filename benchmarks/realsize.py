@@ -1,11 +1,11 @@
-"""Real-size fixture (issue 15): a Qwen3-0.6B-dimension checkpoint with random weights, as
-published.
+"""Real-size fixture (issue 15): a Qwen3-0.6B-dimension checkpoint, random weights, as published.
 
-    python benchmarks/realsize.py write /tmp/realsize-fx            # bf16, 3 shards + index; z-lab
-    drafter /usr/bin/time -v dflash-edge export --target /tmp/realsize-fx/target --draft
-    /tmp/realsize-fx/draft \\ --out /tmp/realsize-fx/bundle --max-context 512 --force python
-    benchmarks/realsize.py run /tmp/realsize-fx/bundle       # lossless check, speed, loaded-bundle
-    memory
+    python benchmarks/realsize.py write /tmp/realsize-fx       # bf16, 3 shards + index;
+                                                               # z-lab drafter
+    /usr/bin/time -v dflash-edge export --target /tmp/realsize-fx/target \\
+        --draft /tmp/realsize-fx/draft --out /tmp/realsize-fx/bundle --max-context 512 --force
+    python benchmarks/realsize.py run /tmp/realsize-fx/bundle  # lossless check, speed,
+                                                               # loaded-bundle memory
 
 No weights are committed: `write` generates them (seeded) tensor by tensor.
 """

@@ -2,32 +2,37 @@
 
 A speculative step runs the target on k + 1 rows at once; decode runs its matmuls on 1 row (the
 fused graph pads only attention's input with a zero row). Lossless greedy decoding needs every row
-of a k-row step to be BIT-EQUAL to the same row computed alone, so this script checks that for every
-format, then times it:
+of a k-row step to be BIT-EQUAL to the same row computed alone, so this script checks that for
+every format, then times it:
 
   ops    one MatMul-equivalent per (format, weight shape): rows of M in {2,4,8,16} against the row
          alone (M=1) and against the row padded with a zero row (M=2), over --seeds random inputs
          (one with outlier channels); error against a float64 numpy reference of the dequantised
-         weight; and, on one shape, the full grid (bits 4/8 x block 16..128 x accuracy level 0..4 x
-         symmetric/zero points) timed at M=1, 2, 16 (medians, interleaved) stacks a whole model's
-         matmuls (each layer: LayerNorm, q/k/v/o, gate/up/down, residuals; distinct weights per
-         layer; then the LM head) per format, the same row checks on the logits, and medians of M =
-         1, 2, 4, 8, 16 interleaved round-robin over every (format, M), run through the runtime's
-         own session options (runtime/session.py: ORT_ENABLE_ALL, sequential, spinning) and
-         IOBinding
+         weight; and, on one shape, the full grid (bits 4/8 x block 16..128 x accuracy level
+         0..4 x symmetric/zero points) timed at M=1, 2, 16 (medians, interleaved)
+  stacks a whole model's matmuls (each layer: LayerNorm, q/k/v/o, gate/up/down, residuals; distinct
+         weights per layer; then the LM head) per format, the same row checks on the logits, and
+         medians of M = 1, 2, 4, 8, 16 interleaved round-robin over every (format, M), run through
+         the runtime's own session options (runtime/session.py: ORT_ENABLE_ALL, sequential,
+         spinning) and IOBinding
 
 Formats (weights are random codes/scales: timing and row equality do not depend on the values):
-  fp32, fp16            MatMul (fp16: Cast around each MatMul, fp16 weights) nbB-bS-L{l}-sym|zp
-  MatMulNBits, B bits, blocks of S, accuracy_level l, symmetric or uint8 zero points q41-bS-L{l}
-  the exact GGUF Q4_1 import (models/gguf_blocks.py): 4 bits, zero point 8, plus the per-block
-  correction blocksum(A) @ C; head 8 bits (Q8_0) dqmm                  com.microsoft
-  DynamicQuantizeMatMul, int8 per-column weights, ONE activation scale per tensor
-  (DynamicQuantizeLinear inside): rows depend on each other rowq8                 per-row activation
-  quantisation from standard ops (ReduceMax|Abs| -> Round -> uint8, zero point 128) + MatMulInteger
-  (int8 per-column weights) -> Cast -> Mul by scales
+  fp32, fp16            MatMul (fp16: Cast around each MatMul, fp16 weights)
+  nbB-bS-L{l}-sym|zp    MatMulNBits, B bits, blocks of S, accuracy_level l, symmetric or uint8
+                        zero points
+  q41-bS-L{l}           the exact GGUF Q4_1 import (models/gguf_blocks.py): 4 bits, zero point 8,
+                        plus the per-block correction blocksum(A) @ C; head 8 bits (Q8_0)
+  dqmm                  com.microsoft DynamicQuantizeMatMul, int8 per-column weights, ONE
+                        activation scale per tensor (DynamicQuantizeLinear inside): rows depend
+                        on each other
+  rowq8                 per-row activation quantisation from standard ops (ReduceMax|Abs| ->
+                        Round -> uint8, zero point 128) + MatMulInteger (int8 per-column weights)
+                        -> Cast -> Mul by scales
 
-    python benchmarks/verify_formats.py --json /tmp/vf.json python benchmarks/verify_formats.py
-    --shapes smollm2-135m --formats fp32,nb4-b32-L4-sym --repeats 20"""
+    python benchmarks/verify_formats.py --json /tmp/vf.json
+    python benchmarks/verify_formats.py --shapes smollm2-135m --formats fp32,nb4-b32-L4-sym \\
+        --repeats 20
+"""
 
 from __future__ import annotations
 

@@ -3,13 +3,14 @@
 Same prompts (the shipped set `bench`, data/prompts/bench.jsonl), same chat template (our tokenizer
 encodes; genai gets the ids), greedy, exactly --new-tokens tokens each (no early stop), the same
 intra-op thread count. genai runs in a worker process of its own venv's python (it needs no
-dflash-edge), talking JSON lines over stdin/stdout. ms/token = (last token - first token) / (new
-tokens - 1): prefill and the first token are excluded on both.
+dflash-edge), talking JSON lines over stdin/stdout. ms/token = (last token - first token) /
+(new tokens - 1): prefill and the first token are excluded on both.
 
     python benchmarks/vs_genai.py --ours int4=/tmp/quant-b/int4 --ours fp32=/work/bundles/fp32 \\
-        --genai int4=/work/genai-int4 --genai fp32=/work/genai-fp32 --genai-python
-        /work/genai-venv/bin/python \\ [--prompts 8] [--new-tokens 128] [--threads 2] [--json OUT]
-        """
+        --genai int4=/work/genai-int4 --genai fp32=/work/genai-fp32 \\
+        --genai-python /work/genai-venv/bin/python \\
+        [--prompts 8] [--new-tokens 128] [--threads 2] [--json OUT]
+"""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
-"""`dflash-edge devices`: list device profiles (marking the detected one); `devices plan`: fit +
-speed plan.
+"""`dflash-edge devices`: device profiles (detected one marked); `devices plan`: fit + speed plan.
 
 The planner (devices/, floor 1) never reads bundles or checkpoints; this module (floor 2) turns a
 bundle manifest, a checkpoint's config.json or a preset name into model dims and passes them down.
 
-    dflash-edge devices --json dflash-edge devices plan --model qwen3-8b --precision int4 --device
-    jetson-orin-nx-16gb --context 4096"""
+    dflash-edge devices --json
+    dflash-edge devices plan --model qwen3-8b --precision int4 --device jetson-orin-nx-16gb \\
+        --context 4096
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
 """`dflash-edge run BUNDLE --prompt TEXT`: stream a reply through the runtime; stats go to stderr:
 
-12 tokens at 85.3 tokens/s, 1.42x plain decoding (60.1 tokens/s, estimated from tune); TTFT 40 ms
-... drafted: drafter 2.31 tokens/step over 4 steps, prompt lookup 1.49 tokens/step over 41 steps, 6
-plain steps ran: target_fused int4, int8 KV cache; drafter fp32; cpu, 2 threads"""
+12 tokens at 85.3 tokens/s, 1.42x plain decoding (60.1 tokens/s, estimated from tune);
+    TTFT 40 ms ...
+drafted: drafter 2.31 tokens/step over 4 steps, prompt lookup 1.49 tokens/step over 41 steps,
+    6 plain steps
+ran: target_fused int4, int8 KV cache; drafter fp32; cpu, 2 threads
+"""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
 """`dflash-edge train`: distil a DFlash drafter for a target (prompts -> responses -> training).
 
-    dflash-edge train --target default --out data/drafters/smollm2-135m-instruct --work-dir
-    /tmp/dfe-work dflash-edge train ... --resume          # continue an interrupted run where it
-    stopped
+    dflash-edge train --target default --out data/drafters/smollm2-135m-instruct \\
+        --work-dir /tmp/dfe-work
+    dflash-edge train ... --resume          # continue an interrupted run where it stopped
 
 Needs torch (the `train` extra); the train modules are imported when the command runs, so `--help`
-works without it and a run without it names the extra to install."""
+works without it and a run without it names the extra to install.
+"""
 
 from __future__ import annotations
 

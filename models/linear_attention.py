@@ -2,24 +2,25 @@
 over explicit state tensors so an exporter can follow them op for op:
 
 - Gated DeltaNet (`GatedDeltaNet`): in_proj_qkv -> causal depthwise conv (kernel K, its state = the
-  last K-1 inputs) + SiLU -> q, k (L2-normalised, q scaled by 1/sqrt(Dk); each key head serves Hv/Hk
-  value heads), v -> the gated delta rule over a recurrent state S [Hv, Dk, Dv]: S_t = a_t S_{t-1} +
-  k_t u_t^T,   u_t = b_t (v_t - a_t S_{t-1}^T k_t),   o_t = S_t^T q_t with decay a_t = exp(g_t), g_t
-  = -exp(A_log) softplus(in_proj_a x_t + dt_bias), and b_t = sigmoid(in_proj_b x_t) -> RMSNorm(o) *
-  SiLU(in_proj_z x) -> out_proj. Prefill runs it chunk by chunk (`delta_rule_chunked`, below),
-  decode and verify token by token (`delta_rule_steps`), which also yields the state after every
-  position: what a speculative verify needs to roll back to a partial accept (`rollback`). The
-  exported graph reaches the same states without storing one per token (export/hybrid_target.py:
-  carried rows + the count kept).
+  last K-1 inputs) + SiLU -> q, k (L2-normalised, q scaled by 1/sqrt(Dk); each key head serves
+  Hv/Hk value heads), v -> the gated delta rule over a recurrent state S [Hv, Dk, Dv]:
+      S_t = a_t S_{t-1} + k_t u_t^T,   u_t = b_t (v_t - a_t S_{t-1}^T k_t),   o_t = S_t^T q_t
+  with decay a_t = exp(g_t), g_t = -exp(A_log) softplus(in_proj_a x_t + dt_bias), and
+  b_t = sigmoid(in_proj_b x_t) -> RMSNorm(o) * SiLU(in_proj_z x) -> out_proj. Prefill runs it
+  chunk by chunk (`delta_rule_chunked`, below), decode and verify token by token
+  (`delta_rule_steps`), which also yields the state after every position: what a speculative verify
+  needs to roll back to a partial accept (`rollback`). The exported graph reaches the same states
+  without storing one per token (export/hybrid_target.py: carried rows + the count kept).
 - Gated full attention (`GatedAttention`): q_proj yields per head [query | output gate];
-  zero-centred RMSNorm on q and k per head; RoPE on the first `rotary_dim` dims only; output *
-  sigmoid(gate) -> o_proj.
+  zero-centred RMSNorm on q and k per head; RoPE on the first `rotary_dim` dims only;
+  output * sigmoid(gate) -> o_proj.
 - Zero-centred RMSNorm (`CentredRMSNorm`: x * (1 + w)) everywhere but the linear layers' gated norm.
 
-The chunked rule, derived for one chunk of L tokens starting from S0, with G_t = g_1 + .. + g_t: S_t
-    = e^{G_t} S0 + sum_{s<=t} e^{G_t - G_s} k_s u_s^T (I + A) U = b * (V - e^G K S0),   A[t, s] =
-    b_t e^{G_t - G_s} k_t.k_s  (s < t)     (a unit-lower solve) O = e^G Q S0 + (Q K^T * e^{G_t -
-    G_s}, s <= t) U,     S_L = e^{G_L} S0 + (e^{G_L - G} K)^T U
+The chunked rule, derived for one chunk of L tokens starting from S0, with G_t = g_1 + .. + g_t:
+    S_t = e^{G_t} S0 + sum_{s<=t} e^{G_t - G_s} k_s u_s^T
+    (I + A) U = b * (V - e^G K S0)     (a unit-lower solve)
+    A[t, s] = b_t e^{G_t - G_s} k_t.k_s  (s < t)
+    O = e^G Q S0 + (Q K^T * e^{G_t - G_s}, s <= t) U,     S_L = e^{G_L} S0 + (e^{G_L - G} K)^T U
 
 >>> model = HybridModel(cfg); state = model.new_state(max_len=64)              # doctest: +SKIP
 >>> logits, state = model.step(ids, start=0, state=state)                        # doctest: +SKIP

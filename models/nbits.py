@@ -23,14 +23,16 @@ FIELDS = ("B", "scales", "zero_points", "correction")
 
 @dataclass(frozen=True)
 class NBitsWeight:
-    """MatMulNBits operands for a weight W [N, K] used as y = x @ W^T (attributes K=k, N=n, bits,
-    block_size).
+    """MatMulNBits operands of y = x @ W^T for W [N, K] (attributes K=k, N=n, bits, block_size).
 
     B            uint8 [N, K/bs, bs*bits/8]: codes, 4-bit ones packed two a byte, low nibble first
-    scales       float32 [N, K/bs] zero_points  uint8 [N, ceil(K/bs/2)] packed (4-bit) or [N, K/bs]
-    (8-bit): MatMulNBits' own layout; None: the op's default 2^(bits-1) correction   float32 [K/bs,
-    N] or None: for affine types y = MatMulNBits(x) + blocksum(x) @ correction qtype        where
-    the codes came from: a GGUF type name ("Q4_1"), or "rtn" (re-quantised here)"""
+    scales       float32 [N, K/bs]
+    zero_points  uint8 [N, ceil(K/bs/2)] packed (4-bit) or [N, K/bs] (8-bit): MatMulNBits' own
+                 layout; None: the op's default 2^(bits-1)
+    correction   float32 [K/bs, N] or None: for affine types
+                 y = MatMulNBits(x) + blocksum(x) @ correction
+    qtype        where the codes came from: a GGUF type name ("Q4_1"), or "rtn" (re-quantised here)
+    """
 
     bits: int
     block_size: int

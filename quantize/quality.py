@@ -4,14 +4,15 @@ a table for humans).
 Text: held-out prompts (the shipped set `heldout`, dflash_edge.data, unless `prompts` names another
 set or a JSONL with "prompt" fields), each followed by the reference (fp32) target's own greedy
 reply, teacher-forced through both targets in prefill-sized chunks. Measured on the reply positions:
-top1_agreement  share of positions where both targets' argmax agree perplexity      of the reply
-tokens under each target (low for the reference: they are its own picks) Then on the first
-`accept_prompts` prompts, each bundle generates with its drafter (mean acceptance length, tokens/s)
-and the quantised one also plainly (ms/token; and whether both outputs are equal).
+  top1_agreement  share of positions where both targets' argmax agree
+  perplexity      of the reply tokens under each target (low for the reference: they are its
+                  own picks)
+Then on the first `accept_prompts` prompts, each bundle generates with its drafter (mean acceptance
+length, tokens/s) and the quantised one also plainly (ms/token; and whether both outputs are equal).
 
->>> opts = ReportOptions(positions=2048)  # doctest: +SKIP
+>>> opts = ReportOptions(positions=2048)                      # doctest: +SKIP
 >>> report = quality_report("bundle/", "bundle-int4/", opts)  # doctest: +SKIP
->>> print(format_report(report))  # doctest: +SKIP
+>>> print(format_report(report))                              # doctest: +SKIP
 """
 
 from __future__ import annotations

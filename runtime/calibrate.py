@@ -1,20 +1,19 @@
-"""Measure a loaded Generator on this machine and choose its verify length: what `dflash-edge tune`
-stores.
+"""Measure a loaded Generator here and choose its verify length: what `dflash-edge tune` stores.
 
 Within `budget_s` seconds (about a third on step times, the rest on acceptance):
   decode     the target step of T = 1 (plain decoding)
   verify(k)  the target step of T = k + 1 for every k = 1..B-1, interleaved round-robin, medians
-             (made non-decreasing in T: on a busy machine noise must not make a longer step look
-             cheaper)
+             (made non-decreasing in T: on a busy machine noise must not make a longer step
+             look cheaper)
   draft      one drafter pass
   S(j)       the share of drafter steps whose first j drafts the target accepts, on calibration
              prompts (greedy, full block)
-then picks k (or 0: do not draft) with the most expected tokens/s (tuning.py). `write_tuned` stores
-it.
+then picks k (or 0: do not draft) with the most expected tokens/s (tuning.py). `write_tuned`
+stores it.
 
->>> gen = Generator.load("bundle/", use_tuned=False)  # doctest: +SKIP
+>>> gen = Generator.load("bundle/", use_tuned=False)          # doctest: +SKIP
 >>> tuned = tune(gen, ["Why is the sky blue?"], budget_s=60)  # doctest: +SKIP
->>> write_tuned(gen.bundle, tuned)  # doctest: +SKIP
+>>> write_tuned(gen.bundle, tuned)                            # doctest: +SKIP
 """
 
 from __future__ import annotations

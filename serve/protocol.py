@@ -1,5 +1,4 @@
-"""OpenAI's wire format: request bodies -> checked `Job`s, results -> response bodies and stream
-chunks.
+"""OpenAI wire format: request bodies -> checked `Job`s, results -> response bodies, stream chunks.
 
 Every field goes through the runtime's one validation rule (`runtime/validate.py`), named as the
 client wrote it (`max_tokens`, `messages[0].content`), so the 400 carries the same text the Python
@@ -10,17 +9,18 @@ Absent sampling fields take OpenAI's defaults (temperature 1, a random seed), no
 Fields, as OpenAI's own API treats them (it refuses arguments it does not recognise):
 - honoured: `model`, `messages` (chat) / `prompt` (completions), SAMPLING_FIELDS, `seed`, `stop`,
   `stream`, `stream_options`, and our `draft`;
-- IGNORED: accepted whatever their value, because they change nothing this server computes (`user`,
-  `store`...);
+- IGNORED: accepted whatever their value, because they change nothing this server computes
+  (`user`, `store`...);
 - NEUTRAL: accepted only at the value that asks for what the server does anyway (`n=1`,
   `logprobs=false`, `response_format={"type": "text"}`, no `tools`...), any other value is a 400
   naming the field;
 - anything else (a typo, another server's knob such as `min_p`) is a 400 naming the field, never
-dropped silently. `model` may be left out (the served model answers); given, it must be the served
-id (`GET /v1/models`), else 404 with code `model_not_found`, as OpenAI answers.
+  dropped silently.
+`model` may be left out (the served model answers); given, it must be the served id
+(`GET /v1/models`), else 404 with code `model_not_found`, as OpenAI answers.
 
->>> job = parse_request(
-...     {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0}, chat=True)
+>>> body = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
+>>> job = parse_request(body, chat=True)
 >>> job.options.temperature, job.options.draft, job.stream
 (0.0, 'auto', False)
 """

@@ -175,7 +175,8 @@ def test_rooms_import_each_other_relatively():
         f"{path.relative_to(ROOT)}:{node.lineno}"
         for name, path in MODULES.items()
         for node in ast.walk(ast.parse(path.read_text(), str(path)))
-        if isinstance(node, ast.ImportFrom) and not node.level
+        if isinstance(node, ast.ImportFrom)
+        and not node.level
         and (node.module or "").split(".")[0] == "dflash_edge"
     )
     assert not absolute, "absolute first-party imports (use `from ..room import x`):\n" + "\n".join(
