@@ -31,14 +31,13 @@ from ..runtime.io_tables import FLAVOURS, io_manifest
 from ..runtime.memory import MemoryMeter
 from ..runtime.publish import publish_dir
 from ..runtime.tokenizer import CHAT_TEMPLATE_FILE
+from . import parity, portable_drafter  # as modules: tests stand in for their functions
 from .choices import resolve_choices
 from .families import family_writers
 from .graph_builder import OPSET, OPSET_FUSED
 from .hybrid_reference import hybrid_reference
 from .hybrid_target import MAX_TOKENS
 from .kv_cache import graph_kv_cache, load_prompts, write_int8_cache
-from .parity import Probe, check_graphs, tolerance_for
-from .portable_drafter import build_drafter
 from .sources import open_sources, reference
 from .staging import pause_at, remove_stale, staging_dir
 from .target_job import TargetJob
@@ -232,7 +231,7 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     job = TargetJob(tc, src.target_ckpt, capture, store, fmt, opts, reach)
     writers = {
         **family_writers(tc.model_type).target_writers(job),
-        "drafter": lambda p: build_drafter(
+        "drafter": lambda p: portable_drafter.build_drafter(
             tc,
             dc,
             src.target_ckpt,
@@ -327,11 +326,11 @@ def _parity(src, paths: dict, opts: ExportOptions, meter: MemoryMeter, log) -> d
         "Hkv": tc.num_key_value_heads,
         "D": tc.head_dim,
     }
-    probe = Probe(prompt, opts.block_size, dc.mask_token_id, dims)
+    probe = parity.Probe(prompt, opts.block_size, dc.mask_token_id, dims)
     with meter.stage("parity"):
-        tol = tolerance_for(opts.precision, opts.accuracy_level, recurrent=hybrid)
+        tol = parity.tolerance_for(opts.precision, opts.accuracy_level, recurrent=hybrid)
         ref = (hybrid_reference if hybrid else reference)(src, opts.block_size)
-        return check_graphs(paths, probe, ref, tol=tol, stage=meter.stage)
+        return parity.check_graphs(paths, probe, ref, tol=tol, stage=meter.stage)
 
 
 def _static_shapes(opts: ExportOptions) -> dict:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import time
 
+from ..devices import meters
 from ..devices.errors import MeterError
-from ..devices.meters import open_meter
 from .validate import GenerationOptions
 
 ARM_NAMES = {
@@ -32,7 +32,7 @@ def open_power_meter(enabled: bool):
         return None, "disabled by --no-power"
 
     try:
-        return open_meter(), None
+        return meters.open_meter(), None
     except MeterError as err:
         return None, str(err)
 
