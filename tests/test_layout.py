@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 # room -> (folder, floor); a room imports only rooms on lower floors (and itself)
@@ -182,3 +183,13 @@ def test_rooms_import_each_other_relatively():
     assert not absolute, "absolute first-party imports (use `from ..room import x`):\n" + "\n".join(
         absolute
     )
+
+
+def test_every_subpackage_ships():
+    """Each folder of a room that is a package is listed in pyproject's `packages` (a missing one
+    works in the editable install and breaks the wheel)."""
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    present = {_module_name(p) for p in MODULES.values() if p.name == "__init__.py"}
+    assert present <= listed, f"add to pyproject.toml packages: {sorted(present - listed)}"
