@@ -1,13 +1,16 @@
-"""Two installs of dflash-edge side by side on one bundle: the same prompts, arms interleaved per prompt.
+"""Two dflash-edge installs side by side on one bundle: same prompts, arms interleaved per prompt.
 
-For a refactor or a dependency bump: is the new code as fast as the old? Each install runs in its own worker
-process (its folder first on PYTHONPATH, e.g. one made by `pip install --no-deps --target DIR WHEEL`) with the
-bundle loaded once; per prompt the runs alternate A, B, B, A ... so machine noise hits both alike. Reports per
-install and arm the median tokens/s over prompts (whole `generate` call, prefill included), and the median
-per-prompt ratio B / A. Greedy outputs must agree across installs and arms (lossless).
+For a refactor or a dependency bump: is the new code as fast as the old? Each install runs in its
+own worker process (its folder first on PYTHONPATH, e.g. one made by
+`pip install --no-deps --target DIR WHEEL`) with the bundle loaded once; per prompt the runs
+alternate A, B, B, A ... so machine noise hits both alike. Reports per install and arm the median
+tokens/s over prompts (whole `generate` call, prefill included), and the median per-prompt ratio
+B / A. Greedy outputs must agree across installs and arms (lossless).
 
-    python benchmarks/ab_installs.py BUNDLE --a /tmp/old_site --b . --prompts quote --max-new-tokens 128
+    python benchmarks/ab_installs.py BUNDLE --a /tmp/old_site --b . --prompts quote \\
+        --max-new-tokens 128
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-# The worker speaks both APIs: `draft="none"|"auto"` (GenerationOptions) and the older `use_draft=False|"auto"`.
+# The worker speaks both APIs: `draft="none"|"auto"` (GenerationOptions) and the older
+# `use_draft=False|"auto"`.
 WORKER = r"""
 import json, sys, time
 from dflash_edge.runtime import Generator
@@ -40,12 +44,20 @@ for line in sys.stdin:
 class Worker:
     def __init__(self, site: str, bundle: str):
         env = {**os.environ, "PYTHONPATH": str(Path(site).resolve())}
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, bundle], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env, cwd="/")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER, bundle],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd="/",
+        )
         assert json.loads(self.proc.stdout.readline())["ready"]
 
     def run(self, prompt: str, arm: str, max_new_tokens: int) -> dict:
-        self.proc.stdin.write(json.dumps({"prompt": prompt, "arm": arm, "max_new_tokens": max_new_tokens}) + "\n")
+        self.proc.stdin.write(
+            json.dumps({"prompt": prompt, "arm": arm, "max_new_tokens": max_new_tokens}) + "\n"
+        )
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
@@ -70,19 +82,32 @@ def main(argv=None) -> int:
         order = ("A", "B") if i % 2 == 0 else ("B", "A")
         outs = []
         for arm in ("plain", "default"):
-            for w in (order if arm == "plain" else order[::-1]):
+            for w in order if arm == "plain" else order[::-1]:
                 out = workers[w].run(row["prompt"], arm, args.max_new_tokens)
                 rate[w, arm].append(len(out["ids"]) / out["s"])
                 outs.append(out["ids"])
         lossless &= all(o == outs[0] for o in outs)
     med = {f"{w}_{arm}": round(statistics.median(v), 2) for (w, arm), v in rate.items()}
-    ratio = {arm: round(statistics.median(b / a for a, b in zip(rate["A", arm], rate["B", arm])), 3)
-             for arm in ("plain", "default")}
-    speedup = {w: round(statistics.median(d / p for p, d in zip(rate[w, "plain"], rate[w, "default"])), 3)
-               for w in workers}
-    report = {"bundle": args.bundle, "a": args.a, "b": args.b, "prompts": args.prompts, "n": len(rows),
-              "max_new_tokens": args.max_new_tokens, "median_tokens_per_s": med, "b_over_a": ratio,
-              "default_over_plain": speedup, "lossless": lossless}
+    ratio = {
+        arm: round(statistics.median(b / a for a, b in zip(rate["A", arm], rate["B", arm])), 3)
+        for arm in ("plain", "default")
+    }
+    speedup = {
+        w: round(statistics.median(d / p for p, d in zip(rate[w, "plain"], rate[w, "default"])), 3)
+        for w in workers
+    }
+    report = {
+        "bundle": args.bundle,
+        "a": args.a,
+        "b": args.b,
+        "prompts": args.prompts,
+        "n": len(rows),
+        "max_new_tokens": args.max_new_tokens,
+        "median_tokens_per_s": med,
+        "b_over_a": ratio,
+        "default_over_plain": speedup,
+        "lossless": lossless,
+    }
     print(json.dumps(report, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

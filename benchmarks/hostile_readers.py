@@ -8,6 +8,7 @@ Each variant is read in a fresh subprocess (peak RSS = VmHWM in /proc/self/statu
 `gguf.GGUFReader` (stopped after 30 s, 4 GB address-space cap). safetensors: `Checkpoint.open`
 on a folder holding the variant. One JSON line per variant.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,25 +71,28 @@ def gguf_variants(data: bytes) -> dict[str, bytes]:
         f.write(data)
         f.flush()
         r = gguf.GGUFReader(f.name)
-        at = lambda part: part.ctypes.data - r.data.ctypes.data       # noqa: E731
+        at = lambda part: part.ctypes.data - r.data.ctypes.data  # noqa: E731
         arch = r.fields["general.architecture"].contents()
-        items = at(r.fields["tokenizer.ggml.token_type"].parts[3])    # item type, then length
+        items = at(r.fields["tokenizer.ggml.token_type"].parts[3])  # item type, then length
         layers = at(r.fields[f"{arch}.block_count"].parts[-1])
         t = next(t for t in r.tensors if len(t.shape) == 2)
         dims = at(t.field.parts[3])
-    return {"intact": data, "truncated to half": data[: len(data) // 2],
-            "tensor count 2**60": _put(data, 8, "<Q", 2**60),
-            "metadata count 2**60": _put(data, 16, "<Q", 2**60),
-            "token_type: 2**40 uint8 items": _put(data, items, "<IQ", 0, 2**40),
-            f"{t.name} dims[0] 2**40": _put(data, dims, "<Q", 2**40),
-            f"{t.name} dims 2**32 x 2**32": _put(data, dims, "<QQ", 2**32, 2**32),
-            f"{arch}.block_count 2**32-1": _put(data, layers, "<I", 2**32 - 1)}
+    return {
+        "intact": data,
+        "truncated to half": data[: len(data) // 2],
+        "tensor count 2**60": _put(data, 8, "<Q", 2**60),
+        "metadata count 2**60": _put(data, 16, "<Q", 2**60),
+        "token_type: 2**40 uint8 items": _put(data, items, "<IQ", 0, 2**40),
+        f"{t.name} dims[0] 2**40": _put(data, dims, "<Q", 2**40),
+        f"{t.name} dims 2**32 x 2**32": _put(data, dims, "<QQ", 2**32, 2**32),
+        f"{arch}.block_count 2**32-1": _put(data, layers, "<I", 2**32 - 1),
+    }
 
 
 def safetensors_variants(data: bytes) -> dict[str, bytes]:
     """name -> bytes of each hostile safetensors file (its first tensor's entry inflated)."""
     (n,) = struct.unpack("<Q", data[:8])
-    header, body = json.loads(data[8:8 + n]), data[8 + n:]
+    header, body = json.loads(data[8 : 8 + n]), data[8 + n :]
     name = next(k for k in header if k != "__metadata__")
 
     def edited(key: str, value) -> bytes:
@@ -97,10 +101,13 @@ def safetensors_variants(data: bytes) -> dict[str, bytes]:
         text = json.dumps(h).encode()
         return struct.pack("<Q", len(text)) + text + body
 
-    return {"intact": data, "truncated to half": data[: len(data) // 2],
-            "header length 2**62": struct.pack("<Q", 2**62) + data[8:],
-            f"{name} shape 2**32 x 2**32": edited("shape", [2**32, 2**32]),
-            f"{name} end offset 2**40": edited("data_offsets", [0, 2**40])}
+    return {
+        "intact": data,
+        "truncated to half": data[: len(data) // 2],
+        "header length 2**62": struct.pack("<Q", 2**62) + data[8:],
+        f"{name} shape 2**32 x 2**32": edited("shape", [2**32, 2**32]),
+        f"{name} end offset 2**40": edited("data_offsets", [0, 2**40]),
+    }
 
 
 def _put(data: bytes, offset: int, fmt: str, *values) -> bytes:
@@ -119,7 +126,7 @@ def measure(code: str, path: Path) -> tuple[str, int]:
     lines = run.stdout.split("\n")
     if run.returncode or len(lines) < 2:
         return f"exit {run.returncode}: {run.stderr.strip().splitlines()[-1:]}", 0
-    return eval(lines[0]), int(lines[1])       # noqa: S307 (the child's repr of a str)
+    return eval(lines[0]), int(lines[1])  # noqa: S307 (the child's repr of a str)
 
 
 def report(kind: str, variants: dict[str, bytes], ours: str, raw: str | None, name: str) -> None:
@@ -128,8 +135,13 @@ def report(kind: str, variants: dict[str, bytes], ours: str, raw: str | None, na
         for variant, blob in variants.items():
             path.write_bytes(blob)
             line, peak = measure(ours, path)
-            row = {"file": kind, "variant": variant, "file_MB": round(len(blob) / 1e6, 1),
-                   "peak_MB": round(peak / 1e6, 1), "result": line}
+            row = {
+                "file": kind,
+                "variant": variant,
+                "file_MB": round(len(blob) / 1e6, 1),
+                "peak_MB": round(peak / 1e6, 1),
+                "result": line,
+            }
             if raw:
                 row["raw"], raw_peak = measure(raw, path)
                 row["raw_peak_MB"] = round(raw_peak / 1e6, 1)
@@ -143,11 +155,21 @@ def main() -> None:
     ap.add_argument("--raw", action="store_true", help="also read each GGUF with bare GGUFReader")
     args = ap.parse_args()
     if args.gguf:
-        report("gguf", gguf_variants(args.gguf.read_bytes()), OURS_GGUF,
-               RAW_GGUF if args.raw else None, "hostile.gguf")
+        report(
+            "gguf",
+            gguf_variants(args.gguf.read_bytes()),
+            OURS_GGUF,
+            RAW_GGUF if args.raw else None,
+            "hostile.gguf",
+        )
     if args.safetensors:
-        report("safetensors", safetensors_variants(args.safetensors.read_bytes()), OURS_ST, None,
-               "model.safetensors")
+        report(
+            "safetensors",
+            safetensors_variants(args.safetensors.read_bytes()),
+            OURS_ST,
+            None,
+            "model.safetensors",
+        )
 
 
 if __name__ == "__main__":

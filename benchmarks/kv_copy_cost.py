@@ -1,7 +1,9 @@
 """Bytes and time per verify step: new-block K/V write (our design) vs copying a full-cache output.
 
-    python benchmarks/kv_copy_cost.py [--layers 30 --kv-heads 3 --head-dim 64 --context 2048 --block 16]
+python benchmarks/kv_copy_cost.py [--layers 30 --kv-heads 3 --head-dim 64 --context 2048 \\
+    --block 16]
 """
+
 import argparse
 import statistics
 import time
@@ -20,7 +22,13 @@ def median_ms(fn, repeats: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    for name, default in (("layers", 30), ("kv-heads", 3), ("head-dim", 64), ("context", 2048), ("block", 16)):
+    for name, default in (
+        ("layers", 30),
+        ("kv-heads", 3),
+        ("head-dim", 64),
+        ("context", 2048),
+        ("block", 16),
+    ):
         ap.add_argument(f"--{name}", type=int, default=default)
     a = ap.parse_args()
     rows = a.context + a.block
@@ -30,8 +38,8 @@ def main() -> None:
     per_pos = a.layers * a.kv_heads * a.head_dim * 4 * 2
 
     def write_block():
-        k[100:100 + a.block] = new
-        v[100:100 + a.block] = new
+        k[100 : 100 + a.block] = new
+        v[100 : 100 + a.block] = new
 
     def copy_full():
         np.copyto(k2, k)

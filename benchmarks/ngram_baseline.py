@@ -7,6 +7,7 @@ the target's features. Reads a `dflash-edge train` work directory (response and 
 
     python benchmarks/ngram_baseline.py /path/to/work-dir [--max-shards 22] [--positions 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,12 +16,13 @@ from pathlib import Path
 
 
 def table(samples, k: int, context: int):
-    """Most frequent token k after each (context)-token key, over the response parts of `samples`."""
+    """Most frequent token k after each (context)-token key, over the response parts of
+    `samples`."""
     counts = defaultdict(Counter)
     for s in samples:
         t, p = s.tokens.tolist(), s.prompt_len
         for i in range(max(p, context - 1), len(t) - k):
-            counts[tuple(t[i - context + 1:i + 1])][t[i + k]] += 1
+            counts[tuple(t[i - context + 1 : i + 1])][t[i + k]] += 1
     return {key: c.most_common(1)[0][0] for key, c in counts.items()}
 
 
@@ -30,7 +32,7 @@ def accuracy(best: dict, samples, k: int, context: int) -> float:
         t, p = s.tokens.tolist(), s.prompt_len
         for i in range(max(p, context - 1), len(t) - k):
             n += 1
-            hit += best.get(tuple(t[i - context + 1:i + 1])) == t[i + k]
+            hit += best.get(tuple(t[i - context + 1 : i + 1])) == t[i + k]
     return hit / max(n, 1)
 
 
@@ -43,7 +45,7 @@ def replayed_tau(tables: list[dict], held, context: int, budget: int = 128) -> f
         t, p = s.tokens.tolist(), s.prompt_len
         accept_at = []
         for a in range(p, len(t) - 1):
-            key, n = tuple(t[a - context + 1:a + 1]), 0
+            key, n = tuple(t[a - context + 1 : a + 1]), 0
             for k, best in enumerate(tables, start=1):
                 if a + k >= len(t) or best.get(key) != t[a + k]:
                     break
@@ -68,8 +70,11 @@ def main() -> None:
     for context in (1, 2):
         tables = [table(train, k, context) for k in range(1, a.block_size)]
         accs = [accuracy(tables[k - 1], held, k, context) for k in range(1, a.positions + 1)]
-        print(f"{context}-token key: accuracy at k=1..{a.positions}: " + " ".join(f"{x:.3f}" for x in accs)
-              + f"; replayed tau at block {a.block_size}: {replayed_tau(tables, held, context):.3f}")
+        print(
+            f"{context}-token key: accuracy at k=1..{a.positions}: "
+            + " ".join(f"{x:.3f}" for x in accs)
+            + f"; replayed tau at block {a.block_size}: {replayed_tau(tables, held, context):.3f}"
+        )
 
 
 if __name__ == "__main__":

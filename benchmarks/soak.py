@@ -1,11 +1,13 @@
-"""Soak: >= 1,000 short generations on one loaded bundle, resident memory (RSS) every 100 (issue 16).
+"""Soak: >= 1,000 short generations on one loaded bundle, resident memory (RSS) every 100 (issue
+16).
 
-Not a timed test: it records whether memory creeps. Generations cycle through the shipped prompts and
-vary what the loop does (greedy / sampled, drafting / plain / auto, stop strings, streams closed early),
-so every path that could leak runs hundreds of times.
+Not a timed test: it records whether memory creeps. Generations cycle through the shipped prompts
+and vary what the loop does (greedy / sampled, drafting / plain / auto, stop strings, streams closed
+early), so every path that could leak runs hundreds of times.
 
     python benchmarks/soak.py /tmp/serve-fp32 --n 1000 --json /tmp/serve-soak.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,12 +19,16 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_edge.runtime import Generator
 from dflash_edge.data import read_prompts as load_prompts
+from dflash_edge.runtime import Generator
 
-MODES = [                                   # (temperature, draft, stop, close after the first piece)
-    (0.0, "drafter", None, False), (0.7, "drafter", None, False), (0.0, "none", None, False),
-    (0.0, "auto", ["."], False), (1.0, "drafter", ["\n"], False), (0.0, "drafter", None, True),
+MODES = [  # (temperature, draft, stop, close after the first piece)
+    (0.0, "drafter", None, False),
+    (0.7, "drafter", None, False),
+    (0.0, "none", None, False),
+    (0.0, "auto", ["."], False),
+    (1.0, "drafter", ["\n"], False),
+    (0.0, "drafter", None, True),
 ]
 
 
@@ -39,8 +45,14 @@ def rss_mb() -> float:
 
 def one(gen, prompt: str, i: int, max_new_tokens: int) -> int:
     temperature, draft, stop, close_early = MODES[i % len(MODES)]
-    with gen.stream(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=i, stop=stop,
-                    draft=draft) as stream:
+    with gen.stream(
+        prompt,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=i,
+        stop=stop,
+        draft=draft,
+    ) as stream:
         for _ in stream:
             if close_early:
                 break
@@ -63,16 +75,31 @@ def main(argv=None) -> int:
         tokens += one(gen, prompts[i % len(prompts)], i, args.max_new_tokens)
         if i % args.every == 0:
             gc.collect()
-            samples.append({"generations": i, "rss_mb": round(rss_mb(), 1), "gc_objects": len(gc.get_objects()),
-                            "elapsed_s": round(time.perf_counter() - t0, 1)})
+            samples.append(
+                {
+                    "generations": i,
+                    "rss_mb": round(rss_mb(), 1),
+                    "gc_objects": len(gc.get_objects()),
+                    "elapsed_s": round(time.perf_counter() - t0, 1),
+                }
+            )
             print(json.dumps(samples[-1]), file=sys.stderr, flush=True)
     first = next(s for s in samples if s["generations"] >= min(100, args.n))
-    report = {"bundle": str(args.bundle), "generations": args.n, "new_tokens": tokens,
-              "max_new_tokens": args.max_new_tokens, "samples": samples,
-              "rss_growth_after_first_sample": round(samples[-1]["rss_mb"] / first["rss_mb"] - 1, 4),
-              "median_s_per_generation": round(statistics.median(
-                  b["elapsed_s"] - a["elapsed_s"] for a, b in zip(samples, samples[1:])) / args.every, 3)
-              if len(samples) > 1 else None}
+    report = {
+        "bundle": str(args.bundle),
+        "generations": args.n,
+        "new_tokens": tokens,
+        "max_new_tokens": args.max_new_tokens,
+        "samples": samples,
+        "rss_growth_after_first_sample": round(samples[-1]["rss_mb"] / first["rss_mb"] - 1, 4),
+        "median_s_per_generation": round(
+            statistics.median(b["elapsed_s"] - a["elapsed_s"] for a, b in zip(samples, samples[1:]))
+            / args.every,
+            3,
+        )
+        if len(samples) > 1
+        else None,
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=2))

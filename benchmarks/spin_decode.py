@@ -1,9 +1,11 @@
-"""Plain decode ms/token with intra-op spinning on (the default; it stops when a run returns) and off, per flavour.
+"""Plain decode ms/token with intra-op spinning on (the default; it stops when a run returns) and
+off, per flavour.
 
     python benchmarks/spin_decode.py BUNDLE [--rounds 3]
 
-Each (flavour, spin) pair is a separately loaded Generator; rounds interleave them; medians are printed.
-"""
+Each (flavour, spin) pair is a separately loaded Generator; rounds interleave them; medians are
+printed."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,9 +22,14 @@ def main() -> None:
     from dflash_edge.runtime import Generator
     from dflash_edge.runtime.bundle import read_bundle
 
-    graphs = [g for g in ("target_fused", "target") if g in read_bundle(args.bundle).manifest["graphs"]]
-    gens = {(g, spin): Generator.load(args.bundle, threads=args.threads, spin=spin, target_graph=g)
-            for g in graphs for spin in (False, True)}
+    graphs = [
+        g for g in ("target_fused", "target") if g in read_bundle(args.bundle).manifest["graphs"]
+    ]
+    gens = {
+        (g, spin): Generator.load(args.bundle, threads=args.threads, spin=spin, target_graph=g)
+        for g in graphs
+        for spin in (False, True)
+    }
     ms: dict = {}
     for _ in range(args.rounds):
         for key, gen in gens.items():

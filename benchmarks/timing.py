@@ -1,4 +1,6 @@
-"""Round-robin timing shared by the step benchmarks: every case once per round, so machine noise hits all alike."""
+"""Round-robin timing shared by the step benchmarks: every case once per round, so machine noise
+hits all alike."""
+
 from __future__ import annotations
 
 import statistics
@@ -6,7 +8,8 @@ import time
 
 
 def round_robin_ms(cases: dict, repeats: int, warmup: int = 2) -> dict[str, float]:
-    """Median milliseconds per call of each `cases[name]()`, over `repeats` interleaved rounds after `warmup`."""
+    """Median milliseconds per call of each `cases[name]()`, over `repeats` interleaved rounds after
+    `warmup`."""
     for _ in range(warmup):
         for fn in cases.values():
             fn()

@@ -3,6 +3,7 @@ probes, default without prompt lookup, interleaved per prompt as in untuned_defa
 
     python benchmarks/untuned_ablation.py BUNDLE --limit 10 --repeats 2  # heldout's chat prompts
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,7 @@ _lookup = proposals.LookupProposals.propose
 
 
 def _no_probe(self, costly):
-    return 10 ** 9                                  # the next probe never comes (nor the first)
+    return 10**9  # the next probe never comes (nor the first)
 
 
 def _no_lookup(self, last, pos, limit):
@@ -30,8 +31,10 @@ def _no_lookup(self, last, pos, limit):
 
 
 # arm -> (class, method, replacement) patched while it runs
-PATCHES = {"noprobe": (policy.AdaptivePolicy, "_probe_spacing", _no_probe),
-           "nolookup": (proposals.LookupProposals, "propose", _no_lookup)}
+PATCHES = {
+    "noprobe": (policy.AdaptivePolicy, "_probe_spacing", _no_probe),
+    "nolookup": (proposals.LookupProposals, "propose", _no_lookup),
+}
 
 
 def run_arm(gen, prompt: str, arm: str, max_new_tokens: int):
@@ -57,13 +60,18 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args(argv)
     gen = Generator.load(args.bundle, verify=False, use_tuned=False)
-    gen.generate("Hello", max_new_tokens=8)                               # warm the sessions
+    gen.generate("Hello", max_new_tokens=8)  # warm the sessions
     arms = ["plain", "default", "noprobe", "nolookup"]
     base.ARMS.update({arm: ("auto", {}) for arm in PATCHES})
-    rows = [base.bench_prompt(gen, r["prompt"], i, arms, args.max_new_tokens, args.repeats)
-            for i, r in enumerate(read_prompts("heldout", args.limit))]
-    print({arm: round(statistics.median(r[f"{arm}_ratio"] for r in rows), 3) for arm in arms[1:]},
-          "lossless:", all(r["lossless"] for r in rows))
+    rows = [
+        base.bench_prompt(gen, r["prompt"], i, arms, args.max_new_tokens, args.repeats)
+        for i, r in enumerate(read_prompts("heldout", args.limit))
+    ]
+    print(
+        {arm: round(statistics.median(r[f"{arm}_ratio"] for r in rows), 3) for arm in arms[1:]},
+        "lossless:",
+        all(r["lossless"] for r in rows),
+    )
     return 0
 
 

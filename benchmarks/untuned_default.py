@@ -10,6 +10,7 @@ arm ran, and whether every arm gave the plain tokens.
     python benchmarks/untuned_default.py BUNDLE --sets heldout,quote --max-new-tokens 64 \
         --repeats 1 --before [--limit K] [--json OUT]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,11 @@ from dflash_edge.data import read_prompts
 from dflash_edge.runtime import Generator, policy
 
 # arm -> (draft mode, policy priors while it runs)
-ARMS = {"plain": ("none", {}), "default": ("auto", {}),
-        "before": ("auto", {"VERIFY_ROW_PRIOR": 0.04, "PROBE_SHARE": 0.0})}
+ARMS = {
+    "plain": ("none", {}),
+    "default": ("auto", {}),
+    "before": ("auto", {"VERIFY_ROW_PRIOR": 0.04, "PROBE_SHARE": 0.0}),
+}
 
 
 def run_arm(gen, prompt: str, arm: str, max_new_tokens: int):
@@ -38,24 +42,34 @@ def run_arm(gen, prompt: str, arm: str, max_new_tokens: int):
             setattr(policy, k, v)
 
 
-def bench_prompt(gen, prompt: str, index: int, arms: list[str], max_new_tokens: int,
-                 repeats: int) -> dict:
+def bench_prompt(
+    gen, prompt: str, index: int, arms: list[str], max_new_tokens: int, repeats: int
+) -> dict:
     """Each arm `repeats` times, the order rotating; each arm's median decode tokens/s / plain's."""
     runs: dict[str, list] = {arm: [] for arm in arms}
     for rnd in range(repeats):
         shift = (index + rnd) % len(arms)
         for arm in arms[shift:] + arms[:shift]:
             runs[arm].append(run_arm(gen, prompt, arm, max_new_tokens))
-    tps = {arm: statistics.median(r.stats.decode_tokens_per_s for r in rs)
-           for arm, rs in runs.items()}
+    tps = {
+        arm: statistics.median(r.stats.decode_tokens_per_s for r in rs) for arm, rs in runs.items()
+    }
     s = runs["default"][0].stats
-    return {**{f"{arm}_ratio": round(tps[arm] / tps["plain"], 3) for arm in arms if arm != "plain"},
-            "lossless": all(r.token_ids == runs["plain"][0].token_ids
-                            for rs in runs.values() for r in rs),
-            "plain_tokens_per_s": round(tps["plain"], 2), "new_tokens": s.new_tokens,
-            "steps_drafter_lookup_plain": [len(s.acceptance_lengths), len(s.lookup_lengths),
-                                           s.plain_steps],
-            "probes": s.probe_steps, "lookup_tokens": sum(s.lookup_lengths)}
+    return {
+        **{f"{arm}_ratio": round(tps[arm] / tps["plain"], 3) for arm in arms if arm != "plain"},
+        "lossless": all(
+            r.token_ids == runs["plain"][0].token_ids for rs in runs.values() for r in rs
+        ),
+        "plain_tokens_per_s": round(tps["plain"], 2),
+        "new_tokens": s.new_tokens,
+        "steps_drafter_lookup_plain": [
+            len(s.acceptance_lengths),
+            len(s.lookup_lengths),
+            s.plain_steps,
+        ],
+        "probes": s.probe_steps,
+        "lookup_tokens": sum(s.lookup_lengths),
+    }
 
 
 def run_set(gen, name: str, arms: list[str], args) -> dict:
@@ -66,17 +80,27 @@ def run_set(gen, name: str, arms: list[str], args) -> dict:
         out = {"category": row.get("category", ""), **ratios}
         rows.append(out)
         print(name, i, json.dumps(out), file=sys.stderr, flush=True)
-    cats = {cat: _summary([r for r in rows if r["category"] == cat], arms)
-            for cat in dict.fromkeys(r["category"] for r in rows)}
+    cats = {
+        cat: _summary([r for r in rows if r["category"] == cat], arms)
+        for cat in dict.fromkeys(r["category"] for r in rows)
+    }
     return {**_summary(rows, arms), "by_category": cats, "rows": rows}
 
 
 def _summary(rows: list[dict], arms: list[str]) -> dict:
-    medians = {f"{arm}_ratio": round(statistics.median(r[f"{arm}_ratio"] for r in rows), 3)
-               for arm in arms if arm != "plain"}
+    medians = {
+        f"{arm}_ratio": round(statistics.median(r[f"{arm}_ratio"] for r in rows), 3)
+        for arm in arms
+        if arm != "plain"
+    }
     steps = [sum(r["steps_drafter_lookup_plain"][i] for r in rows) for i in range(3)]
-    return {"prompts": len(rows), **medians, "lossless": all(r["lossless"] for r in rows),
-            "steps_drafter_lookup_plain": steps, "probes": sum(r["probes"] for r in rows)}
+    return {
+        "prompts": len(rows),
+        **medians,
+        "lossless": all(r["lossless"] for r in rows),
+        "steps_drafter_lookup_plain": steps,
+        "probes": sum(r["probes"] for r in rows),
+    }
 
 
 def main(argv=None) -> int:
@@ -91,12 +115,17 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the full report here")
     args = p.parse_args(argv)
     gen = Generator.load(args.bundle, verify=False, use_tuned=False, threads=args.threads)
-    gen.generate("Hello", max_new_tokens=8)                               # warm the sessions
+    gen.generate("Hello", max_new_tokens=8)  # warm the sessions
     arms = ["plain", "default"] + (["before"] if args.before else [])
-    report = {"bundle": args.bundle, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-              "sets": {name: run_set(gen, name, arms, args) for name in args.sets.split(",")}}
-    brief = {name: {k: v for k, v in s.items() if k != "rows"}
-             for name, s in report["sets"].items()}
+    report = {
+        "bundle": args.bundle,
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "sets": {name: run_set(gen, name, arms, args) for name in args.sets.split(",")},
+    }
+    brief = {
+        name: {k: v for k, v in s.items() if k != "rows"} for name, s in report["sets"].items()
+    }
     print(json.dumps(brief, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

@@ -1,24 +1,29 @@
-"""Data the code reads at run time, installed with the package: the shipped drafter and the prompt sets.
+"""Data the code reads at run time, installed with the package: the shipped drafter and the prompt
+sets.
 
-Floor 1 (beside devices/): pure Python, imports nothing of ours, so every room may read it. Paths come
-from `importlib.resources`, so a non-editable install behaves exactly like the checkout.
+Floor 1 (beside devices/): pure Python, imports nothing of ours, so every room may read it. Paths
+come from `importlib.resources`, so a non-editable install behaves exactly like the checkout.
 
 >>> sorted(PROMPT_SETS)
 ['bench', 'heldout', 'quote']
 >>> prompt_set_path("quote").name
 'quote.jsonl'
 """
+
 from __future__ import annotations
 
 import json
 from importlib import resources
 from pathlib import Path
 
-# name -> what it holds (each is prompts/<name>.jsonl: one {"prompt", "category"[, "id"]} object per line)
+# name -> what it holds (each is prompts/<name>.jsonl: one {"prompt", "category"[, "id"]} object per
+# line)
 PROMPT_SETS = {
     "bench": "mixed everyday prompts (chat, code, maths, ...): `bench` and `tune` by default",
     "quote": "prompts whose answers quote their input (fix, rewrite, convert, extract)",
-    "heldout": "held-out prompts never used in drafter training: quality reports and drafter evaluation",
+    "heldout": (
+        "held-out prompts never used in drafter training: quality reports and drafter evaluation"
+    ),
 }
 
 
@@ -46,7 +51,10 @@ def shipped_drafter(hidden_size: int, vocab_size: int, num_layers: int) -> Path 
     for cfg_file in sorted(root.glob("*/config.json")):
         cfg = json.loads(cfg_file.read_text())
         if (cfg.get("hidden_size"), cfg.get("vocab_size"), cfg.get("num_target_layers")) == (
-                hidden_size, vocab_size, num_layers):
+            hidden_size,
+            vocab_size,
+            num_layers,
+        ):
             return cfg_file.parent
     return None
 
@@ -61,8 +69,11 @@ def read_prompts(spec: str | Path | None, limit: int = 0, default: str = "bench"
     spec = default if spec in (None, "") else spec
     path = prompt_set_path(str(spec)) if str(spec) in PROMPT_SETS else Path(spec).expanduser()
     if not path.is_file():
-        raise ValueError(f"prompts file {path} not found; pass a JSONL file with a 'prompt' per line or a shipped "
-                         f"set: {', '.join(sorted(PROMPT_SETS))}")
+        raise ValueError(
+            f"prompts file {path} not found; pass a JSONL file with a 'prompt' per line or a "
+            "shipped "
+            f"set: {', '.join(sorted(PROMPT_SETS))}"
+        )
     rows = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -73,5 +84,11 @@ def read_prompts(spec: str | Path | None, limit: int = 0, default: str = "bench"
             raise ValueError(f"{path}:{n} is not valid JSON ({err})") from err
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
             raise ValueError(f"{path}:{n} needs a string field 'prompt'")
-        rows.append({"id": row.get("id", f"p{n}"), "category": row.get("category", ""), "prompt": row["prompt"]})
+        rows.append(
+            {
+                "id": row.get("id", f"p{n}"),
+                "category": row.get("category", ""),
+                "prompt": row["prompt"],
+            }
+        )
     return rows[:limit] if limit else rows

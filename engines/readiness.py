@@ -1,4 +1,5 @@
-"""Will TensorRT's ONNX parser take this graph? A static check against `trt_support` (no TensorRT needed).
+"""Will TensorRT's ONNX parser take this graph? A static check against `trt_support` (no TensorRT
+needed).
 
 >>> report = check_trt_readiness("bundle/target.onnx")      # doctest: +SKIP
 >>> report.ok, report.problems                               # doctest: +SKIP
@@ -6,6 +7,7 @@
 >>> bundle_trt_readiness("bundle/")["ok"]                   # doctest: +SKIP
 True
 """
+
 from __future__ import annotations
 
 import json
@@ -13,9 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_edge.runtime.bundle import inside
-from dflash_edge.runtime.io_tables import portable_graphs
-
+from ..runtime.bundle import inside
+from ..runtime.io_tables import portable_graphs
 from . import op_support as sup
 
 STANDARD_DOMAINS = ("", "ai.onnx")
@@ -24,9 +25,10 @@ STANDARD_DOMAINS = ("", "ai.onnx")
 @dataclass
 class Report:
     """Readiness of one graph: `problems` stop a TensorRT build; `notes` are worth knowing."""
+
     graph: str
     opset: int | None
-    ops: dict[str, int] = field(default_factory=dict)          # op type -> count
+    ops: dict[str, int] = field(default_factory=dict)  # op type -> count
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -36,28 +38,43 @@ class Report:
 
     def summary(self) -> dict:
         """JSON-able record for a manifest."""
-        return {"ok": self.ok, "opset": self.opset, "nodes": sum(self.ops.values()), "op_types": len(self.ops),
-                "problems": list(self.problems), "notes": list(self.notes)}
+        return {
+            "ok": self.ok,
+            "opset": self.opset,
+            "nodes": sum(self.ops.values()),
+            "op_types": len(self.ops),
+            "problems": list(self.problems),
+            "notes": list(self.notes),
+        }
 
     def __str__(self) -> str:
-        head = (f"{self.graph}: {'ready' if self.ok else 'NOT ready'} for TensorRT "
-                f"{sup.SOURCE['tensorrt_version']} (opset {self.opset}, {sum(self.ops.values())} nodes)")
-        return "\n".join([head] + [f"  problem: {p}" for p in self.problems] + [f"  note: {n}" for n in self.notes])
+        head = (
+            f"{self.graph}: {'ready' if self.ok else 'NOT ready'} for TensorRT "
+            f"{sup.SOURCE['tensorrt_version']} (opset {self.opset}, {sum(self.ops.values())} nodes)"
+        )
+        return "\n".join(
+            [head]
+            + [f"  problem: {p}" for p in self.problems]
+            + [f"  note: {n}" for n in self.notes]
+        )
 
 
 def check_trt_readiness(model, name: str | None = None) -> Report:
-    """Check every op, dtype and the opset of `model` (an .onnx path or a ModelProto) against the table."""
+    """Check every op, dtype and the opset of `model` (an .onnx path or a ModelProto) against the
+    table."""
     import onnx
 
     if isinstance(model, (str, Path)):
         name = name or Path(model).stem
-        model = onnx.load(str(model), load_external_data=False)    # weights are not needed
+        model = onnx.load(str(model), load_external_data=False)  # weights are not needed
     report = Report(name or model.graph.name or "graph", _default_opset(model))
     _check_opset(model, report)
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception as err:  # noqa: BLE001 - inference is best effort; the op check still runs
-        report.notes.append(f"shape inference failed ({err}); dtypes of intermediate tensors not checked")
+        report.notes.append(
+            f"shape inference failed ({err}); dtypes of intermediate tensors not checked"
+        )
         inferred = model
     types = _tensor_types(inferred.graph)
     _check_io(inferred.graph, types, report)
@@ -67,22 +84,29 @@ def check_trt_readiness(model, name: str | None = None) -> Report:
 
 
 def bundle_trt_readiness(bundle_dir: str | Path) -> dict:
-    """Check every portable graph of a bundle: {tensorrt_version, table, ok, graphs: name -> summary}
-    (`dflash-edge export` prints it in one line).
+    """Check every portable graph of a bundle: {tensorrt_version, table, ok, graphs: name ->
+    summary} (`dflash-edge export` prints it in one line).
 
     Graphs come from `manifest.json` when present, otherwise every `*.onnx` in the directory.
     """
     root = Path(bundle_dir)
     mpath = root / "manifest.json"
     if mpath.is_file():
-        graphs = {n: inside(root, g["files"][0]["path"], f"graphs.{n}.files[0].path")
-                  for n, g in json.loads(mpath.read_text())["graphs"].items()}
+        graphs = {
+            n: inside(root, g["files"][0]["path"], f"graphs.{n}.files[0].path")
+            for n, g in json.loads(mpath.read_text())["graphs"].items()
+        }
     else:
         graphs = {p.stem: p for p in sorted(root.glob("*.onnx"))}
-    reports = {n: check_trt_readiness(graphs[n], n) for n in portable_graphs(graphs)}   # TensorRT never sees fused ones
-    return {"tensorrt_version": sup.SOURCE["tensorrt_version"], "table": sup.SOURCE["url"],
-            "ok": all(r.ok for r in reports.values()),
-            "graphs": {n: r.summary() for n, r in reports.items()}}
+    reports = {
+        n: check_trt_readiness(graphs[n], n) for n in portable_graphs(graphs)
+    }  # TensorRT never sees fused ones
+    return {
+        "tensorrt_version": sup.SOURCE["tensorrt_version"],
+        "table": sup.SOURCE["url"],
+        "ok": all(r.ok for r in reports.values()),
+        "graphs": {n: r.summary() for n, r in reports.items()},
+    }
 
 
 def _default_opset(model) -> int | None:
@@ -90,16 +114,24 @@ def _default_opset(model) -> int | None:
 
 
 def _check_opset(model, report: Report) -> None:
-    lo, hi, portable = sup.SOURCE["opset_min"], sup.SOURCE["opset_max"], sup.SOURCE["portable_opset_max"]
+    lo, hi, portable = (
+        sup.SOURCE["opset_min"],
+        sup.SOURCE["opset_max"],
+        sup.SOURCE["portable_opset_max"],
+    )
     v = report.opset
     if v is None:
         report.problems.append("the model imports no standard ONNX opset")
     elif not lo <= v <= hi:
-        report.problems.append(f"opset {v} is outside TensorRT {sup.SOURCE['tensorrt_version']}'s range "
-                               f"{lo}..{hi}; re-export with an opset in that range (the exporter uses 17)")
+        report.problems.append(
+            f"opset {v} is outside TensorRT {sup.SOURCE['tensorrt_version']}'s range "
+            f"{lo}..{hi}; re-export with an opset in that range (the exporter uses 17)"
+        )
     elif v > portable:
-        report.notes.append(f"opset {v} > {portable}: older TensorRT 10.x parsers (e.g. 10.3 on JetPack 6) may "
-                            f"reject it; export with opset <= {portable} for Jetson")
+        report.notes.append(
+            f"opset {v} > {portable}: older TensorRT 10.x parsers (e.g. 10.3 on JetPack 6) may "
+            f"reject it; export with opset <= {portable} for Jetson"
+        )
     for o in model.opset_import:
         if o.domain not in STANDARD_DOMAINS and o.domain != "ai.onnx.ml":
             report.notes.append(f"imports custom domain {o.domain!r} (version {o.version})")
@@ -126,24 +158,30 @@ def _check_io(graph, types: dict[str, str], report: Report) -> None:
         if onnx_t is None:
             report.notes.append(f"graph I/O {vi.name!r} has no element type")
         elif trt_t is None:
-            report.problems.append(f"graph I/O {vi.name!r} is {onnx_t}, which TensorRT does not support; "
-                                   f"export it as FLOAT/FLOAT16/INT32/INT64/BOOL")
+            report.problems.append(
+                f"graph I/O {vi.name!r} is {onnx_t}, which TensorRT does not support; "
+                f"export it as FLOAT/FLOAT16/INT32/INT64/BOOL"
+            )
         elif trt_t in sup.CAST_DOWN_TYPES:
             report.notes.append(f"graph I/O {vi.name!r}: {sup.CAST_DOWN_TYPES[trt_t]}")
         elif onnx_t == "INT64":
             int64.append(vi.name)
     if int64:
-        report.notes.append(f"INT64 graph I/O {int64}: TensorRT 10 binds INT64 natively (8.x cast it to INT32); "
-                            f"INT32 ids would halve their bytes")
+        report.notes.append(
+            f"INT64 graph I/O {int64}: TensorRT 10 binds INT64 natively (8.x cast it to INT32); "
+            f"INT32 ids would halve their bytes"
+        )
 
 
 def _check_graph(graph, types: dict[str, str], report: Report, seen: set) -> None:
-    consts = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    consts = {i.name for i in graph.initializer} | {
+        o for n in graph.node if n.op_type == "Constant" for o in n.output
+    }
     for node in graph.node:
         op = node.op_type if node.domain in STANDARD_DOMAINS else f"{node.domain}::{node.op_type}"
         report.ops[op] = report.ops.get(op, 0) + 1
         _check_node(node, op, types, consts, report, seen)
-        for attr in node.attribute:           # If / Loop / Scan bodies: check their ops too
+        for attr in node.attribute:  # If / Loop / Scan bodies: check their ops too
             for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
                 _check_graph(sub, {**types, **_tensor_types(sub)}, report, seen)
 
@@ -154,22 +192,49 @@ def _once(report: Report, seen: set, key: str, kind: str, text: str) -> None:
         (report.problems if kind == "problem" else report.notes).append(text)
 
 
-def _check_node(node, op: str, types: dict[str, str], consts: set, report: Report, seen: set) -> None:
+def _check_node(
+    node, op: str, types: dict[str, str], consts: set, report: Report, seen: set
+) -> None:
     where = f"node {node.name or node.output[0]!r}"
     if node.domain not in STANDARD_DOMAINS:
-        _once(report, seen, op, "problem", f"{op} ({where}) is not a standard ONNX op: TensorRT needs a plugin "
-              f"for it; export without custom ops (e.g. onnxruntime contrib ops are onnxruntime-only)")
+        _once(
+            report,
+            seen,
+            op,
+            "problem",
+            f"{op} ({where}) is not a standard ONNX op: TensorRT needs a plugin "
+            "for it; export without custom ops (e.g. onnxruntime contrib ops are "
+            "onnxruntime-only)",
+        )
         return
     if op in sup.UNSUPPORTED or op not in sup.OPS:
         why = "documented as unsupported" if op in sup.UNSUPPORTED else "not in its operator table"
-        _once(report, seen, op, "problem", f"{op} ({where}) is {why} for TensorRT "
-              f"{sup.SOURCE['tensorrt_version']}; rewrite it with supported ops or add a plugin")
+        _once(
+            report,
+            seen,
+            op,
+            "problem",
+            f"{op} ({where}) is {why} for TensorRT "
+            f"{sup.SOURCE['tensorrt_version']}; rewrite it with supported ops or add a plugin",
+        )
         return
     if op in sup.CONTROL_FLOW:
-        _once(report, seen, "cf:" + op, "problem", f"{op} ({where}) is control flow: the graph's path depends on "
-              f"runtime values/shapes; export with static block shapes so tracing removes it")
+        _once(
+            report,
+            seen,
+            "cf:" + op,
+            "problem",
+            f"{op} ({where}) is control flow: the graph's path depends on "
+            f"runtime values/shapes; export with static block shapes so tracing removes it",
+        )
     if op in sup.DATA_DEPENDENT_SHAPE:
-        _once(report, seen, "dds:" + op, "note", f"{op} has a data-dependent output shape (slow in TensorRT)")
+        _once(
+            report,
+            seen,
+            "dds:" + op,
+            "note",
+            f"{op} has a data-dependent output shape (slow in TensorRT)",
+        )
     _check_restrictions(node, op, where, consts, report, seen)
     _check_dtype(node, op, where, types, report, seen)
 
@@ -180,17 +245,33 @@ def _check_restrictions(node, op: str, where: str, consts: set, report: Report, 
         if op in table:
             idx, rule = table[op]
             if len(node.input) > idx and node.input[idx] and node.input[idx] not in consts:
-                _once(report, seen, f"c:{op}:{node.input[idx]}", kind, f"{op} ({where}): {rule}, but input "
-                      f"{node.input[idx]!r} is computed; constant-fold it at export")
+                _once(
+                    report,
+                    seen,
+                    f"c:{op}:{node.input[idx]}",
+                    kind,
+                    f"{op} ({where}): {rule}, but input "
+                    f"{node.input[idx]!r} is computed; constant-fold it at export",
+                )
     bad = [a.name for a in node.attribute if a.name in sup.BAD_ATTRIBUTES.get(op, ())]
     if bad:
-        report.problems.append(f"{op} ({where}) uses attribute(s) {bad}, which TensorRT does not support")
+        report.problems.append(
+            f"{op} ({where}) uses attribute(s) {bad}, which TensorRT does not support"
+        )
     checked = op in sup.CONST_INPUTS or op in sup.SOFT_CONST_INPUTS or op in sup.BAD_ATTRIBUTES
     if op in sup.RESTRICTIONS and not checked:
-        _once(report, seen, "r:" + op, "note", f"{op}: {sup.RESTRICTIONS[op]} (not checked statically)")
+        _once(
+            report,
+            seen,
+            "r:" + op,
+            "note",
+            f"{op}: {sup.RESTRICTIONS[op]} (not checked statically)",
+        )
 
 
-def _check_dtype(node, op: str, where: str, types: dict[str, str], report: Report, seen: set) -> None:
+def _check_dtype(
+    node, op: str, where: str, types: dict[str, str], report: Report, seen: set
+) -> None:
     side, idx = sup.TYPED_TENSOR.get(op, ("input", 0))
     names = node.input if side == "input" else node.output
     tensors = [names[idx]] if len(names) > idx and names[idx] else []
@@ -200,15 +281,34 @@ def _check_dtype(node, op: str, where: str, types: dict[str, str], report: Repor
     for tensor in tensors:
         onnx_t = types.get(tensor)
         if onnx_t is None:
-            continue                                      # unknown after inference: nothing to check
+            continue  # unknown after inference: nothing to check
         trt_t = sup.ONNX_TO_TRT.get(onnx_t, onnx_t)
         if trt_t in allowed:
             continue
         if trt_t == "INT64" and "INT32" in allowed:
-            _once(report, seen, f"i64:{op}", "note", f"{op} ({where}) on INT64: the table lists INT32 only, "
-                  f"so TensorRT casts INT64 to INT32 (values beyond +-2^31 would clamp)")
+            _once(
+                report,
+                seen,
+                f"i64:{op}",
+                "note",
+                f"{op} ({where}) on INT64: the table lists INT32 only, "
+                f"so TensorRT casts INT64 to INT32 (values beyond +-2^31 would clamp)",
+            )
         elif trt_t == "DOUBLE":
-            _once(report, seen, f"f64:{op}", "note", f"{op} ({where}) on DOUBLE: {sup.CAST_DOWN_TYPES['DOUBLE']}")
+            _once(
+                report,
+                seen,
+                f"f64:{op}",
+                "note",
+                f"{op} ({where}) on DOUBLE: {sup.CAST_DOWN_TYPES['DOUBLE']}",
+            )
         else:
-            _once(report, seen, f"t:{op}:{trt_t}", "problem", f"{op} ({where}) on {onnx_t}: TensorRT "
-                  f"{sup.SOURCE['tensorrt_version']} supports {op} on {', '.join(allowed)} only; cast it at export")
+            _once(
+                report,
+                seen,
+                f"t:{op}:{trt_t}",
+                "problem",
+                f"{op} ({where}) on {onnx_t}: TensorRT "
+                f"{sup.SOURCE['tensorrt_version']} supports {op} on {', '.join(allowed)} only; "
+                "cast it at export",
+            )

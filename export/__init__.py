@@ -1,1 +1,2 @@
-"""dflash_edge.export — the bundle writer: checkpoints -> ONNX graphs written node by node, parity, manifest (docs/design.md §2)."""
+"""dflash_edge.export — the bundle writer: checkpoints -> ONNX graphs written node by node, parity,
+manifest (docs/design.md §2)."""

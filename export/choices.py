@@ -11,17 +11,17 @@ graph: kv_cache.py), else fp32.
 >>> resolve_choices(ExportOptions(out="b/")).precision       # doctest: +SKIP
 'fp32'
 """
+
 from __future__ import annotations
 
 import dataclasses
 
-from dflash_edge.devices.planner import default_draft_precision
-from dflash_edge.models.checkpoint import BLOCKS
-from dflash_edge.models.config import TargetConfig
-from dflash_edge.models.fetch import resolve_target
-from dflash_edge.runtime.errors import DflashEdgeError
-from dflash_edge.runtime.tokenizer import ChatTokenizer
-
+from ..devices.planner import default_draft_precision
+from ..models.checkpoint import BLOCKS
+from ..models.config import TargetConfig
+from ..models.fetch import resolve_target
+from ..runtime.errors import DflashEdgeError
+from ..runtime.tokenizer import ChatTokenizer
 from .device_plan import EXPORT_PRECISIONS, choose_for_device
 from .kv_cache import check_kv_cache, check_request
 
@@ -38,21 +38,26 @@ def resolve_choices(opts):
     """`opts` (ExportOptions), each "auto" replaced by its choice; checks the shortest chat fits."""
     path = target_dir(opts.target)
     precision, context = opts.precision, opts.max_context
-    if opts.device:                       # the device plan picks what fits, or refuses by name
+    if opts.device:  # the device plan picks what fits, or refuses by name
         wanted = EXPORT_PRECISIONS if precision in (None, AUTO) else (precision,)
-        precision, context = choose_for_device(opts.device, path, opts.draft, opts.block_size,
-                                               context, wanted)
+        precision, context = choose_for_device(
+            opts.device, path, opts.draft, opts.block_size, context, wanted
+        )
     if precision in (None, AUTO):
         precision = auto_precision(path)
-    draft = opts.draft_precision if opts.draft_precision not in (None, AUTO) else \
-        default_draft_precision(precision)
+    draft = (
+        opts.draft_precision
+        if opts.draft_precision not in (None, AUTO)
+        else default_draft_precision(precision)
+    )
     kv = opts.kv_cache
     if kv in (None, AUTO):
         kv = "fp32" if precision in ("fp32", "fp16") or not opts.fused else "int8"
     check_request(precision, check_kv_cache(kv))
     check_shortest_chat(path, opts.block_size, context)
-    return dataclasses.replace(opts, precision=precision, draft_precision=draft, kv_cache=kv,
-                               max_context=context)
+    return dataclasses.replace(
+        opts, precision=precision, draft_precision=draft, kv_cache=kv, max_context=context
+    )
 
 
 def auto_precision(path) -> str:
@@ -68,6 +73,8 @@ def check_shortest_chat(path, block_size: int, max_context: int) -> None:
     tok = ChatTokenizer.from_dir(path)
     n = len(tok.encode_chat(SHORTEST_CHAT) if tok.chat_template else tok.encode("Hi"))
     if n + block_size > max_context:
-        raise DflashEdgeError(f"--max-context {max_context}: even the shortest chat prompt ({n} "
-                              f"tokens with the chat template) plus one block of {block_size} does "
-                              f"not fit; use --max-context >= {n + block_size} (2048: the default)")
+        raise DflashEdgeError(
+            f"--max-context {max_context}: even the shortest chat prompt ({n} "
+            f"tokens with the chat template) plus one block of {block_size} does "
+            f"not fit; use --max-context >= {n + block_size} (2048: the default)"
+        )

@@ -1,17 +1,21 @@
-"""`export_bundle`: target + drafter checkpoints -> a bundle directory (ONNX graphs, tokenizer, manifest).
+"""`export_bundle`: target + drafter checkpoints -> a bundle directory (ONNX graphs, tokenizer,
+manifest).
 
 The one writer: every graph is written node by node straight from the checkpoints (portable_target,
-fused_target, portable_drafter over graph_builder), each weight read from its shard, converted, appended
-to the graph's external-data file through the bundle's `WeightStore` and dropped, so no torch model is
-ever built for export (peak memory about the exported weights). The graph I/O is runtime/io_tables.py's.
-Parity (parity.py) then runs the graphs in onnxruntime and compares them with the independent torch
-reference (sources.reference: models/graphs.py over layer-streamed torch models); the manifest is written
-last and the folder published atomically (runtime.publish.publish_dir): an interrupted export leaves nothing.
+fused_target, portable_drafter over graph_builder), each weight read from its shard, converted,
+appended to the graph's external-data file through the bundle's `WeightStore` and dropped, so no
+torch model is ever built for export (peak memory about the exported weights). The graph I/O is
+runtime/io_tables.py's. Parity (parity.py) then runs the graphs in onnxruntime and compares them
+with the independent torch reference (sources.reference: models/graphs.py over layer-streamed torch
+models); the manifest is written last and the folder published atomically
+(runtime.publish.publish_dir): an interrupted export leaves nothing.
 
 >>> export_bundle(ExportOptions(out="bundle/"))     # default target and drafter  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import shutil
@@ -20,81 +24,107 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dflash_edge.models.families import family
-from dflash_edge.runtime import bundle as bundle_mod
-from dflash_edge.runtime.errors import DflashEdgeError
-from dflash_edge.runtime.io_tables import FLAVOURS, io_manifest
-from dflash_edge.runtime.memory import MemoryMeter
-from dflash_edge.runtime.publish import publish_dir
-
+from ..models.families import family
+from ..runtime import bundle as bundle_mod
+from ..runtime.errors import DflashEdgeError
+from ..runtime.io_tables import FLAVOURS, io_manifest
+from ..runtime.memory import MemoryMeter
+from ..runtime.publish import publish_dir
+from ..runtime.tokenizer import CHAT_TEMPLATE_FILE
+from . import parity, portable_drafter  # as modules: tests stand in for their functions
 from .choices import resolve_choices
+from .families import family_writers
 from .graph_builder import OPSET, OPSET_FUSED
+from .hybrid_reference import hybrid_reference
+from .hybrid_target import MAX_TOKENS
 from .kv_cache import graph_kv_cache, load_prompts, write_int8_cache
+from .sources import open_sources, reference
 from .staging import pause_at, remove_stale, staging_dir
-from .weight_store import DATA_FILES
+from .target_job import TargetJob
+from .weight_format import FormatLog, StoredWeights, WeightFormat
+from .weight_store import DATA_FILES, WeightStore
 
 EXPORTER_VERSION = "0.1.0"
 PARITY_PROMPT = "Explain in two sentences why the sky is blue."
-SCRATCH = ".scratch"                     # inside the partial folder: a random drafter's checkpoint, until parity ends
+SCRATCH = ".scratch"  # inside the partial folder: a random drafter's checkpoint, until parity ends
 OPSETS = {"target": OPSET, "drafter": OPSET, "target_fused": OPSET_FUSED, "target_hybrid": OPSET}
-WRITTEN = ("fp32", "fp16", "int8", "int4")       # precisions the writer stores weights in directly
+WRITTEN = ("fp32", "fp16", "int8", "int4")  # precisions the writer stores weights in directly
 
 
 @dataclass
 class ExportOptions:
     out: str | Path
-    target: str | None = "default"       # checkpoint dir or "default"
-    draft: str | None = "default"        # drafter dir, "default" (shipped) or "random"
+    target: str | None = "default"  # checkpoint dir or "default"
+    draft: str | None = "default"  # drafter dir, "default" (shipped) or "random"
     block_size: int = 16
     max_context: int = 2048
     prefill_chunk: int = 64
     force: bool = False
     verify: bool = True
-    draft_vocab: int = 0                 # >0: the drafter's LM head over this many frequent tokens (draft_vocab.py)
-    memory_check: bool = True            # refuse up front when the estimated peak memory exceeds what is available
-    fused: bool = True                   # also write `target_fused` (GroupQueryAttention) where the model allows
-    precision: str = "auto"              # target weights: auto | fp32 | fp16 | int8 | int4
-    draft_precision: str | None = None   # the drafter's own layers; None: the planner's default
-    kv_cache: str = "auto"               # fused target's cache: auto | fp32 | int8 (kv_cache.py)
-    device: str | None = None            # a device profile: its plan picks precision, max context
-    kv_prompts: str | None = None        # int8 cache calibration: JSONL or a shipped set (heldout)
-    threads: int = 0                     # onnxruntime threads for the calibration (0: all CPUs)
-    accuracy_level: int = 4              # MatMulNBits' activations: 4 int8 (row-exact, fast), 0 fp32 (weight_format.py)
-    quant_block: int = 32                # weights per scale of re-quantised (non-GGUF) weights
+    draft_vocab: int = (
+        0  # >0: the drafter's LM head over this many frequent tokens (draft_vocab.py)
+    )
+    memory_check: bool = (
+        True  # refuse up front when the estimated peak memory exceeds what is available
+    )
+    fused: bool = True  # also write `target_fused` (GroupQueryAttention) where the model allows
+    precision: str = "auto"  # target weights: auto | fp32 | fp16 | int8 | int4
+    draft_precision: str | None = None  # the drafter's own layers; None: the planner's default
+    kv_cache: str = "auto"  # fused target's cache: auto | fp32 | int8 (kv_cache.py)
+    device: str | None = None  # a device profile: its plan picks precision, max context
+    kv_prompts: str | None = None  # int8 cache calibration: JSONL or a shipped set (heldout)
+    threads: int = 0  # onnxruntime threads for the calibration (0: all CPUs)
+    accuracy_level: int = (
+        4  # MatMulNBits' activations: 4 int8 (row-exact, fast), 0 fp32 (weight_format.py)
+    )
+    quant_block: int = 32  # weights per scale of re-quantised (non-GGUF) weights
 
     @property
     def positions(self) -> int:
-        """Positions the bundle's graphs can see (the RoPE tables' rows): the runtime's KV capacity, max context
-        plus the widest step past it (runtime/generator.py), and the fused target's pad row."""
+        """Positions the bundle's graphs can see (the RoPE tables' rows): the runtime's KV capacity,
+        max context plus the widest step past it (runtime/generator.py), and the fused target's pad
+        row."""
         return self.max_context + max(self.block_size, self.prefill_chunk) + 1
 
 
 def _check_options(opts: ExportOptions, tc, dc) -> None:
-    """`opts` against the target config `tc` and drafter config `dc`, before any graph is written."""
+    """`opts` against the target config `tc` and drafter config `dc`, before any graph is
+    written."""
     if opts.block_size < 2:
-        raise DflashEdgeError(f"--block-size {opts.block_size} < 2: a block is the last token plus >= 1 mask")
+        raise DflashEdgeError(
+            f"--block-size {opts.block_size} < 2: a block is the last token plus >= 1 mask"
+        )
     if opts.block_size > dc.block_size:
-        raise DflashEdgeError(f"--block-size {opts.block_size} is larger than the drafter was trained for "
-                              f"({dc.block_size}); use --block-size <= {dc.block_size}")
+        raise DflashEdgeError(
+            f"--block-size {opts.block_size} is larger than the drafter was trained for "
+            f"({dc.block_size}); use --block-size <= {dc.block_size}"
+        )
     limit = tc.max_position_embeddings
     if opts.max_context + opts.block_size > limit:
-        raise DflashEdgeError(f"--max-context {opts.max_context} (+ block {opts.block_size} slack) exceeds the "
-                              f"model's {limit} positions; use --max-context <= {limit - opts.block_size}")
+        raise DflashEdgeError(
+            f"--max-context {opts.max_context} (+ block {opts.block_size} slack) exceeds the "
+            f"model's {limit} positions; use --max-context <= {limit - opts.block_size}"
+        )
     if opts.prefill_chunk < 1:
         raise DflashEdgeError(f"--prefill-chunk {opts.prefill_chunk} must be >= 1")
-    for flag, value in (("--precision", opts.precision), ("--draft-precision", opts.draft_precision)):
+    for flag, value in (
+        ("--precision", opts.precision),
+        ("--draft-precision", opts.draft_precision),
+    ):
         if value not in WRITTEN:
             raise DflashEdgeError(f"{flag} {value!r}: the exporter writes {', '.join(WRITTEN)}")
     if "fp16" in (opts.precision, opts.draft_precision) and opts.precision != opts.draft_precision:
-        raise DflashEdgeError(f"--precision {opts.precision} with --draft-precision {opts.draft_precision}: an fp16 "
-                              f"bundle is fp16 throughout (the drafter reads the target's fp16 embedding); pass "
-                              f"both as fp16, or neither")
+        raise DflashEdgeError(
+            f"--precision {opts.precision} with --draft-precision {opts.draft_precision}: an fp16 "
+            f"bundle is fp16 throughout (the drafter reads the target's fp16 embedding); pass "
+            f"both as fp16, or neither"
+        )
 
 
 def weight_formats(opts: ExportOptions) -> dict:
-    """graph -> its WeightFormat: the target's precision (and the shared table: 8-bit blocks unless the
-    checkpoint's own table blocks say otherwise) for both target flavours, the drafter's for its own layers."""
-    from .weight_format import WeightFormat
+    """graph -> its WeightFormat: the target's precision (and the shared table: 8-bit blocks unless
+    the checkpoint's own table blocks say otherwise) for both target flavours, the drafter's for its
+    own layers."""
 
     table = 0 if opts.precision in ("fp32", "fp16") else 8
     target = WeightFormat(opts.precision, table, opts.quant_block, opts.accuracy_level)
@@ -105,7 +135,10 @@ def weight_formats(opts: ExportOptions) -> dict:
 def fused_supported(cfg) -> str | None:
     """Why the fused target cannot be built for `cfg` (None: it can)."""
     if cfg.head_dim % 16:
-        return f"head_dim {cfg.head_dim} is not a multiple of 16 (onnxruntime's GroupQueryAttention requires it)"
+        return (
+            f"head_dim {cfg.head_dim} is not a multiple of 16 "
+            "(onnxruntime's GroupQueryAttention requires it)"
+        )
     return None
 
 
@@ -140,11 +173,16 @@ def export_bundle(opts: ExportOptions, progress=None, finish=None) -> Path:
         raise
     finally:
         steps.close()
-    sizes = ", ".join(f"{n} {sum(f['bytes'] for f in g['files']) / 1e6:.0f} MB" for n, g in graphs.items())
+    sizes = ", ".join(
+        f"{n} {sum(f['bytes'] for f in g['files']) / 1e6:.0f} MB" for n, g in graphs.items()
+    )
     peaks = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in meter.peaks.items())
     parity = "ok" if opts.verify else "skipped"
-    print(f"exported {out} in {time.perf_counter() - t0:.0f} s ({opts.precision}, KV cache "
-          f"{_kv_dtype(graphs)}; {sizes}; parity {parity}; peak RSS GB: {peaks})", file=sys.stderr)
+    print(
+        f"exported {out} in {time.perf_counter() - t0:.0f} s ({opts.precision}, KV cache "
+        f"{_kv_dtype(graphs)}; {sizes}; parity {parity}; peak RSS GB: {peaks})",
+        file=sys.stderr,
+    )
     return out
 
 
@@ -157,29 +195,26 @@ def _int8_cache(opts: ExportOptions, tmp: Path, graphs: dict, steps, meter: Memo
     steps.update(1)
     if opts.kv_cache != "int8":
         return graphs
-    if "target_fused" not in graphs:                      # e.g. a hybrid target, or --no-fused
-        print("export: no fused target, so no int8 KV cache (its KV stays float32)",
-              file=sys.stderr)
+    if "target_fused" not in graphs:  # e.g. a hybrid target, or --no-fused
+        print(
+            "export: no fused target, so no int8 KV cache (its KV stays float32)", file=sys.stderr
+        )
         return graphs
     steps.set_postfix_str("int8 KV cache")
     pause_at("calibrate")
     manifest = json.loads((tmp / bundle_mod.MANIFEST).read_text())
     with meter.stage("kv_cache"):
         prompts = load_prompts(opts.kv_prompts)
-        manifest["graphs"]["target_fused"] = write_int8_cache(tmp, manifest, prompts,
-                                                              threads=opts.threads)
+        manifest["graphs"]["target_fused"] = write_int8_cache(
+            tmp, manifest, prompts, threads=opts.threads
+        )
     bundle_mod.write_manifest(tmp, manifest)
     return manifest["graphs"]
 
 
 def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
-    """Everything of the bundle into the partial folder `tmp`; returns the manifest's graph entries."""
-    from .families import family_writers
-    from .portable_drafter import build_drafter
-    from .sources import open_sources
-    from .target_job import TargetJob
-    from .weight_format import FormatLog
-    from .weight_store import WeightStore
+    """Everything of the bundle into the partial folder `tmp`; returns the manifest's graph
+    entries."""
 
     timings, t0 = {}, time.perf_counter()
     with meter.stage("load"):
@@ -194,10 +229,21 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     fmt = {n: dict(fmt=f, log=log) for n, f in formats.items()}
     reach = opts.positions
     job = TargetJob(tc, src.target_ckpt, capture, store, fmt, opts, reach)
-    writers = {**family_writers(tc.model_type).target_writers(job),
-               "drafter": lambda p: build_drafter(tc, dc, src.target_ckpt, src.draft_ckpt, store, p,
-                                                  opts.block_size, src.vocab, **fmt["drafter"],
-                                                  reach=reach)}
+    writers = {
+        **family_writers(tc.model_type).target_writers(job),
+        "drafter": lambda p: portable_drafter.build_drafter(
+            tc,
+            dc,
+            src.target_ckpt,
+            src.draft_ckpt,
+            store,
+            p,
+            opts.block_size,
+            src.vocab,
+            **fmt["drafter"],
+            reach=reach,
+        ),
+    }
     for name in writers:
         if name == "target_fused" and fused_note is not None:
             continue
@@ -213,22 +259,32 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
         steps.update(name != "target_fused")
     tok_files = _copy_tokenizer(src.target_dir, tmp)
     report = {}
-    if opts.verify:                # reads the drafter's checkpoint again (a random one: scratch)
+    if opts.verify:  # reads the drafter's checkpoint again (a random one: scratch)
         t = time.perf_counter()
         steps.set_postfix_str("parity")
         pause_at("parity")
         report = _parity(src, paths, opts, meter, log)
         timings["parity"] = time.perf_counter() - t
-    shutil.rmtree(tmp / SCRATCH, ignore_errors=True)       # nothing reads it from here on; never published
+    shutil.rmtree(
+        tmp / SCRATCH, ignore_errors=True
+    )  # nothing reads it from here on; never published
     steps.update(1)
     shared = store.manifest()
-    graphs = {n: _graph_entry(tmp, n, _static_shapes(opts)[n], shared, formats[n], log) for n in paths}
-    sources = {"target": str(src.target_dir), "drafter": src.draft_source,
-               "export_options": _recorded_options(opts),
-               "drafter_random_init": src.draft_source == "random", "parity": report,
-               "target_fused": fused_note, "writer": "stream",
-               "export_seconds": {k: round(v, 2) for k, v in timings.items()},
-               "peak_rss_mb": meter.report_mb(), "rss_after_stage_mb": meter.after_mb()}
+    graphs = {
+        n: _graph_entry(tmp, n, _static_shapes(opts)[n], shared, formats[n], log) for n in paths
+    }
+    sources = {
+        "target": str(src.target_dir),
+        "drafter": src.draft_source,
+        "export_options": _recorded_options(opts),
+        "drafter_random_init": src.draft_source == "random",
+        "parity": report,
+        "target_fused": fused_note,
+        "writer": "stream",
+        "export_seconds": {k: round(v, 2) for k, v in timings.items()},
+        "peak_rss_mb": meter.report_mb(),
+        "rss_after_stage_mb": meter.after_mb(),
+    }
     bundle_mod.write_manifest(tmp, _manifest(tc, dc, tok_files, graphs, opts, sources, shared))
     _check_only_named_files(tmp, graphs, tok_files)
     steps.update(1)
@@ -244,97 +300,158 @@ def _recorded_options(opts: ExportOptions) -> dict:
 
 
 def _parity(src, paths: dict, opts: ExportOptions, meter: MemoryMeter, log) -> dict:
-    """ORT graphs first (one session at a time), then the layer-by-layer torch reference on the same inputs,
-    its weights as the bundle stores them (low-bit blocks dequantised: parity at the bundle's own precision)."""
-    import dataclasses
+    """ORT graphs first (one session at a time), then the layer-by-layer torch reference on the same
+    inputs, its weights as the bundle stores them (low-bit blocks dequantised: parity at the
+    bundle's own precision)."""
 
-    from .hybrid_reference import hybrid_reference
-    from .hybrid_target import MAX_TOKENS
-    from .parity import Probe, check_graphs, tolerance_for
-    from .sources import reference
-    from .weight_format import StoredWeights
-
-    src = dataclasses.replace(src, target_ckpt=StoredWeights(src.target_ckpt, log),
-                              draft_ckpt=StoredWeights(src.draft_ckpt, log))
+    src = dataclasses.replace(
+        src,
+        target_ckpt=StoredWeights(src.target_ckpt, log),
+        draft_ckpt=StoredWeights(src.draft_ckpt, log),
+    )
     tc, dc = src.target_cfg, src.draft_cfg
     prompt = src.tokenizer.encode_chat([{"role": "user", "content": PARITY_PROMPT}])
-    # within the positions the graphs reach (its verify block after it); an MoE target's to one block: the
+    # within the positions the graphs reach (its verify block after it); an MoE target's to one
+    # block: the
     # portable graph dequantises each token's expert per slot, [T, 2I, H] fp32 (0.5 GB at T = 40 and
     # Qwen3-Coder-30B-A3B's widths), and a block still routes to ~80 of 128 experts per layer
     keep = opts.positions - 1 - opts.block_size
-    prompt = list(prompt)[:min(keep, opts.block_size) if tc.num_experts else keep]
+    prompt = list(prompt)[: min(keep, opts.block_size) if tc.num_experts else keep]
     hybrid = "target_hybrid" in paths
-    if hybrid:                           # one call of the hybrid graph carries at most MAX_TOKENS
+    if hybrid:  # one call of the hybrid graph carries at most MAX_TOKENS
         prompt = prompt[:MAX_TOKENS]
-    dims = {"L": tc.num_hidden_layers, "Ld": dc.num_hidden_layers, "Hkv": tc.num_key_value_heads, "D": tc.head_dim}
-    probe = Probe(prompt, opts.block_size, dc.mask_token_id, dims)
+    dims = {
+        "L": tc.num_hidden_layers,
+        "Ld": dc.num_hidden_layers,
+        "Hkv": tc.num_key_value_heads,
+        "D": tc.head_dim,
+    }
+    probe = parity.Probe(prompt, opts.block_size, dc.mask_token_id, dims)
     with meter.stage("parity"):
-        tol = tolerance_for(opts.precision, opts.accuracy_level, recurrent=hybrid)
+        tol = parity.tolerance_for(opts.precision, opts.accuracy_level, recurrent=hybrid)
         ref = (hybrid_reference if hybrid else reference)(src, opts.block_size)
-        return check_graphs(paths, probe, ref, tol=tol, stage=meter.stage)
+        return parity.check_graphs(paths, probe, ref, tol=tol, stage=meter.stage)
 
 
 def _static_shapes(opts: ExportOptions) -> dict:
-    """graph -> call name -> the sizes its dynamic symbols take there (TensorRT profiles, static builds)."""
-    target = {"decode": {"T": 1}, "verify": {"T": opts.block_size}, "prefill": {"T": opts.prefill_chunk}}
-    return {"target": target, "target_fused": target, "target_hybrid": target,
-            "drafter": {"draft": {"B": opts.block_size}}}
+    """graph -> call name -> the sizes its dynamic symbols take there (TensorRT profiles, static
+    builds)."""
+    target = {
+        "decode": {"T": 1},
+        "verify": {"T": opts.block_size},
+        "prefill": {"T": opts.prefill_chunk},
+    }
+    return {
+        "target": target,
+        "target_fused": target,
+        "target_hybrid": target,
+        "drafter": {"draft": {"B": opts.block_size}},
+    }
 
 
 def _graph_entry(root: Path, name: str, static_shapes: dict, shared: list[dict], fmt, log) -> dict:
-    files = [bundle_mod.file_entry(root, f"{name}.onnx"), bundle_mod.file_entry(root, DATA_FILES[name])]
-    files += [bundle_mod.file_entry(root, f) for f in sorted({e["file"] for e in shared if name in e["names"]})]
-    entry = {"files": files, "precision": fmt.precision, "io": io_manifest(name, "float32"), "opset": OPSETS[name],
-             "static_shapes": static_shapes, "flavour": FLAVOURS[name].kind,
-             "weight_bytes": _weight_bytes(root / f"{name}.onnx")}
-    if log.sources.get(name):            # low-bit weights: where each came from (GGUF type, or "rtn": re-quantised)
-        entry["quantization"] = {"from": "checkpoint", "writer": "stream", "settings": fmt.to_dict(),
-                                 "weights_by_source": dict(log.sources[name]),
-                                 "requantised_low_bit": log.requantised}
+    files = [
+        bundle_mod.file_entry(root, f"{name}.onnx"),
+        bundle_mod.file_entry(root, DATA_FILES[name]),
+    ]
+    files += [
+        bundle_mod.file_entry(root, f)
+        for f in sorted({e["file"] for e in shared if name in e["names"]})
+    ]
+    entry = {
+        "files": files,
+        "precision": fmt.precision,
+        "io": io_manifest(name, "float32"),
+        "opset": OPSETS[name],
+        "static_shapes": static_shapes,
+        "flavour": FLAVOURS[name].kind,
+        "weight_bytes": _weight_bytes(root / f"{name}.onnx"),
+    }
+    if log.sources.get(
+        name
+    ):  # low-bit weights: where each came from (GGUF type, or "rtn": re-quantised)
+        entry["quantization"] = {
+            "from": "checkpoint",
+            "writer": "stream",
+            "settings": fmt.to_dict(),
+            "weights_by_source": dict(log.sources[name]),
+            "requantised_low_bit": log.requantised,
+        }
     return entry
 
 
 def _weight_bytes(path: Path) -> int:
-    """Bytes of the weights this graph reads (its initializers, inline or in any data file): what a session of
-    it holds, where the data files also hold the other flavour's weights (devices plan reads it)."""
+    """Bytes of the weights this graph reads (its initializers, inline or in any data file): what a
+    session of it holds, where the data files also hold the other flavour's weights (devices plan
+    reads it)."""
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
-    external = [{e.key: e.value for e in i.external_data} for i in graph.initializer if i.external_data]
-    return sum(int(e["length"]) for e in external) + sum(len(i.raw_data) for i in graph.initializer
-                                                         if not i.external_data)
+    external = [
+        {e.key: e.value for e in i.external_data} for i in graph.initializer if i.external_data
+    ]
+    return sum(int(e["length"]) for e in external) + sum(
+        len(i.raw_data) for i in graph.initializer if not i.external_data
+    )
 
 
 def _manifest(tc, dc, tok_files, graphs, opts, sources, shared: list[dict]) -> dict:
     windows = {}
-    if dc.window_layers:                  # sliding-window drafter layers: their cache and I/O (io_tables.py)
-        windows = {"draft_layer_types": list(dc.layer_types), "draft_sliding_window": dc.sliding_window}
+    if dc.window_layers:  # sliding-window drafter layers: their cache and I/O (io_tables.py)
+        windows = {
+            "draft_layer_types": list(dc.layer_types),
+            "draft_sliding_window": dc.sliding_window,
+        }
         layers = {"Ld": dc.num_hidden_layers - len(dc.window_layers), "Lw": len(dc.window_layers)}
         graphs["drafter"]["io"] = io_manifest("drafter", "float32", layers)
     return {
-        "format": bundle_mod.FORMAT, "manifest_version": bundle_mod.MANIFEST_VERSION,
+        "format": bundle_mod.FORMAT,
+        "manifest_version": bundle_mod.MANIFEST_VERSION,
         "exporter_version": EXPORTER_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "model": {"family": tc.model_type, "vocab_size": tc.vocab_size, "hidden_size": tc.hidden_size,
-                  "num_layers": tc.num_hidden_layers, "num_heads": tc.num_attention_heads,
-                  "num_kv_heads": tc.num_key_value_heads, "head_dim": tc.head_dim,
-                  "intermediate_size": tc.intermediate_size, "draft_intermediate_size": dc.intermediate_size,
-                  "draft_num_layers": dc.num_hidden_layers, "target_layer_ids": list(dc.target_layer_ids),
-                  "mask_token_id": dc.mask_token_id, "draft_vocab_size": opts.draft_vocab or tc.vocab_size,
-                  "eos_token_ids": list(tc.eos_token_id),
-                  "bos_token_id": tc.bos_token_id, "max_position_embeddings": tc.max_position_embeddings,
-                  **windows, **family(tc.model_type).manifest_fields(tc)},
-        "block_size": opts.block_size, "trained_block_size": dc.block_size,
-        "max_context": opts.max_context, "prefill_chunk": opts.prefill_chunk,
+        "model": {
+            "family": tc.model_type,
+            "vocab_size": tc.vocab_size,
+            "hidden_size": tc.hidden_size,
+            "num_layers": tc.num_hidden_layers,
+            "num_heads": tc.num_attention_heads,
+            "num_kv_heads": tc.num_key_value_heads,
+            "head_dim": tc.head_dim,
+            "intermediate_size": tc.intermediate_size,
+            "draft_intermediate_size": dc.intermediate_size,
+            "draft_num_layers": dc.num_hidden_layers,
+            "target_layer_ids": list(dc.target_layer_ids),
+            "mask_token_id": dc.mask_token_id,
+            "draft_vocab_size": opts.draft_vocab or tc.vocab_size,
+            "eos_token_ids": list(tc.eos_token_id),
+            "bos_token_id": tc.bos_token_id,
+            "max_position_embeddings": tc.max_position_embeddings,
+            **windows,
+            **family(tc.model_type).manifest_fields(tc),
+        },
+        "block_size": opts.block_size,
+        "trained_block_size": dc.block_size,
+        "max_context": opts.max_context,
+        "prefill_chunk": opts.prefill_chunk,
         "kv_cache": {"layout": bundle_mod.KV_LAYOUT, "dtype": "float32", "slack": opts.block_size},
         "shared_weights": {
-            "embed_tokens": ("stored once in shared.onnx.data, referenced by target.onnx and drafter.onnx; the "
-                             "runtime loads it once for both sessions" if shared else
-                             "duplicated: target.onnx and drafter.onnx each hold a copy"),
-            "lm_head": ("tied to embed_tokens" if tc.tie_word_embeddings else "shared like embed_tokens")
-                       + (f"; drafter.onnx holds only the rows of its {opts.draft_vocab}-token draft vocabulary"
-                          if opts.draft_vocab else ""),
-            "tensors": shared},
+            "embed_tokens": (
+                "stored once in shared.onnx.data, referenced by target.onnx and drafter.onnx; the "
+                "runtime loads it once for both sessions"
+                if shared
+                else "duplicated: target.onnx and drafter.onnx each hold a copy"
+            ),
+            "lm_head": (
+                "tied to embed_tokens" if tc.tie_word_embeddings else "shared like embed_tokens"
+            )
+            + (
+                f"; drafter.onnx holds only the rows of its {opts.draft_vocab}-token draft "
+                "vocabulary"
+                if opts.draft_vocab
+                else ""
+            ),
+            "tensors": shared,
+        },
         "graphs": graphs,
         "tokenizer": tok_files,
         "source": sources,
@@ -342,24 +459,33 @@ def _manifest(tc, dc, tok_files, graphs, opts, sources, shared: list[dict]) -> d
 
 
 def _check_only_named_files(root: Path, graphs: dict, tok_files: dict) -> None:
-    """Every file of the bundle is named in its manifest (no exporter leftovers beside the graphs)."""
+    """Every file of the bundle is named in its manifest (no exporter leftovers beside the
+    graphs)."""
     named = {f["path"] for g in graphs.values() for f in g["files"]} | {bundle_mod.MANIFEST}
     named |= {f for f in (tok_files["file"], tok_files["config"]) if f}
     stray = sorted(p.name for p in root.iterdir() if p.name not in named)
     if stray:
-        raise DflashEdgeError(f"export left files no manifest names: {stray[:6]}; this is a bug: please report it")
+        raise DflashEdgeError(
+            f"export left files no manifest names: {stray[:6]}; this is a bug: please report it"
+        )
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> dict:
-    """tokenizer.json + tokenizer_config.json; a chat template saved as chat_template.jinja is folded into the latter."""
-    from dflash_edge.runtime.tokenizer import CHAT_TEMPLATE_FILE
+    """tokenizer.json + tokenizer_config.json; a chat template saved as chat_template.jinja is
+    folded into the latter."""
 
     shutil.copy2(src / "tokenizer.json", dst / "tokenizer.json")
-    config = json.loads((src / "tokenizer_config.json").read_text()) if (src / "tokenizer_config.json").exists() else None
+    config = (
+        json.loads((src / "tokenizer_config.json").read_text())
+        if (src / "tokenizer_config.json").exists()
+        else None
+    )
     if (src / CHAT_TEMPLATE_FILE).is_file() and not (config or {}).get("chat_template"):
         config = {**(config or {}), "chat_template": (src / CHAT_TEMPLATE_FILE).read_text()}
     if config is not None:
         (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     config = None if config is None else "tokenizer_config.json"
-    checksums = [bundle_mod.file_entry(dst, f) for f in ("tokenizer.json", config) if f]    # verified at load
+    checksums = [
+        bundle_mod.file_entry(dst, f) for f in ("tokenizer.json", config) if f
+    ]  # verified at load
     return {"file": "tokenizer.json", "config": config, "checksums": checksums}

@@ -1,26 +1,31 @@
-"""One ONNX graph written node by node with `onnx.helper`; its weights go straight to a `WeightStore`.
+"""One ONNX graph written node by node with `onnx.helper`; its weights go straight to a
+`WeightStore`.
 
-The graph's inputs and outputs come from `runtime/io_tables.py` (names, dtypes, shapes with symbols), so a
-written graph has exactly the I/O contract the runtime, the TensorRT profiles and the tests expect.
+The graph's inputs and outputs come from `runtime/io_tables.py` (names, dtypes, shapes with
+symbols), so a written graph has exactly the I/O contract the runtime, the TensorRT profiles and the
+tests expect.
 
 >>> g = GraphBuilder("drafter", store)                                   # doctest: +SKIP
 >>> y = g.op("MatMul", ["x", g.init("w.T", lambda: w.T)])[0]            # doctest: +SKIP
 >>> g.save(Path("b/drafter.onnx"), dims, opsets={"": 17})               # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
-from dflash_edge.runtime.errors import DflashEdgeError
-from dflash_edge.runtime.io_tables import GRAPHS, expand_specs
-
+from ..runtime.errors import DflashEdgeError
+from ..runtime.io_tables import GRAPHS, expand_specs
+from ..runtime.tensor_file import INLINE_BELOW
 from .weight_format import MS, FormatLog, WeightFormat
 from .weight_store import ONNX_DTYPES, WeightStore
 
-OPSET = 17                    # the portable graphs: standard ONNX ops TensorRT parses
-OPSET_FUSED = 23              # target_fused: RMSNormalization is standard from opset 23 (onnxruntime's fused kernel)
+OPSET = 17  # the portable graphs: standard ONNX ops TensorRT parses
+OPSET_FUSED = (
+    23  # target_fused: RMSNormalization is standard from opset 23 (onnxruntime's fused kernel)
+)
 
 
 class GraphBuilder:
@@ -28,36 +33,48 @@ class GraphBuilder:
 
     def __init__(self, graph: str, store: WeightStore, fmt=None, log=None):
         self.graph, self.store = graph, store
-        self.fmt, self.log = fmt or WeightFormat(), log or FormatLog()    # how weights are stored; what was done
-        self.memo: dict = {}                                              # per-graph shared nodes (block sums)
+        self.fmt, self.log = (
+            fmt or WeightFormat(),
+            log or FormatLog(),
+        )  # how weights are stored; what was done
+        self.memo: dict = {}  # per-graph shared nodes (block sums)
         self.nodes, self.inits, self._n = [], [], 0
         self._consts: dict[tuple, str] = {}
         self._names: set[str] = set()
         store.open_graph(graph)
 
-    def op(self, op_type: str, inputs: list[str], outs: int | list[str] = 1, domain: str = "", **attrs) -> list[str]:
-        """Append a node; `outs`: how many outputs to name automatically, or their names. `attrs`: ONNX attributes."""
+    def op(
+        self, op_type: str, inputs: list[str], outs: int | list[str] = 1, domain: str = "", **attrs
+    ) -> list[str]:
+        """Append a node; `outs`: how many outputs to name automatically, or their names. `attrs`:
+        ONNX attributes."""
         from onnx import helper
 
         self._n += 1
         if isinstance(outs, int):
             outs = [f"{op_type}_{self._n}_{k}" for k in range(outs)]
-        self.nodes.append(helper.make_node(op_type, inputs, outs, name=f"{op_type}_{self._n}", domain=domain, **attrs))
+        self.nodes.append(
+            helper.make_node(
+                op_type, inputs, outs, name=f"{op_type}_{self._n}", domain=domain, **attrs
+            )
+        )
         return outs
 
     def init(self, name: str, make, shared: str | None = None) -> str:
-        """An initializer: `make` (array or function returning one) is only evaluated if `name` is not stored yet;
-        a name this graph already holds is referenced again (one initializer per name)."""
+        """An initializer: `make` (array or function returning one) is only evaluated if `name` is
+        not stored yet; a name this graph already holds is referenced again (one initializer per
+        name)."""
         if name in self._names:
             return name
         self._names.add(name)
-        if self.fmt.precision == "fp16":               # stored as float16; the converter at `save` does the rest
+        if self.fmt.precision == "fp16":  # stored as float16; the converter at `save` does the rest
             make = _half(make, name)
         self.inits.append(self.store.tensor(self.graph, name, make, shared))
         return name
 
     def const(self, values, dtype=np.int64) -> str:
-        """A small constant (shape vector, axes, scalar when `values` is a number), created once per value."""
+        """A small constant (shape vector, axes, scalar when `values` is a number), created once per
+        value."""
         array = np.asarray(values, dtype)
         key = (array.dtype.str, array.shape, array.tobytes())
         if key not in self._consts:
@@ -68,24 +85,37 @@ class GraphBuilder:
         return self.const(value, np.float32)
 
     def save(self, out: Path, dims: dict[str, int], opsets: dict[str, int]) -> Path:
-        """Write the graph (I/O from io_tables, fixed symbols resolved from `dims`) to `out`; weights are already stored."""
+        """Write the graph (I/O from io_tables, fixed symbols resolved from `dims`) to `out`;
+        weights are already stored."""
         import onnx
         from onnx import helper
 
         spec = GRAPHS[self.graph]
 
-        def value_info(side):            # dynamic symbols (T, S, C, Smax) stay named dims
-            return [helper.make_tensor_value_info(t.name, ONNX_DTYPES["float32" if t.dtype == "kv" else t.dtype],
-                                                  [int(d) if d.isdigit() else dims.get(d, d) for d in t.shape])
-                    for t in expand_specs(spec[side], dims)]
+        def value_info(side):  # dynamic symbols (T, S, C, Smax) stay named dims
+            return [
+                helper.make_tensor_value_info(
+                    t.name,
+                    ONNX_DTYPES["float32" if t.dtype == "kv" else t.dtype],
+                    [int(d) if d.isdigit() else dims.get(d, d) for d in t.shape],
+                )
+                for t in expand_specs(spec[side], dims)
+            ]
 
-        graph = helper.make_graph(self.nodes, self.graph, value_info("inputs"), value_info("outputs"), self.inits)
-        if any(n.domain == MS for n in self.nodes):        # low-bit weights: MatMulNBits / GatherBlockQuantized
+        graph = helper.make_graph(
+            self.nodes, self.graph, value_info("inputs"), value_info("outputs"), self.inits
+        )
+        if any(
+            n.domain == MS for n in self.nodes
+        ):  # low-bit weights: MatMulNBits / GatherBlockQuantized
             opsets = {MS: 1, **opsets}
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
-                                  producer_name="dflash-edge")
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
+            producer_name="dflash-edge",
+        )
         if self.fmt.precision == "fp16":
-            from dflash_edge.models.float16_graph import convert
+            from ..models.float16_graph import convert
 
             convert(model)
         onnx.save_model(model, str(out))
@@ -93,9 +123,8 @@ class GraphBuilder:
 
 
 def _half(make, name: str):
-    """`make` with float32 weights of INLINE_BELOW bytes or more cast to float16 (smaller ones stay inline in the
-    proto, where the float16 converter casts them itself)."""
-    from dflash_edge.runtime.tensor_file import INLINE_BELOW
+    """`make` with float32 weights of INLINE_BELOW bytes or more cast to float16 (smaller ones stay
+    inline in the proto, where the float16 converter casts them itself)."""
 
     def made():
         array = make() if callable(make) else make
@@ -103,7 +132,10 @@ def _half(make, name: str):
             return array
         peak = float(np.abs(array).max(initial=0.0))
         if not peak <= float(np.finfo(np.float16).max):
-            raise DflashEdgeError(f"weight {name} holds {peak:.3g}, beyond float16's range (65,504): it cannot be "
-                                  f"stored in fp16; export with --precision fp32, int8 or int4")
+            raise DflashEdgeError(
+                f"weight {name} holds {peak:.3g}, beyond float16's range (65,504): it cannot be "
+                f"stored in fp16; export with --precision fp32, int8 or int4"
+            )
         return array.astype(np.float16)
+
     return made

@@ -2,21 +2,23 @@
 
 onnxruntime's CPU GroupQueryAttention keeps its cache as int8 with one static scale per channel
 (`k_quant_type` / `v_quant_type` PER_CHANNEL, `kv_cache_bit_width` 8, `k_scale` / `v_scale` of shape
-[Hkv * D]): each new K/V row is stored as clip(rint(x / scale), -128, 127) and attention reads the cache
-dequantised. Two measured facts make it worth having on CPU (docs/BENCHMARKS.md, "Fused attention"):
-attention over 1,800 cached positions costs ~half of the fp32 cache's, and a decode row (T = 1) equals
-the same row of a verify block bit for bit without the fp32 graph's zero pad row, so the pad is removed.
+[Hkv * D]): each new K/V row is stored as clip(rint(x / scale), -128, 127) and attention reads the
+cache dequantised. Two measured facts make it worth having on CPU (docs/BENCHMARKS.md, "Fused
+attention"): attention over 1,800 cached positions costs ~half of the fp32 cache's, and a decode row
+(T = 1) equals the same row of a verify block bit for bit without the fp32 graph's zero pad row, so
+the pad is removed.
 
 The exporter calibrates it on the graph it has just written, in its temp folder (write_int8_cache).
-Scales come from the bundle's own fused target run with its fp32 cache over held-out text: the largest
-|K| / |V| per layer and channel (post-rotary K, as the cache holds it) times `margin`, over 127.
-Losslessness stays against the bundle's own target: decode and verify read the same int8 cache.
+Scales come from the bundle's own fused target run with its fp32 cache over held-out text: the
+largest |K| / |V| per layer and channel (post-rotary K, as the cache holds it) times `margin`, over
+127. Losslessness stays against the bundle's own target: decode and verify read the same int8 cache.
 
 `calibrate` returns two [L, Hkv * D] arrays; `int8_cache_graph` rewrites the proto in place:
 
 >>> k, v = calibrate(gen, texts)                       # doctest: +SKIP
 >>> info = int8_cache_graph(model, k, v)               # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import time
@@ -24,14 +26,17 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_edge.data import read_prompts
-from dflash_edge.runtime.bundle import file_entry, read_bundle
-from dflash_edge.runtime.errors import DflashEdgeError
-from dflash_edge.runtime.io_tables import io_manifest
+from ..data import read_prompts
+from ..runtime import Generator
+from ..runtime.bundle import file_entry, read_bundle
+from ..runtime.errors import DflashEdgeError
+from ..runtime.io_tables import io_manifest
 
 KV_CACHES = ("fp32", "int8")
 GQA = "GroupQueryAttention"
-MARGIN = 1.25         # scale = margin * max|x| / 127 over the calibration text (0.8 / 1.0 / 1.25 measured: docs/BENCHMARKS.md)
+# scale = margin * max|x| / 127 over the calibration text (0.8 / 1.0 / 1.25 measured:
+# docs/BENCHMARKS.md)
+MARGIN = 1.25
 
 
 class KVCacheError(DflashEdgeError, ValueError):
@@ -45,16 +50,19 @@ def check_kv_cache(name: str) -> str:
 
 
 def graph_kv_cache(entry: dict) -> str:
-    """The cache a manifest graph entry runs with: "int8" when quantised, else "fp32" (the bundle's dtype)."""
+    """The cache a manifest graph entry runs with: "int8" when quantised, else "fp32" (the bundle's
+    dtype)."""
     return "int8" if entry.get("kv_cache", {}).get("dtype") == "int8" else "fp32"
 
 
 def check_request(precision: str, kv_cache: str) -> None:
     """A KVCacheError (naming the fix) when an int8 cache cannot go with a `precision` target."""
     if check_kv_cache(kv_cache) == "int8" and precision == "fp16":
-        raise KVCacheError("--kv-cache int8 needs an fp32, int8 or int4 target: the fp16 fused "
-                           "graph casts its cache at the graph's edge (it is meant for GPU "
-                           "providers); pass --kv-cache fp32 or another --precision")
+        raise KVCacheError(
+            "--kv-cache int8 needs an fp32, int8 or int4 target: the fp16 fused "
+            "graph casts its cache at the graph's edge (it is meant for GPU "
+            "providers); pass --kv-cache fp32 or another --precision"
+        )
 
 
 def teacher_forced_logits(gen, ids: list[int], rows: slice) -> np.ndarray:
@@ -62,31 +70,31 @@ def teacher_forced_logits(gen, ids: list[int], rows: slice) -> np.ndarray:
     predicts i+1)."""
     size, n = gen.prefill_chunk, len(ids)
     step = gen.target.steps[size]
-    out = np.empty((n, step["logits"].shape[-1]), np.float32)        # [n, V]
+    out = np.empty((n, step["logits"].shape[-1]), np.float32)  # [n, V]
     for start in range(0, n, size):
-        chunk = ids[start:start + size]
-        step["input_ids"][0, :len(chunk)] = chunk
-        step["input_ids"][0, len(chunk):] = chunk[-1]        # last chunk's padding: causal, ignored
+        chunk = ids[start : start + size]
+        step["input_ids"][0, : len(chunk)] = chunk
+        step["input_ids"][0, len(chunk) :] = chunk[-1]  # last chunk's padding: causal, ignored
         gen.target.forward(size, start)
-        out[start:start + len(chunk)] = step["logits"][0, :len(chunk)]
+        out[start : start + len(chunk)] = step["logits"][0, : len(chunk)]
     gen.target.kv.pos = 0
     return out[rows]
 
 
 def calibrate(gen, texts: list[list[int]], margin: float = MARGIN) -> tuple[np.ndarray, np.ndarray]:
-    """Per layer and channel scales (k, v), each [L, Hkv * D], from `gen`'s fused target on `texts` (token ids).
+    """Per layer and channel scales (k, v), each [L, Hkv * D], from `gen`'s fused target on `texts`
+    (token ids).
 
-    `gen` is a Generator on the fused target with an fp32 cache; each text is run in prefill chunks and
-    the rows it wrote are read back from the cache (`LayerKV`: [L, Hkv, capacity, D]).
-    """
+    `gen` is a Generator on the fused target with an fp32 cache; each text is run in prefill chunks
+    and the rows it wrote are read back from the cache (`LayerKV`: [L, Hkv, capacity, D])."""
     kv = gen.target.kv
     layers, heads, _, dim = kv.key.array.shape
-    peak = [np.zeros((layers, heads, dim), np.float32) for _ in range(2)]          # max |K|, max |V|
+    peak = [np.zeros((layers, heads, dim), np.float32) for _ in range(2)]  # max |K|, max |V|
     for ids in texts:
         ids = ids[: kv.capacity - gen.prefill_chunk]
         teacher_forced_logits(gen, ids, slice(0, 0))
         for acc, buf in zip(peak, (kv.key.array, kv.value.array)):
-            np.maximum(acc, np.abs(buf[:, :, : len(ids)]).max(axis=2), out=acc)   # [L, Hkv, D]
+            np.maximum(acc, np.abs(buf[:, :, : len(ids)]).max(axis=2), out=acc)  # [L, Hkv, D]
     tiny = np.finfo(np.float32).tiny
     return tuple(np.maximum(p * margin / 127.0, tiny).reshape(layers, heads * dim) for p in peak)
 
@@ -100,19 +108,30 @@ def _consumers(graph) -> dict[str, list]:
 
 
 def _drop_pad_row(graph, node, producers: dict, users: dict) -> None:
-    """Concat(qkv, zero row) -> GQA -> Slice(rows 0:-1), lengths + 1  becomes  qkv -> GQA, lengths as given."""
+    """Concat(qkv, zero row) -> GQA -> Slice(rows 0:-1), lengths + 1  becomes  qkv -> GQA, lengths
+    as given."""
     concat = producers.get(node.input[0])
     slices = users.get(node.output[0], [])
-    if concat is None or concat.op_type != "Concat" or len(slices) != 1 or slices[0].op_type != "Slice":
-        raise KVCacheError(f"{node.name or node.output[1]}: the fused target's attention is not the "
-                            f"pad-row form this quantiser rewrites; re-export the bundle with this version")
+    if (
+        concat is None
+        or concat.op_type != "Concat"
+        or len(slices) != 1
+        or slices[0].op_type != "Slice"
+    ):
+        raise KVCacheError(
+            f"{node.name or node.output[1]}: the fused target's attention is not the "
+            f"pad-row form this quantiser rewrites; re-export the bundle with this version"
+        )
     node.input[0] = concat.input[0]
-    node.output[0] = slices[0].output[0]                     # the o_proj reads what the Slice produced
+    node.output[0] = slices[0].output[0]  # the o_proj reads what the Slice produced
     graph.node.remove(slices[0])
     for slot, graph_input in ((5, "seqlens_k"), (6, "total_sequence_length")):
         add = producers.get(node.input[slot])
         if add is None or add.op_type != "Add" or graph_input not in add.input:
-            raise KVCacheError(f"{node.output[1]}: lengths input {slot} is not {graph_input} + 1; re-export the bundle")
+            raise KVCacheError(
+                f"{node.output[1]}: lengths input {slot} is not {graph_input} + 1; re-export the "
+                "bundle"
+            )
         node.input[slot] = graph_input
 
 
@@ -134,7 +153,8 @@ def _prune(graph) -> int:
 
 
 def int8_cache_graph(model, k_scales: np.ndarray, v_scales: np.ndarray) -> dict:
-    """Rewrite a fused target proto (loaded without its external data) for an int8 cache; returns its info."""
+    """Rewrite a fused target proto (loaded without its external data) for an int8 cache; returns
+    its info."""
     from onnx import TensorProto, helper, numpy_helper
 
     graph = model.graph
@@ -142,30 +162,51 @@ def int8_cache_graph(model, k_scales: np.ndarray, v_scales: np.ndarray) -> dict:
     users = _consumers(graph)
     nodes = [n for n in graph.node if n.op_type == GQA]
     if len(nodes) != len(k_scales):
-        raise KVCacheError(f"the fused target has {len(nodes)} {GQA} nodes but {len(k_scales)} layers were "
-                            f"calibrated; re-export the bundle")
+        raise KVCacheError(
+            f"the fused target has {len(nodes)} {GQA} nodes but {len(k_scales)} layers were "
+            f"calibrated; re-export the bundle"
+        )
     if any(a.name == "kv_cache_bit_width" for n in nodes for a in n.attribute):
-        raise KVCacheError("the fused target's cache is already quantised; quantise the fp32 bundle instead")
+        raise KVCacheError(
+            "the fused target's cache is already quantised; quantise the fp32 bundle instead"
+        )
     for node in nodes:
-        i = int(node.output[1].rsplit(".", 1)[1])                       # present_key.{i}
+        i = int(node.output[1].rsplit(".", 1)[1])  # present_key.{i}
         _drop_pad_row(graph, node, producers, users)
-        graph.initializer.extend([numpy_helper.from_array(k_scales[i].astype(np.float32), f"kv.k_scale.{i}"),
-                                  numpy_helper.from_array(v_scales[i].astype(np.float32), f"kv.v_scale.{i}")])
-        inputs = list(node.input) + [""] * (12 - len(node.input))     # position_ids, attention_bias, head_sink
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(k_scales[i].astype(np.float32), f"kv.k_scale.{i}"),
+                numpy_helper.from_array(v_scales[i].astype(np.float32), f"kv.v_scale.{i}"),
+            ]
+        )
+        inputs = list(node.input) + [""] * (
+            12 - len(node.input)
+        )  # position_ids, attention_bias, head_sink
         del node.input[:]
         node.input.extend([*inputs[:12], f"kv.k_scale.{i}", f"kv.v_scale.{i}"])
-        node.attribute.extend([helper.make_attribute("k_quant_type", "PER_CHANNEL"),
-                               helper.make_attribute("v_quant_type", "PER_CHANNEL"),
-                               helper.make_attribute("kv_cache_bit_width", 8)])
+        node.attribute.extend(
+            [
+                helper.make_attribute("k_quant_type", "PER_CHANNEL"),
+                helper.make_attribute("v_quant_type", "PER_CHANNEL"),
+                helper.make_attribute("kv_cache_bit_width", 8),
+            ]
+        )
     for value in [*graph.input, *graph.output]:
         if value.name.startswith(("past_key.", "past_value.", "present_key.", "present_value.")):
             value.type.tensor_type.elem_type = TensorProto.INT8
     removed = _prune(graph)
-    return {"dtype": "int8", "quant": "per_channel", "bits": 8, "pad_rows": 0, "nodes_removed": removed}
+    return {
+        "dtype": "int8",
+        "quant": "per_channel",
+        "bits": 8,
+        "pad_rows": 0,
+        "nodes_removed": removed,
+    }
 
 
 def calibration_texts(gen, prompts: list[str], count: int, new_tokens: int) -> list[list[int]]:
-    """The last `count` prompts (the quality report reads from the first) with the target's greedy replies."""
+    """The last `count` prompts (the quality report reads from the first) with the target's greedy
+    replies."""
     texts = []
     for prompt in prompts[-count:]:
         ids = gen.encode(prompt)
@@ -181,20 +222,31 @@ def load_prompts(spec: str | Path | None) -> list[str]:
         raise KVCacheError(str(err)) from err
 
 
-def write_int8_cache(root, manifest: dict, prompts: list[str], *, count: int = 16,
-                     new_tokens: int = 96, margin: float = MARGIN, threads: int = 0) -> dict:
+def write_int8_cache(
+    root,
+    manifest: dict,
+    prompts: list[str],
+    *,
+    count: int = 16,
+    new_tokens: int = 96,
+    margin: float = MARGIN,
+    threads: int = 0,
+) -> dict:
     """Give bundle `root`'s fused target (fp32 cache) an int8 cache in place; returns its new entry.
 
     `root` is a bundle being written (the exporter's temp folder), `manifest` its manifest.
     """
     import onnx
 
-    from dflash_edge.runtime import Generator
-
     root, t = Path(root), time.perf_counter()
     entry = manifest["graphs"]["target_fused"]
-    gen = Generator.load(read_bundle(root, verify=False), target_graph="target_fused",
-                         threads=threads, use_tuned=False, drafter=False)   # the target alone
+    gen = Generator.load(
+        read_bundle(root, verify=False),
+        target_graph="target_fused",
+        threads=threads,
+        use_tuned=False,
+        drafter=False,
+    )  # the target alone
     texts = calibration_texts(gen, prompts, count, new_tokens)
     k_scales, v_scales = calibrate(gen, texts, margin)
     del gen
@@ -204,8 +256,14 @@ def write_int8_cache(root, manifest: dict, prompts: list[str], *, count: int = 1
     tmp = path.with_name(path.name + ".tmp")
     onnx.save(model, str(tmp))
     tmp.replace(path)
-    calibration = {"prompts": len(texts), "positions": sum(map(len, texts)),
-                   "seconds": round(time.perf_counter() - t, 1)}
-    return {**entry, "files": [file_entry(root, entry["files"][0]["path"]), *entry["files"][1:]],
-            "io": io_manifest("target_fused", "int8"),
-            "kv_cache": {**info, "margin": margin, "calibration": calibration}}
+    calibration = {
+        "prompts": len(texts),
+        "positions": sum(map(len, texts)),
+        "seconds": round(time.perf_counter() - t, 1),
+    }
+    return {
+        **entry,
+        "files": [file_entry(root, entry["files"][0]["path"]), *entry["files"][1:]],
+        "io": io_manifest("target_fused", "int8"),
+        "kv_cache": {**info, "margin": margin, "calibration": calibration},
+    }

@@ -1,21 +1,28 @@
-"""Parity at export: each ONNX graph in onnxruntime (CPU) against the torch reference on real inputs.
+"""Parity at export: each ONNX graph in onnxruntime (CPU) against the torch reference on real
+inputs.
 
-The graphs run first, one session at a time (no pre-packed weight copies, external data memory-mapped),
-their outputs are kept (small: a prompt's logits), the sessions are dropped, and only then does the torch
-reference run on the very same inputs (`reference`, a callable: export/sources.reference, the layer-streamed
-torch models of models/graphs.py), so the two never hold the weights at the same time.
+The graphs run first, one session at a time (no pre-packed weight copies, external data
+memory-mapped), their outputs are kept (small: a prompt's logits), the sessions are dropped, and
+only then does the torch reference run on the very same inputs (`reference`, a callable:
+export/sources.reference, the layer-streamed torch models of models/graphs.py), so the two never
+hold the weights at the same time.
 
->>> report = check_graphs(paths, Probe(prompt_ids, block=16, mask_id=5, dims=dims), reference)  # doctest: +SKIP
+>>> probe = Probe(prompt_ids, block=16, mask_id=5, dims=dims)  # doctest: +SKIP
+>>> report = check_graphs(paths, probe, reference)  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
+import os
+import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 
-from dflash_edge.runtime.errors import DflashEdgeError
-from dflash_edge.runtime.io_tables import GRAPHS, expand_specs
+from ..runtime.errors import DflashEdgeError
+from ..runtime.io_tables import GRAPHS, expand_specs
+from ..runtime.memory import release_free_memory
 
 
 class ParityError(DflashEdgeError):
@@ -24,33 +31,44 @@ class ParityError(DflashEdgeError):
 
 @dataclass(frozen=True)
 class Tolerance:
-    logits: float = 1e-3        # max abs diff (relative to the reference's max |logit| when logits_relative)
-    hidden: float = 1e-4        # relative to the reference's max |value| (hidden states carry outliers ~1e3)
-    kv: float = 1e-4            # relative, likewise
+    logits: float = (
+        1e-3  # max abs diff (relative to the reference's max |logit| when logits_relative)
+    )
+    hidden: float = (
+        1e-4  # relative to the reference's max |value| (hidden states carry outliers ~1e3)
+    )
+    kv: float = 1e-4  # relative, likewise
     argmax_agreement: float = 1.0
     logits_relative: bool = False
 
 
 def tolerance_for(precision: str, accuracy_level: int, recurrent: bool = False) -> Tolerance:
-    """Bounds against the reference on the bundle's own (dequantised) weights. fp32 arithmetic keeps the fp32
-    bounds (fp32, and MatMulNBits at level 0); fp16 rounds every activation; MatMulNBits at level 4 rounds every
-    matmul input to int8 per block of 32, which moves SmolLM2's logits by up to ~2.4 and flips ~6% of its
-    near-tied argmaxes (docs/BENCHMARKS.md, "Exact low-bit imports"): there the argmaxes must still mostly agree,
-    the logits, hidden states and K/V stay within 35%, 5% and 15% of their scale."""
+    """Bounds against the reference on the bundle's own (dequantised) weights. fp32 arithmetic keeps
+    the fp32 bounds (fp32, and MatMulNBits at level 0); fp16 rounds every activation; MatMulNBits at
+    level 4 rounds every matmul input to int8 per block of 32, which moves SmolLM2's logits by up to
+    ~2.4 and flips ~6% of its near-tied argmaxes (docs/BENCHMARKS.md, "Exact low-bit imports"):
+    there the argmaxes must still mostly agree, the logits, hidden states and K/V stay within 35%,
+    5% and 15% of their scale."""
     if precision == "fp32" or (precision in ("int4", "int8") and accuracy_level == 0):
         return Tolerance()
     if precision == "fp16":
         return Tolerance(logits=0.5, hidden=5e-2, kv=5e-2, argmax_agreement=0.9)
     # a hybrid target's linear layers carry the rounding through their recurrent state into the full
     # layers' K/V: 16% of scale on tests/test_qwen3_5.py's tiny model (at level 0: within 1e-4)
-    return Tolerance(logits=0.35, hidden=5e-2, kv=0.25 if recurrent else 0.15,
-                     argmax_agreement=0.85, logits_relative=True)
+    return Tolerance(
+        logits=0.35,
+        hidden=5e-2,
+        kv=0.25 if recurrent else 0.15,
+        argmax_agreement=0.85,
+        logits_relative=True,
+    )
 
 
 @dataclass(frozen=True)
 class Probe:
     """The parity inputs: a real (chat-encoded) prompt, the block size, the mask id and the KV dims
     (`dims`: L, Ld, Hkv, D)."""
+
     prompt_ids: list[int]
     block: int
     mask_id: int
@@ -67,8 +85,12 @@ _DRAFTER_IN = io_names("drafter", "inputs")
 # the hybrid target's outputs compared with the reference (its state rows are checked through the
 # next call's logits: models/linear_attention.py keeps no per-token rows to compare them with)
 _HYBRID_OUT = ("logits", "next_ids", "new_key", "new_value")
-_OUTPUTS = {"target": io_names("target", "outputs"), "drafter": io_names("drafter", "outputs"),
-            "target_fused": io_names("target", "outputs"), "target_hybrid": _HYBRID_OUT}
+_OUTPUTS = {
+    "target": io_names("target", "outputs"),
+    "drafter": io_names("drafter", "outputs"),
+    "target_fused": io_names("target", "outputs"),
+    "target_hybrid": _HYBRID_OUT,
+}
 
 
 def _session(path):
@@ -76,15 +98,22 @@ def _session(path):
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    if not _low_bit(path):     # no second (packed) copy of each float weight; MatMulNBits without its packed
-        opts.add_session_config_entry("session.disable_prepacking", "1")    # copy repacks per call, and holds more
+    if not _low_bit(
+        path
+    ):  # no second (packed) copy of each float weight; MatMulNBits without its packed
+        opts.add_session_config_entry(
+            "session.disable_prepacking", "1"
+        )  # copy repacks per call, and holds more
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
 def _low_bit(path) -> bool:
     import onnx
 
-    return any(n.op_type == "MatMulNBits" for n in onnx.load(str(path), load_external_data=False).graph.node)
+    return any(
+        n.op_type == "MatMulNBits"
+        for n in onnx.load(str(path), load_external_data=False).graph.node
+    )
 
 
 def _run(session, feeds: tuple, names: tuple[str, ...]) -> tuple:
@@ -92,27 +121,28 @@ def _run(session, feeds: tuple, names: tuple[str, ...]) -> tuple:
 
 
 def _owned(outputs) -> tuple:
-    """Copies of a session's outputs: an output array lives in its session's memory arena, and keeping one would
-    keep the whole arena (0.7 GB of a Qwen3-Coder-30B-A3B slice's expert buffers) after the session is dropped."""
+    """Copies of a session's outputs: an output array lives in its session's memory arena, and
+    keeping one would keep the whole arena (0.7 GB of a Qwen3-Coder-30B-A3B slice's expert buffers)
+    after the session is dropped."""
     return tuple(None if o is None else np.array(o) for o in outputs)
 
 
 def run_graphs(paths: dict, probe: Probe) -> tuple[dict, dict]:
-    """(inputs, onnxruntime outputs), graph -> one tuple per case: a prefill and a verify-shaped call of the
-    target (on the prefill's K/V), two drafts (`drafter_cases`); the fused target steps through both."""
-    from dflash_edge.runtime.memory import release_free_memory
+    """(inputs, onnxruntime outputs), graph -> one tuple per case: a prefill and a verify-shaped
+    call of the target (on the prefill's K/V), two drafts (`drafter_cases`); the fused target steps
+    through both."""
 
     if "target_hybrid" in paths:
         inputs, got, features, last = run_hybrid(_session(paths["target_hybrid"]), probe)
     else:
         inputs, got, features, last = _run_target(_session(paths["target"]), probe)
-    release_free_memory()       # the dropped session's heap back to the OS before the next one is built
-    block = np.array([[last] + [probe.mask_id] * (probe.block - 1)], np.int64)     # [1, B]
+    release_free_memory()  # the dropped session's heap back to the OS before the next one is built
+    block = np.array([[last] + [probe.mask_id] * (probe.block - 1)], np.int64)  # [1, B]
     session = _session(paths["drafter"])
     inputs["drafter"], got["drafter"] = drafter_cases(session, block, features)
     del session
     release_free_memory()
-    if "target_fused" in paths:                    # the same target cases, step after step over its own buffers
+    if "target_fused" in paths:  # the same target cases, step after step over its own buffers
         steps = [(f[0], int(f[1][0])) for f in inputs["target"]]
         got["target_fused"] = run_fused(_session(paths["target_fused"]), steps)
         release_free_memory()
@@ -123,12 +153,16 @@ def _run_target(session, probe: Probe) -> tuple[dict, dict, np.ndarray, int]:
     """The portable target's cases: a prefill from an empty cache, then a verify-shaped call on
     its K/V; (inputs, outputs, the prefill's context features, its last greedy token)."""
     prompt, d = probe.prompt_ids, probe.dims
-    empty = np.zeros((0, d["L"], d["Hkv"], d["D"]), np.float32)          # [S=0, L, Hkv, D]
+    empty = np.zeros((0, d["L"], d["Hkv"], d["D"]), np.float32)  # [S=0, L, Hkv, D]
     prefill_in = (np.array([prompt], np.int64), np.array([0], np.int64), empty, empty)
     prefill = _run(session, prefill_in, _TARGET_IN)
     last = int(prefill[1][0, -1])
-    verify_in = (np.array([[last] + prompt[:probe.block - 1]], np.int64),
-                 np.array([len(prompt)], np.int64), prefill[3], prefill[4])
+    verify_in = (
+        np.array([[last] + prompt[: probe.block - 1]], np.int64),
+        np.array([len(prompt)], np.int64),
+        prefill[3],
+        prefill[4],
+    )
     got = [prefill, _run(session, verify_in, _TARGET_IN)]
     return {"target": [prefill_in, verify_in]}, {"target": got}, prefill[2], last
 
@@ -140,52 +174,84 @@ def run_hybrid(session, probe: Probe) -> tuple[dict, dict, np.ndarray, int]:
     names = io_names("target_hybrid", "inputs")
     outputs = [o.name for o in session.get_outputs()]
     shapes = {i.name: i.shape for i in session.get_inputs()}
-    feeds = {n: np.zeros([0 if isinstance(s, str) else s for s in shapes[n]], np.float32)
-             for n in names if n not in ("input_ids", "start", "kept")}    # S = Tp = 0; zero states
+    feeds = {
+        n: np.zeros([0 if isinstance(s, str) else s for s in shapes[n]], np.float32)
+        for n in names
+        if n not in ("input_ids", "start", "kept")
+    }  # S = Tp = 0; zero states
     prompt, cases, got = probe.prompt_ids, [], []
     calls = [(prompt, 0)]
     for step in range(2):
         ids, start = calls[step]
-        case = {**feeds, "input_ids": np.array([ids], np.int64),
-                "start": np.array([start], np.int64),
-                "kept": np.array([len(calls[step - 1][0]) if step else 0], np.int64)}
+        case = {
+            **feeds,
+            "input_ids": np.array([ids], np.int64),
+            "start": np.array([start], np.int64),
+            "kept": np.array([len(calls[step - 1][0]) if step else 0], np.int64),
+        }
         out = dict(zip(outputs, _owned(session.run(None, case))))
         cases.append(tuple(case[n] for n in names))
         got.append(tuple(out[n] for n in _HYBRID_OUT))
-        feeds = {"past_key": np.concatenate([case["past_key"], out["new_key"]]),
-                 "past_value": np.concatenate([case["past_value"], out["new_value"]]),
-                 "conv_base": out["conv_start"], "rec_base": out["rec_start"],
-                 "prev_qkv": out["qkv"], "prev_k": out["delta_k"], "prev_u": out["delta_u"],
-                 "prev_decay": out["decay"]}
+        feeds = {
+            "past_key": np.concatenate([case["past_key"], out["new_key"]]),
+            "past_value": np.concatenate([case["past_value"], out["new_value"]]),
+            "conv_base": out["conv_start"],
+            "rec_base": out["rec_start"],
+            "prev_qkv": out["qkv"],
+            "prev_k": out["delta_k"],
+            "prev_u": out["delta_u"],
+            "prev_decay": out["decay"],
+        }
         if step == 0:
             features, last = out["hidden"], int(out["next_ids"][0, -1])
-            calls.append(([last] + prompt[:probe.block - 1], len(prompt)))
+            calls.append(([last] + prompt[: probe.block - 1], len(prompt)))
     return {"target_hybrid": cases}, {"target_hybrid": got}, features, last
 
 
-def drafter_cases(session, block: np.ndarray, features: np.ndarray) -> tuple[list[tuple], list[tuple]]:
-    """(inputs, outputs) of two drafter calls: the whole prompt's `features` [1, n, N] from an empty cache, then
-    its last third again on the first call's cached K/V (so cached rows, and a sliding layer's window of the W-1
-    positions before `start`, are checked too). Tuples in the order of `_DRAFTER_IN` / `_OUTPUTS["drafter"]`,
-    None where the graph has no such tensor (a drafter without sliding layers, or without full ones); cache
-    shapes come from the graph's own inputs."""
+def drafter_cases(
+    session, block: np.ndarray, features: np.ndarray
+) -> tuple[list[tuple], list[tuple]]:
+    """(inputs, outputs) of two drafter calls: the whole prompt's `features` [1, n, N] from an empty
+    cache, then its last third again on the first call's cached K/V (so cached rows, and a sliding
+    layer's window of the W-1 positions before `start`, are checked too). Tuples in the order of
+    `_DRAFTER_IN` / `_OUTPUTS["drafter"]`, None where the graph has no such tensor (a drafter
+    without sliding layers, or without full ones); cache shapes come from the graph's own inputs."""
     shapes = {i.name: i.shape for i in session.get_inputs()}
     outputs = [o.name for o in session.get_outputs()]
 
     def run(feeds: tuple) -> tuple:
-        got = dict(zip(outputs, _owned(session.run(None, {n: f for n, f in zip(_DRAFTER_IN, feeds) if f is not None}))))
+        got = dict(
+            zip(
+                outputs,
+                _owned(
+                    session.run(None, {n: f for n, f in zip(_DRAFTER_IN, feeds) if f is not None})
+                ),
+            )
+        )
         return tuple(got.get(n) for n in _OUTPUTS["drafter"])
 
     caches = _DRAFTER_IN[3:]
-    empty = {n: np.zeros((0, *shapes[n][1:]) if n.startswith("past") else shapes[n], np.float32)
-             for n in caches if n in shapes}                  # no past rows; W-1 empty window rows
+    empty = {
+        n: np.zeros((0, *shapes[n][1:]) if n.startswith("past") else shapes[n], np.float32)
+        for n in caches
+        if n in shapes
+    }  # no past rows; W-1 empty window rows
     first = (block, features, np.array([0], np.int64), *(empty.get(n) for n in caches))
     out = run(first)
-    new = dict(zip(caches, out[1:]))                          # past_key <- new_key, window_key <- new_window_key
+    new = dict(zip(caches, out[1:]))  # past_key <- new_key, window_key <- new_window_key
     split = features.shape[1] - max(1, features.shape[1] // 3)
-    kept = {n: new[n][:split] if n.startswith("past") else np.concatenate([empty[n], new[n][:split]])[split:]
-            for n in empty}                                   # windows: the W-1 rows before `split`
-    second = (block, features[:, split:], np.array([split], np.int64), *(kept.get(n) for n in caches))
+    kept = {
+        n: new[n][:split]
+        if n.startswith("past")
+        else np.concatenate([empty[n], new[n][:split]])[split:]
+        for n in empty
+    }  # windows: the W-1 rows before `split`
+    second = (
+        block,
+        features[:, split:],
+        np.array([split], np.int64),
+        *(kept.get(n) for n in caches),
+    )
     return [first, second], [out, run(second)]
 
 
@@ -193,15 +259,17 @@ _FUSED_IN = io_names("target_fused", "inputs")
 
 
 def run_fused(session, steps) -> list[tuple]:
-    """The fused target over head-major buffers [1, Hkv, Smax, D], step after step: per step (logits,
-    next_ids, hidden, new_key [T, L, Hkv, D], new_value) read back from the rows it wrote."""
+    """The fused target over head-major buffers [1, Hkv, Smax, D], step after step: per step
+    (logits, next_ids, hidden, new_key [T, L, Hkv, D], new_value) read back from the rows it
+    wrote."""
     shapes = {i.name: i.shape for i in session.get_inputs()}
     layers = sum(name.startswith("past_key.") for name in shapes)
     kv_heads, head_dim = shapes["past_key.0"][1], shapes["past_key.0"][3]
-    capacity = max(start + ids.shape[1] for ids, start in steps) + 1            # + the slot of its pad row
-    per_layer = expand_specs(GRAPHS["target_fused"]["inputs"], {"L": layers})[len(_FUSED_IN) - 2:]
-    cache = {spec.name: np.zeros((1, kv_heads, capacity, head_dim), np.float32)
-             for spec in per_layer}
+    capacity = max(start + ids.shape[1] for ids, start in steps) + 1  # + the slot of its pad row
+    per_layer = expand_specs(GRAPHS["target_fused"]["inputs"], {"L": layers})[len(_FUSED_IN) - 2 :]
+    cache = {
+        spec.name: np.zeros((1, kv_heads, capacity, head_dim), np.float32) for spec in per_layer
+    }
     names = [o.name for o in session.get_outputs()]
     outs = []
     for ids, start in steps:
@@ -209,45 +277,71 @@ def run_fused(session, steps) -> list[tuple]:
         lengths = (np.array([start + num_new - 1], np.int32), np.array(start + num_new, np.int32))
         feeds = {**dict(zip(_FUSED_IN[1:3], lengths)), _FUSED_IN[0]: ids, **cache}
         out = dict(zip(names, _owned(session.run(None, feeds))))
-        rows = [np.stack([out[f"present_{kv}.{i}"][0, :, start:start + num_new].transpose(1, 0, 2)
-                          for i in range(layers)], axis=1) for kv in ("key", "value")]    # [T, L, Hkv, D]
+        rows = [
+            np.stack(
+                [
+                    out[f"present_{kv}.{i}"][0, :, start : start + num_new].transpose(1, 0, 2)
+                    for i in range(layers)
+                ],
+                axis=1,
+            )
+            for kv in ("key", "value")
+        ]  # [T, L, Hkv, D]
         outs.append((out["logits"], out["next_ids"], out["hidden"], *rows))
-        cache.update({f"past_{kv}.{i}": out[f"present_{kv}.{i}"] for kv in ("key", "value") for i in range(layers)})
+        cache.update(
+            {
+                f"past_{kv}.{i}": out[f"present_{kv}.{i}"]
+                for kv in ("key", "value")
+                for i in range(layers)
+            }
+        )
     return outs
 
 
 def _compare(graph: str, names, got, want, tol: Tolerance, report: dict) -> None:
     """Check onnxruntime outputs `got` against the reference `want` (numpy arrays, one per name)."""
     for name, g, w in zip(names, got, want):
-        if g is None and w is None:                           # a tensor this graph does not have
+        if g is None and w is None:  # a tensor this graph does not have
             continue
         w = np.asarray(w)
         if g.dtype == np.int64:
             agree = float((g == w).mean())
-            report[f"{graph}.{name}.agreement"] = min(agree, report.get(f"{graph}.{name}.agreement", 1.0))
+            report[f"{graph}.{name}.agreement"] = min(
+                agree, report.get(f"{graph}.{name}.agreement", 1.0)
+            )
             if agree < tol.argmax_agreement:
-                raise ParityError(f"graph {graph!r} output {name!r}: argmax agrees on {agree:.1%} of positions "
-                                  f"(need {tol.argmax_agreement:.0%})")
+                raise ParityError(
+                    f"graph {graph!r} output {name!r}: argmax agrees on {agree:.1%} of positions "
+                    f"(need {tol.argmax_agreement:.0%})"
+                )
             continue
         diff = float(np.abs(g.astype(np.float32) - w).max())
-        report[f"{graph}.{name}.max_abs_diff"] = max(diff, report.get(f"{graph}.{name}.max_abs_diff", 0.0))
+        report[f"{graph}.{name}.max_abs_diff"] = max(
+            diff, report.get(f"{graph}.{name}.max_abs_diff", 0.0)
+        )
         if name == "logits" and not tol.logits_relative:
             limit = tol.logits
         elif name == "logits":
             limit = tol.logits * (float(np.abs(w).max()) or 1.0)
-        else:   # relative: scaled by the largest reference magnitude
+        else:  # relative: scaled by the largest reference magnitude
             scale = float(np.abs(w).max()) or 1.0
             limit = (tol.hidden if name == "hidden" else tol.kv) * scale
-            report[f"{graph}.{name}.max_abs"] = max(scale, report.get(f"{graph}.{name}.max_abs", 0.0))
+            report[f"{graph}.{name}.max_abs"] = max(
+                scale, report.get(f"{graph}.{name}.max_abs", 0.0)
+            )
         if not diff <= limit:
-            raise ParityError(f"graph {graph!r} output {name!r}: max abs diff {diff:.3g} > {limit:.3g} vs torch")
+            raise ParityError(
+                f"graph {graph!r} output {name!r}: max abs diff {diff:.3g} > {limit:.3g} vs torch"
+            )
 
 
-def check_graphs(paths: dict, probe: Probe, reference, tol: Tolerance = Tolerance(), stage=None) -> dict:
-    """Run every graph of `paths` on `probe`'s inputs, then `reference(inputs)` (graph -> torch outputs per
-    case, numpy) on the same inputs, and compare. `stage(name)`: a context manager timing the reference
-    (the exporter's memory meter). Returns {graph.output.metric: value}; raises ParityError on the first failure.
-    """
+def check_graphs(
+    paths: dict, probe: Probe, reference, tol: Tolerance = Tolerance(), stage=None
+) -> dict:
+    """Run every graph of `paths` on `probe`'s inputs, then `reference(inputs)` (graph -> torch
+    outputs per case, numpy) on the same inputs, and compare. `stage(name)`: a context manager
+    timing the reference (the exporter's memory meter). Returns {graph.output.metric: value}; raises
+    ParityError on the first failure."""
     stage = stage or (lambda _: nullcontext())
     with stage("parity_onnxruntime"):
         inputs, got = run_graphs(paths, probe)
@@ -262,23 +356,30 @@ def check_graphs(paths: dict, probe: Probe, reference, tol: Tolerance = Toleranc
 
 
 def check_finite(paths: dict, inputs: dict, got: dict) -> None:
-    """Every float output of every case is finite; else a ParityError naming the first node (and the layer whose
-    weights it reads) that produced an inf or NaN, found by re-running that case with every activation exposed.
-    float16 graphs overflow this way (a DFlash drafter's residual stream can pass 65,504: vLLM #55250)."""
+    """Every float output of every case is finite; else a ParityError naming the first node (and the
+    layer whose weights it reads) that produced an inf or NaN, found by re-running that case with
+    every activation exposed. float16 graphs overflow this way (a DFlash drafter's residual stream
+    can pass 65,504: vLLM #55250)."""
     for graph, cases in got.items():
         for case, outs in enumerate(cases):
             if all(np.isfinite(o).all() for o in outs if o is not None and o.dtype.kind == "f"):
                 continue
-            where = first_non_finite(paths[graph], inputs[graph][case]) if graph in inputs else "a cached step"
-            raise ParityError(f"graph {graph!r} overflows: inf/NaN first at {where}; float16 activations cannot hold "
-                              f"this model's values: export with --precision fp32 (or int8 / int4, whose "
-                              f"activations stay float32)")
+            where = (
+                first_non_finite(paths[graph], inputs[graph][case])
+                if graph in inputs
+                else "a cached step"
+            )
+            raise ParityError(
+                f"graph {graph!r} overflows: inf/NaN first at {where}; float16 activations cannot "
+                "hold "
+                f"this model's values: export with --precision fp32 (or int8 / int4, whose "
+                f"activations stay float32)"
+            )
 
 
 def first_non_finite(path, feeds: tuple) -> str:
-    """The first node (graph order) of the graph at `path` whose float output holds an inf or NaN on `feeds`."""
-    import os
-    import tempfile
+    """The first node (graph order) of the graph at `path` whose float output holds an inf or NaN on
+    `feeds`."""
 
     import onnx
     import onnxruntime as ort
@@ -288,12 +389,16 @@ def first_non_finite(path, feeds: tuple) -> str:
     known = {o.name for o in model.graph.output}
     order = [(n, o) for n in model.graph.node for o in n.output if o and o not in known]
     model.graph.output.extend(onnx.ValueInfoProto(name=o) for _, o in order)
-    fd, probe = tempfile.mkstemp(suffix=".onnx", dir=os.path.dirname(path))       # beside its external data
+    fd, probe = tempfile.mkstemp(
+        suffix=".onnx", dir=os.path.dirname(path)
+    )  # beside its external data
     os.close(fd)
     try:
         onnx.save_model(model, probe)
         names = [o for _, o in order]
-        values = ort.InferenceSession(probe, providers=["CPUExecutionProvider"]).run(names, dict(zip(inputs, feeds)))
+        values = ort.InferenceSession(probe, providers=["CPUExecutionProvider"]).run(
+            names, dict(zip(inputs, feeds))
+        )
     finally:
         os.unlink(probe)
     last_weight = None

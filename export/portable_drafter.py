@@ -1,114 +1,169 @@
-"""The portable `drafter` graph, streamed from the drafter's and the target's checkpoints: I/O exactly
-`io_tables.GRAPHS["drafter"]`.
+"""The portable `drafter` graph, streamed from the drafter's and the target's checkpoints: I/O
+exactly `io_tables.GRAPHS["drafter"]`.
 
-The torch reference is `graphs.DrafterGraph` over `drafter.DFlashDrafter.step`: context features through
-`fc` + `hidden_norm`, then every draft layer attends from the block to [cached context ; new context ;
-block] with no mask (a sliding-window layer: its window of [the W-1 positions before `start` ; new context ;
-block], causal, by `_layer_mask`); the context's K/V are returned, the block's dropped (full and sliding
-layers in separate outputs, io_tables); greedy ids from the target's LM head. The embedding / LM head are
-the target's, referenced in the shared file (never a second copy);
-a reduced draft vocabulary is the drafter's own tensor (its rows of the head).
+The torch reference is `graphs.DrafterGraph` over `drafter.DFlashDrafter.step`: context features
+through `fc` + `hidden_norm`, then every draft layer attends from the block to [cached context ; new
+context ; block] with no mask (a sliding-window layer: its window of [the W-1 positions before
+`start` ; new context ; block], causal, by `_layer_mask`); the context's K/V are returned, the
+block's dropped (full and sliding layers in separate outputs, io_tables); greedy ids from the
+target's LM head. The embedding / LM head are the target's, referenced in the shared file (never a
+second copy); a reduced draft vocabulary is the drafter's own tensor (its rows of the head).
 
 >>> build_drafter(target_cfg, draft_cfg, ckpts, store, Path("b/drafter.onnx"))   # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
+from ..models.families.qwen3 import attention_spec
 from .graph_builder import OPSET, GraphBuilder
-from dflash_edge.models.families.qwen3 import attention_spec
-from .portable_layers import Layer, Rope, decoder_layer, float_min, int_range, linear, rms_norm, rope_rows, \
-    rope_table, split_past, stack_new
+from .portable_layers import (
+    Layer,
+    Rope,
+    decoder_layer,
+    float_min,
+    int_range,
+    linear,
+    rms_norm,
+    rope_rows,
+    rope_table,
+    split_past,
+    stack_new,
+)
 from .portable_target import embedding, untied_head
 
 
 def _head(g: GraphBuilder, flat: str, tc, target_ckpt, embed, vocab) -> str:
-    """Logits [B-1, V or |vocab|] for rows `flat` [B-1, H] from the target's (tied or untied) LM head."""
-    if vocab is not None:                       # the drafter's own rows of the head: [|vocab|, H] -> W^T
+    """Logits [B-1, V or |vocab|] for rows `flat` [B-1, H] from the target's (tied or untied) LM
+    head."""
+    if vocab is not None:  # the drafter's own rows of the head: [|vocab|, H] -> W^T
         head = "model.embed_tokens.weight" if tc.tie_word_embeddings else "lm_head.weight"
-        rows = g.init("lm_head.draft_vocab.weight.T", lambda: target_ckpt.array(head)[np.asarray(vocab)].T)
+        rows = g.init(
+            "lm_head.draft_vocab.weight.T", lambda: target_ckpt.array(head)[np.asarray(vocab)].T
+        )
         return g.op("MatMul", [flat, rows])[0]
     if tc.tie_word_embeddings:
         return embed.head(flat)
     return untied_head(g, flat, target_ckpt)
 
 
-def _layer_mask(g: GraphBuilder, held: str, new_pos: str, block_pos: str, window: int | None, causal: bool,
-                rep: int) -> str | None:
-    """Additive mask [rep*B, K] over keys at positions [held ; new_pos] ([K]) for the block queries (draft_config's
-    rule: a key is visible when its position is >= 0, within `window` of the query, and not after it if `causal`);
-    None for a full non-causal layer (every key visible)."""
+def _layer_mask(
+    g: GraphBuilder,
+    held: str,
+    new_pos: str,
+    block_pos: str,
+    window: int | None,
+    causal: bool,
+    rep: int,
+) -> str | None:
+    """Additive mask [rep*B, K] over keys at positions [held ; new_pos] ([K]) for the block queries
+    (draft_config's rule: a key is visible when its position is >= 0, within `window` of the query,
+    and not after it if `causal`); None for a full non-causal layer (every key visible)."""
     if window is None and not causal:
         return None
-    keys = g.op("Concat", [held, new_pos], axis=0)[0]                                     # [K]
-    ahead = g.op("Sub", [g.op("Unsqueeze", [block_pos, g.const([1])])[0], keys])[0]       # [B, K]: q - k
-    keep = g.op("Expand", [g.op("GreaterOrEqual", [keys, g.const(0)])[0],
-                           g.op("Shape", [ahead])[0]])[0]                                 # [B, K]
+    keys = g.op("Concat", [held, new_pos], axis=0)[0]  # [K]
+    ahead = g.op("Sub", [g.op("Unsqueeze", [block_pos, g.const([1])])[0], keys])[0]  # [B, K]: q - k
+    keep = g.op(
+        "Expand", [g.op("GreaterOrEqual", [keys, g.const(0)])[0], g.op("Shape", [ahead])[0]]
+    )[0]  # [B, K]
     if causal:
         keep = g.op("And", [keep, g.op("GreaterOrEqual", [ahead, g.const(0)])[0]])[0]
     if window is not None:
         keep = g.op("And", [keep, g.op("Less", [ahead, g.const(window)])[0]])[0]
-        if not causal:                                                                    # nor W or more after
-            keep = g.op("And", [keep, g.op("Less", [g.op("Neg", [ahead])[0], g.const(window)])[0]])[0]
-    mask = g.op("Where", [keep, g.scalar(0.0), g.scalar(float_min())])[0]                 # [B, K]
-    return mask if rep == 1 else g.op("Tile", [mask, g.const([rep, 1])])[0]               # [rep*B, K]
+        if not causal:  # nor W or more after
+            keep = g.op("And", [keep, g.op("Less", [g.op("Neg", [ahead])[0], g.const(window)])[0]])[
+                0
+            ]
+    mask = g.op("Where", [keep, g.scalar(0.0), g.scalar(float_min())])[0]  # [B, K]
+    return mask if rep == 1 else g.op("Tile", [mask, g.const([rep, 1])])[0]  # [rep*B, K]
 
 
-def build_drafter(tc, dc, target_ckpt, draft_ckpt, store, out: Path, block: int, vocab=None, fmt=None,
-                  log=None, reach: int | None = None) -> Path:
-    """Write the drafter graph for blocks of `block` tokens to `out`; `vocab`: sorted token ids of a reduced head;
-    `reach`: the RoPE rows the bundle reaches (default the model's max_position_embeddings)."""
+def build_drafter(
+    tc,
+    dc,
+    target_ckpt,
+    draft_ckpt,
+    store,
+    out: Path,
+    block: int,
+    vocab=None,
+    fmt=None,
+    log=None,
+    reach: int | None = None,
+) -> Path:
+    """Write the drafter graph for blocks of `block` tokens to `out`; `vocab`: sorted token ids of a
+    reduced head; `reach`: the RoPE rows the bundle reaches (default the model's
+    max_position_embeddings)."""
     spec = attention_spec(dc)
     g = GraphBuilder("drafter", store, fmt, log)
-    num_ctx = g.op("Shape", ["ctx_hidden"], start=1, end=2)[0]                            # [1] = C
-    ctx_pos = g.op("Add", ["start", int_range(g, num_ctx)])[0]                             # [C]
-    block_start = g.op("Add", ["start", num_ctx])[0]                                       # [1]
-    block_pos = g.op("Add", [block_start, g.const(np.arange(block))])[0]                   # [B]
+    num_ctx = g.op("Shape", ["ctx_hidden"], start=1, end=2)[0]  # [1] = C
+    ctx_pos = g.op("Add", ["start", int_range(g, num_ctx)])[0]  # [C]
+    block_start = g.op("Add", ["start", num_ctx])[0]  # [1]
+    block_pos = g.op("Add", [block_start, g.const(np.arange(block))])[0]  # [B]
     table = rope_table(g, "rope", dc, rows=reach)
-    cos_q, sin_q = rope_rows(g, table, block_pos)                                          # [B, D]
-    cos_kv, sin_kv = rope_rows(g, table, g.op("Concat", [ctx_pos, block_pos], axis=0)[0])  # [C + B, D]
+    cos_q, sin_q = rope_rows(g, table, block_pos)  # [B, D]
+    cos_kv, sin_kv = rope_rows(
+        g, table, g.op("Concat", [ctx_pos, block_pos], axis=0)[0]
+    )  # [C + B, D]
     rope = Rope(cos_q, sin_q, cos_kv, sin_kv)
     embed = embedding(g, target_ckpt)
-    x = embed.gather("block_ids")                                                          # [1, B, H]
-    ctx = rms_norm(g, linear(g, "ctx_hidden", draft_ckpt, "fc", False), draft_ckpt, "hidden_norm",
-                   dc.rms_norm_eps)                                                        # [1, C, H]
+    x = embed.gather("block_ids")  # [1, B, H]
+    ctx = rms_norm(
+        g,
+        linear(g, "ctx_hidden", draft_ckpt, "fc", False),
+        draft_ckpt,
+        "hidden_norm",
+        dc.rms_norm_eps,
+    )  # [1, C, H]
     slid = dc.window_layers
     full = [i for i in range(dc.num_hidden_layers) if i not in slid]
-    past = {}                                                                              # layer -> (K, V, positions)
+    past = {}  # layer -> (K, V, positions)
     for layers, name, held in ((full, "past", None), (slid, "window", dc.sliding_window)):
         if not layers:
             continue
         keys, values = (split_past(g, f"{name}_{kv}", len(layers)) for kv in ("key", "value"))
-        if held is None:                                                                  # [S]: 0 .. S-1
+        if held is None:  # [S]: 0 .. S-1
             positions = int_range(g, g.op("Shape", [f"{name}_key"], start=0, end=1)[0])
-        else:                                                                             # [W-1]: the rows before start
+        else:  # [W-1]: the rows before start
             positions = g.op("Add", ["start", g.const(np.arange(1 - held, 0))])[0]
         past.update({i: (keys[j], values[j], positions) for j, i in enumerate(layers)})
-    new_pos = g.op("Concat", [ctx_pos, block_pos], axis=0)[0]                              # [C + B]
+    new_pos = g.op("Concat", [ctx_pos, block_pos], axis=0)[0]  # [C + B]
     rep, masks = spec.num_heads // spec.num_kv_heads, {}
     new_k, new_v = [], []
     zero, axis = g.const([0]), g.const([2])
     for i in range(dc.num_hidden_layers):
-        kind = (dc.window(i), dc.layer_causal(i), i in slid)                              # one mask per kind
+        kind = (dc.window(i), dc.layer_causal(i), i in slid)  # one mask per kind
         if kind not in masks:
             masks[kind] = _layer_mask(g, past[i][2], new_pos, block_pos, kind[0], kind[1], rep)
-        x, k, v = decoder_layer(g, x, Layer(draft_ckpt, f"layers.{i}", spec), rope, past[i][:2], masks[kind],
-                                ctx=ctx)
-        new_k.append(g.op("Slice", [k, zero, num_ctx, axis])[0])                          # [1, Hkv, C, D]: block
-        new_v.append(g.op("Slice", [v, zero, num_ctx, axis])[0])                          # K/V dropped
-    h = rms_norm(g, x, draft_ckpt, "norm", dc.rms_norm_eps)                               # [1, B, H]
-    drafted = g.op("Slice", [h, g.const([1]), g.const([block]), g.const([1])])[0]          # [1, B-1, H]
-    flat = g.op("Reshape", [drafted, g.const([-1, tc.hidden_size])])[0]                    # [B-1, H]
-    ids = g.op("ArgMax", [_head(g, flat, tc, target_ckpt, embed, vocab)], axis=-1, keepdims=0)[0]   # [B-1]
-    if vocab is not None:                                                                  # local row -> token id
+        x, k, v = decoder_layer(
+            g, x, Layer(draft_ckpt, f"layers.{i}", spec), rope, past[i][:2], masks[kind], ctx=ctx
+        )
+        new_k.append(g.op("Slice", [k, zero, num_ctx, axis])[0])  # [1, Hkv, C, D]: block
+        new_v.append(g.op("Slice", [v, zero, num_ctx, axis])[0])  # K/V dropped
+    h = rms_norm(g, x, draft_ckpt, "norm", dc.rms_norm_eps)  # [1, B, H]
+    drafted = g.op("Slice", [h, g.const([1]), g.const([block]), g.const([1])])[0]  # [1, B-1, H]
+    flat = g.op("Reshape", [drafted, g.const([-1, tc.hidden_size])])[0]  # [B-1, H]
+    ids = g.op("ArgMax", [_head(g, flat, tc, target_ckpt, embed, vocab)], axis=-1, keepdims=0)[
+        0
+    ]  # [B-1]
+    if vocab is not None:  # local row -> token id
         ids = g.op("Gather", [g.const(np.asarray(vocab)), ids], axis=0)[0]
-    g.op("Reshape", [ids, g.const([1, block - 1])], ["draft_ids"])                         # [1, B-1]
-    for layers, name in ((full, "new"), (slid, "new_window")):                            # [C, Ld or Lw, Hkv, D]
+    g.op("Reshape", [ids, g.const([1, block - 1])], ["draft_ids"])  # [1, B-1]
+    for layers, name in ((full, "new"), (slid, "new_window")):  # [C, Ld or Lw, Hkv, D]
         if layers:
             stack_new(g, [new_k[i] for i in layers], f"{name}_key")
             stack_new(g, [new_v[i] for i in layers], f"{name}_value")
-    dims = {"Ld": len(full), "Lw": len(slid), "Wm1": (dc.sliding_window or 1) - 1, "Hkv": dc.num_key_value_heads,
-            "D": dc.head_dim, "B": block, "Bm1": block - 1, "N": len(dc.target_layer_ids) * tc.hidden_size}
+    dims = {
+        "Ld": len(full),
+        "Lw": len(slid),
+        "Wm1": (dc.sliding_window or 1) - 1,
+        "Hkv": dc.num_key_value_heads,
+        "D": dc.head_dim,
+        "B": block,
+        "Bm1": block - 1,
+        "N": len(dc.target_layer_ids) * tc.hidden_size,
+    }
     return g.save(out, dims, {"": OPSET})

@@ -1,71 +1,104 @@
-"""The portable `target` graph, streamed from the checkpoint: I/O exactly `io_tables.GRAPHS["target"]`.
+"""The portable `target` graph, streamed from the checkpoint: I/O exactly
+`io_tables.GRAPHS["target"]`.
 
 The torch reference is `graphs.TargetGraph` (positions from `start`, causal mask from shapes, the
 sequence-major KV layout, fused argmax); this writes the same computation node by node, reading one
-weight at a time from the checkpoint, so no model is ever held in memory. The embedding (and an untied
-LM head, stored as W^T) go to the shared file under the keys the drafter borrows them by.
+weight at a time from the checkpoint, so no model is ever held in memory. The embedding (and an
+untied LM head, stored as W^T) go to the shared file under the keys the drafter borrows them by.
 
->>> build_target(cfg, ckpt, capture=(1, 4), store=store, out=Path("b/target.onnx"))   # doctest: +SKIP
+>>> build_target(  # doctest: +SKIP
+...     cfg, ckpt, capture=(1, 4), store=store, out=Path("b/target.onnx"))
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
-from .graph_builder import OPSET, GraphBuilder
-from dflash_edge.models import family_spec
+from ..models import family_spec
 from .families import family_writers
-from .portable_layers import (Layer, Rope, decoder_layer, float_min, int_range, rms_norm, rope_rows, rope_table,
-                              split_past, stack_new)
+from .graph_builder import OPSET, GraphBuilder
+from .portable_layers import (
+    Layer,
+    Rope,
+    decoder_layer,
+    float_min,
+    int_range,
+    rms_norm,
+    rope_rows,
+    rope_table,
+    split_past,
+    stack_new,
+)
 from .weight_format import Table, matmul
 
 EMBED = "model.embed_tokens.weight"
 
 
 def embedding(g: GraphBuilder, ckpt) -> Table:
-    """The target's embedding table, stored once for every graph (fp32 or blocks: weight_format.Table)."""
+    """The target's embedding table, stored once for every graph (fp32 or blocks:
+    weight_format.Table)."""
     return Table(g, ckpt, EMBED)
 
 
 def untied_head(g: GraphBuilder, h: str, ckpt, out: str | None = None) -> str:
     """h @ lm_head^T, the weight shared with the drafter, at the table's precision."""
-    return matmul(g, h, ckpt, ["lm_head.weight"], "lm_head.weight", out, shared="lm_head", bits=g.fmt.table_bits)
+    return matmul(
+        g,
+        h,
+        ckpt,
+        ["lm_head.weight"],
+        "lm_head.weight",
+        out,
+        shared="lm_head",
+        bits=g.fmt.table_bits,
+    )
 
 
 def lm_head(g: GraphBuilder, h: str, cfg, ckpt, embed: Table, out: str) -> str:
-    """logits `out` [1, T, V]: the embedding table itself when tied (Gemm with transB, or MatMulNBits on its
-    blocks: stored once), the shared lm_head weight when not."""
+    """logits `out` [1, T, V]: the embedding table itself when tied (Gemm with transB, or
+    MatMulNBits on its blocks: stored once), the shared lm_head weight when not."""
     if cfg.tie_word_embeddings:
-        flat = g.op("Reshape", [h, g.const([-1, cfg.hidden_size])])[0]                     # [T, H]
-        logits = embed.head(flat)                                                          # [T, V]
-        return g.op("Reshape", [logits, g.const([1, -1, cfg.vocab_size])], [out])[0]       # [1, T, V]
+        flat = g.op("Reshape", [h, g.const([-1, cfg.hidden_size])])[0]  # [T, H]
+        logits = embed.head(flat)  # [T, V]
+        return g.op("Reshape", [logits, g.const([1, -1, cfg.vocab_size])], [out])[0]  # [1, T, V]
     return untied_head(g, h, ckpt, out)
 
 
 def causal_mask(g: GraphBuilder, num_new: str, num_past: str, offsets: str, rep: int) -> str:
-    """Additive mask [rep*T, S + T]: new token t sees the past and new tokens 0..t (tiled over `rep` query heads)."""
-    total = g.op("Add", [num_past, num_new])[0]                                            # [1]
-    keys = int_range(g, total)                                                             # [S + T]
-    limit = g.op("Unsqueeze", [g.op("Add", [num_past, offsets])[0], g.const([1])])[0]     # [T, 1]
-    allowed = g.op("LessOrEqual", [keys, limit])[0]                                        # [T, S + T]
+    """Additive mask [rep*T, S + T]: new token t sees the past and new tokens 0..t (tiled over `rep`
+    query heads)."""
+    total = g.op("Add", [num_past, num_new])[0]  # [1]
+    keys = int_range(g, total)  # [S + T]
+    limit = g.op("Unsqueeze", [g.op("Add", [num_past, offsets])[0], g.const([1])])[0]  # [T, 1]
+    allowed = g.op("LessOrEqual", [keys, limit])[0]  # [T, S + T]
     mask = g.op("Where", [allowed, g.scalar(0.0), g.scalar(float_min())])[0]
-    return mask if rep == 1 else g.op("Tile", [mask, g.const([rep, 1])])[0]                # [rep*T, S + T]
+    return mask if rep == 1 else g.op("Tile", [mask, g.const([rep, 1])])[0]  # [rep*T, S + T]
 
 
-def build_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, fmt=None, log=None,
-                 reach: int | None = None) -> Path:
-    """Write the portable target graph to `out`, its weights appended to `store` as they are read; `reach`: the
-    positions the bundle can see (its RoPE rows; default the model's max_position_embeddings)."""
+def build_target(
+    cfg,
+    ckpt,
+    capture: tuple[int, ...],
+    store,
+    out: Path,
+    fmt=None,
+    log=None,
+    reach: int | None = None,
+) -> Path:
+    """Write the portable target graph to `out`, its weights appended to `store` as they are read;
+    `reach`: the positions the bundle can see (its RoPE rows; default the model's
+    max_position_embeddings)."""
     spec = family_spec(cfg)
     g = GraphBuilder("target", store, fmt, log)
-    num_new = g.op("Shape", ["input_ids"], start=1, end=2)[0]                             # [1] = T
-    num_past = g.op("Shape", ["past_key"], start=0, end=1)[0]                             # [1] = S
-    offsets = int_range(g, num_new)                                                        # [T]
-    positions = g.op("Add", ["start", offsets])[0]                                         # [T]
+    num_new = g.op("Shape", ["input_ids"], start=1, end=2)[0]  # [1] = T
+    num_past = g.op("Shape", ["past_key"], start=0, end=1)[0]  # [1] = S
+    offsets = int_range(g, num_new)  # [T]
+    positions = g.op("Add", ["start", offsets])[0]  # [T]
     mask = causal_mask(g, num_new, num_past, offsets, spec.num_heads // spec.num_kv_heads)
-    cos, sin = rope_rows(g, rope_table(g, "rope", cfg, rows=reach), positions)            # [T, D] each
+    cos, sin = rope_rows(g, rope_table(g, "rope", cfg, rows=reach), positions)  # [T, D] each
     rope = Rope(cos, sin, cos, sin)
     embed = embedding(g, ckpt)
-    x = embed.gather("input_ids")                                                          # [1, T, H]
+    x = embed.gather("input_ids")  # [1, T, H]
     past_k = split_past(g, "past_key", cfg.num_hidden_layers)
     past_v = split_past(g, "past_value", cfg.num_hidden_layers)
     new_k, new_v, captured = [], [], {}
@@ -76,12 +109,18 @@ def build_target(cfg, ckpt, capture: tuple[int, ...], store, out: Path, fmt=None
         new_v.append(v)
         if i in capture:
             captured[i] = x
-    g.op("Concat", [captured[i] for i in capture], ["hidden"], axis=-1)                   # [1, T, N]
+    g.op("Concat", [captured[i] for i in capture], ["hidden"], axis=-1)  # [1, T, N]
     h = rms_norm(g, x, ckpt, "model.norm", cfg.rms_norm_eps)
     lm_head(g, h, cfg, ckpt, embed, "logits")
-    g.op("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0)                          # [1, T]
-    stack_new(g, new_k, "new_key")                                                         # [T, L, Hkv, D]
+    g.op("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0)  # [1, T]
+    stack_new(g, new_k, "new_key")  # [T, L, Hkv, D]
     stack_new(g, new_v, "new_value")
-    dims = {"L": cfg.num_hidden_layers, "Hkv": cfg.num_key_value_heads, "D": cfg.head_dim, "V": cfg.vocab_size,
-            "H": cfg.hidden_size, "N": len(capture) * cfg.hidden_size}
+    dims = {
+        "L": cfg.num_hidden_layers,
+        "Hkv": cfg.num_key_value_heads,
+        "D": cfg.head_dim,
+        "V": cfg.vocab_size,
+        "H": cfg.hidden_size,
+        "N": len(capture) * cfg.hidden_size,
+    }
     return g.save(out, dims, {"": OPSET})

@@ -1,15 +1,16 @@
-"""What the exporter reads, opened lazily: the target and drafter checkpoints (headers only), their configs,
-the tokenizer and a reduced draft vocabulary, every tensor checked by name and shape before any is read.
-The graph writers (portable_target, fused_target, portable_drafter) then read one tensor at a time from
-these checkpoints: there is no other way into a bundle.
+"""What the exporter reads, opened lazily: the target and drafter checkpoints (headers only), their
+configs, the tokenizer and a reduced draft vocabulary, every tensor checked by name and shape before
+any is read. The graph writers (portable_target, fused_target, portable_drafter) then read one
+tensor at a time from these checkpoints: there is no other way into a bundle.
 
-Also parity's independent check (`reference`): the torch graph modules of models/graphs.py over the torch
-models of models/, built on the meta device with each decoder layer's weights read from the checkpoint
-when it runs and dropped after it, so parity never holds a whole model either.
+Also parity's independent check (`reference`): the torch graph modules of models/graphs.py over the
+torch models of models/, built on the meta device with each decoder layer's weights read from the
+checkpoint when it runs and dropped after it, so parity never holds a whole model either.
 
 >>> src = open_sources(opts, scratch=Path("/tmp/x"))      # doctest: +SKIP
 >>> src.target_cfg.hidden_size, src.draft_cfg.target_layer_ids   # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import json
@@ -17,43 +18,48 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_edge.models.families import family
-from dflash_edge.runtime.errors import ModelFormatError
+from ..models import build_target
+from ..models.checkpoint import Checkpoint, check_shapes
+from ..models.config import TargetConfig
+from ..models.draft_config import DraftConfig
+from ..models.families import family
+from ..models.families.qwen3 import attention_spec
+from ..models.fetch import resolve_target
+from ..models.names import drafter_tensors
+from ..runtime.errors import ModelFormatError
+from .fits import check_fits, peak_weight_bytes
 
 
 @dataclass
 class Sources:
     target_dir: Path
-    target_cfg: object            # models.config.TargetConfig
-    target_ckpt: object           # models.checkpoint.Checkpoint
-    draft_cfg: object             # draft_config.DraftConfig
+    target_cfg: object  # models.config.TargetConfig
+    target_ckpt: object  # models.checkpoint.Checkpoint
+    draft_cfg: object  # draft_config.DraftConfig
     draft_ckpt: object
-    draft_source: str             # where the drafter came from (a directory, or "random")
+    draft_source: str  # where the drafter came from (a directory, or "random")
     tokenizer: object
-    vocab: object = None          # sorted int64 token ids of a reduced draft vocabulary, or None
+    vocab: object = None  # sorted int64 token ids of a reduced draft vocabulary, or None
 
 
 def open_sources(opts, scratch: Path) -> Sources:
-    """Configs, checkpoints (headers) and tokenizer for `opts` (ExportOptions); a random drafter is written to `scratch`."""
-    from dflash_edge.runtime.tokenizer import ChatTokenizer
-
-    from dflash_edge.models.fetch import resolve_target
-    from .fits import check_fits, peak_weight_bytes
-    from dflash_edge.models.checkpoint import Checkpoint
-    from dflash_edge.models.config import TargetConfig
-    from dflash_edge.models.checkpoint import check_shapes
+    """Configs, checkpoints (headers) and tokenizer for `opts` (ExportOptions); a random drafter is
+    written to `scratch`."""
+    from ..runtime.tokenizer import ChatTokenizer
 
     target_dir = resolve_target(None if opts.target in (None, "default") else opts.target)
     tc = TargetConfig.from_json(target_dir)
     ckpt = Checkpoint.open(target_dir)
     ckpt.check_dtypes(tc.torch_dtype)
-    if opts.memory_check:          # before any weight is read: say so now, with the estimate
+    if opts.memory_check:  # before any weight is read: say so now, with the estimate
         skip = ("lm_head.weight",) if tc.tie_word_embeddings else ()
         precision = getattr(opts, "precision", "fp32")
-        check_fits(peak_weight_bytes(ckpt.num_params(skip), tc.vocab_size * tc.hidden_size, precision),
-                   f"{target_dir.name} ({precision})")
+        check_fits(
+            peak_weight_bytes(ckpt.num_params(skip), tc.vocab_size * tc.hidden_size, precision),
+            f"{target_dir.name} ({precision})",
+        )
     fam = family(tc.model_type)
-    fam.check_tensors(tc, ckpt.names())    # e.g. an expert count off by the config's, named first
+    fam.check_tensors(tc, ckpt.names())  # e.g. an expert count off by the config's, named first
     tied = ("lm_head.weight",) if tc.tie_word_embeddings else ()
     check_shapes(fam.tensors(tc), ckpt, ignore=tied + _not_text(ckpt))
     if fam.text_prefix(tc) != "model":
@@ -62,27 +68,32 @@ def open_sources(opts, scratch: Path) -> Sources:
     draft_dir, source = drafter_dir(opts.draft, tc, tok, scratch)
     dc, dckpt = open_drafter(draft_dir, tc)
     if dc.window_layers and dc.sliding_window > opts.max_context:
-        raise ModelFormatError(f"drafter sliding_window={dc.sliding_window} is larger than the bundle's context "
-                               f"(--max-context {opts.max_context}): its window would never slide; export with "
-                               f"--max-context >= {dc.sliding_window}")
+        raise ModelFormatError(
+            f"drafter sliding_window={dc.sliding_window} is larger than the bundle's context "
+            f"(--max-context {opts.max_context}): its window would never slide; export with "
+            f"--max-context >= {dc.sliding_window}"
+        )
     vocab = None
     if opts.draft_vocab:
-        from dflash_edge.models.draft_vocab import load_draft_vocab
+        from ..models.draft_vocab import load_draft_vocab
 
-        vocab = load_draft_vocab(None if source == "random" else source, opts.draft_vocab, tc.vocab_size)
+        vocab = load_draft_vocab(
+            None if source == "random" else source, opts.draft_vocab, tc.vocab_size
+        )
     return Sources(target_dir, tc, ckpt, dc, dckpt, source, tok, vocab)
 
 
 class TextNames:
-    """An image-text checkpoint (text model under `prefix`, e.g. model.language_model) that also answers to the
-    text model's plain names (`model.embed_tokens.weight`: what the drafter writer borrows); all else delegated."""
+    """An image-text checkpoint (text model under `prefix`, e.g. model.language_model) that also
+    answers to the text model's plain names (`model.embed_tokens.weight`: what the drafter writer
+    borrows); all else delegated."""
 
     def __init__(self, ckpt, prefix: str):
         self.ckpt, self.prefix = ckpt, prefix
 
     def _name(self, name: str) -> str:
         plain = name.startswith("model.") and not name.startswith(self.prefix + ".")
-        return self.prefix + name[len("model"):] if plain else name
+        return self.prefix + name[len("model") :] if plain else name
 
     def array(self, name: str, *args, **kwargs):
         return self.ckpt.array(self._name(name), *args, **kwargs)
@@ -98,44 +109,49 @@ class TextNames:
 
 
 def _not_text(ckpt) -> tuple[str, ...]:
-    """Tensors of an image-text checkpoint that text generation does not read (the vision tower, multi-token
-    prediction heads): left in the checkpoint, said once."""
+    """Tensors of an image-text checkpoint that text generation does not read (the vision tower,
+    multi-token prediction heads): left in the checkpoint, said once."""
     skipped = tuple(n for n in ckpt.names() if n.startswith(("model.visual.", "mtp.")))
     if skipped:
-        print(f"export: ignoring {len(skipped)} tensors of the vision tower / MTP heads (text only)", file=sys.stderr)
+        print(
+            f"export: ignoring {len(skipped)} tensors of the vision tower / MTP heads (text only)",
+            file=sys.stderr,
+        )
     return skipped
 
 
 def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple[Path, str]:
-    """(z-lab drafter folder, source label) for `spec`: a folder, 'default' (shipped) or 'random' (written to `scratch`)."""
-    target_cfg = family(target_cfg.model_type).dense_view(target_cfg)   # a drafter's dims are dense
+    """(z-lab drafter folder, source label) for `spec`: a folder, 'default' (shipped) or 'random'
+    (written to `scratch`)."""
+    target_cfg = family(target_cfg.model_type).dense_view(target_cfg)  # a drafter's dims are dense
     if spec in (None, "default"):
-        from dflash_edge.models.resolve_drafter import default_drafter_path
+        from ..models.resolve_drafter import default_drafter_path
 
         path = default_drafter_path(target_cfg)
         if path is not None:
             return path, str(path)
         spec = "random"
     if spec == "random":
-        from dflash_edge.models.drafter import save_drafter
-        from dflash_edge.models.resolve_drafter import RANDOM_WARNING, random_drafter_for
+        from ..models.drafter import save_drafter
+        from ..models.resolve_drafter import RANDOM_WARNING, random_drafter_for
 
         print(RANDOM_WARNING, file=sys.stderr)
-        return save_drafter(random_drafter_for(target_cfg, tokenizer), Path(scratch) / "random-drafter"), "random"
+        return save_drafter(
+            random_drafter_for(target_cfg, tokenizer), Path(scratch) / "random-drafter"
+        ), "random"
     return Path(spec).expanduser(), str(spec)
 
 
 def open_drafter(path: Path, target_cfg):
-    """(DraftConfig, Checkpoint) of a z-lab drafter folder, checked against the target and by tensor name/shape."""
-    from dflash_edge.models.draft_config import DraftConfig
-    from dflash_edge.models.checkpoint import Checkpoint
-    from dflash_edge.models.names import drafter_tensors
-    from dflash_edge.models.families.qwen3 import attention_spec
-    from dflash_edge.models.checkpoint import check_shapes
+    """(DraftConfig, Checkpoint) of a z-lab drafter folder, checked against the target and by tensor
+    name/shape."""
 
     cfg_file = path / "config.json"
     if not cfg_file.exists():
-        raise ModelFormatError(f"{cfg_file} not found: a DFlash drafter directory needs config.json + model.safetensors")
+        raise ModelFormatError(
+            f"{cfg_file} not found: a DFlash drafter directory needs config.json + "
+            "model.safetensors"
+        )
     cfg = DraftConfig.from_dict(json.loads(cfg_file.read_text()))
     cfg.check_fits(target_cfg)
     ckpt = Checkpoint.open(path)
@@ -145,29 +161,40 @@ def open_drafter(path: Path, target_cfg):
 
 
 def reference(src: Sources, block: int):
-    """`inputs -> outputs` (graph -> one tuple per case, numpy) from the torch graph modules (models/graphs.py)
-    over layer-by-layer torch models: what parity compares the written graphs with. The checkpoints of `src`
-    (a random drafter's in the export's scratch folder) must still exist when it runs."""
+    """`inputs -> outputs` (graph -> one tuple per case, numpy) from the torch graph modules
+    (models/graphs.py) over layer-by-layer torch models: what parity compares the written graphs
+    with. The checkpoints of `src` (a random drafter's in the export's scratch folder) must still
+    exist when it runs."""
+
     def run(inputs: dict) -> dict:
         import torch
 
-        from dflash_edge.models.drafter import WindowedDrafterGraph
-        from dflash_edge.models.graphs import DrafterGraph, TargetGraph
+        from ..models.drafter import WindowedDrafterGraph
+        from ..models.graphs import DrafterGraph, TargetGraph
 
         target, drafter = _lazy_target(src), _lazy_drafter(src)
         vocab = None if src.vocab is None else torch.as_tensor(src.vocab)
-        drafter_graph = WindowedDrafterGraph if src.draft_cfg.window_layers else DrafterGraph   # its I/O
-        modules = {"target": TargetGraph(target, tuple(src.draft_cfg.target_layer_ids)),
-                   "drafter": drafter_graph(target, drafter, vocab)}
+        drafter_graph = (
+            WindowedDrafterGraph if src.draft_cfg.window_layers else DrafterGraph
+        )  # its I/O
+        modules = {
+            "target": TargetGraph(target, tuple(src.draft_cfg.target_layer_ids)),
+            "drafter": drafter_graph(target, drafter, vocab),
+        }
         with torch.no_grad():
-            return {g: [_numpy(modules[g](*_tensors(feeds))) for feeds in cases]
-                    for g, cases in inputs.items() if g in modules}
+            return {
+                g: [_numpy(modules[g](*_tensors(feeds))) for feeds in cases]
+                for g, cases in inputs.items()
+                if g in modules
+            }
+
     return run
 
 
 def _tensors(feeds: tuple) -> list:
-    """Graph feeds (numpy, None for a tensor the graph lacks) as a module's arguments: trailing Nones dropped
-    (a drafter without sliding layers has no window inputs), the others torch tensors or None."""
+    """Graph feeds (numpy, None for a tensor the graph lacks) as a module's arguments: trailing
+    Nones dropped (a drafter without sliding layers has no window inputs), the others torch tensors
+    or None."""
     import torch
 
     feeds = list(feeds)
@@ -177,26 +204,30 @@ def _tensors(feeds: tuple) -> list:
 
 
 def _numpy(outputs) -> tuple:
-    """A graph module's outputs as numpy arrays (None stays None: a tensor the graph does not have)."""
+    """A graph module's outputs as numpy arrays (None stays None: a tensor the graph does not
+    have)."""
     return tuple(None if o is None else o.numpy() for o in outputs)
 
 
 def _lazy_target(src: Sources):
-    from dflash_edge.models import build_target
-    from dflash_edge.models.weights import RowEmbedding, stream_layers
+    from ..models.weights import RowEmbedding, stream_layers
 
     tied, embed = src.target_cfg.tie_word_embeddings, "model.embed_tokens.weight"
-    model = stream_layers(lambda: build_target(src.target_cfg), src.target_ckpt, "model.layers",
-                          ignore=("lm_head.weight",) if tied else (embed,))
+    model = stream_layers(
+        lambda: build_target(src.target_cfg),
+        src.target_ckpt,
+        "model.layers",
+        ignore=("lm_head.weight",) if tied else (embed,),
+    )
     if tied:
         model.tie_weights()
-    else:                                # untied: look up rows as needed, never the whole table beside the head
+    else:  # untied: look up rows as needed, never the whole table beside the head
         model.model.embed_tokens = RowEmbedding(src.target_ckpt, embed)
     return model.eval()
 
 
 def _lazy_drafter(src: Sources):
-    from dflash_edge.models.drafter import DFlashDrafter
-    from dflash_edge.models.weights import stream_layers
+    from ..models.drafter import DFlashDrafter
+    from ..models.weights import stream_layers
 
     return stream_layers(lambda: DFlashDrafter(src.draft_cfg), src.draft_ckpt, "layers").eval()

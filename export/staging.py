@@ -12,6 +12,7 @@ writes the stage's name to <path> and then blocks opening the FIFO <path>.go, wh
 
 >>> tmp = staging_dir(Path("bundles/b"))      # bundles/.b.export-4242-k2j3   # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dflash_edge.runtime.publish import OLD, STAGED
+from ..runtime.publish import OLD, STAGED
 
 PAUSE_AT, PAUSE_FILE = "DFLASH_EDGE_PAUSE_AT", "DFLASH_EDGE_PAUSE_FILE"
 
@@ -56,7 +57,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:                  # another user's process: alive, not ours to judge
+    except PermissionError:  # another user's process: alive, not ours to judge
         return True
     return True
 
@@ -68,6 +69,6 @@ def pause_at(stage: str) -> None:
     path = Path(os.environ[PAUSE_FILE])
     partial = path.with_name(path.name + ".tmp")
     partial.write_text(stage)
-    partial.replace(path)                    # the test sees the whole name or nothing
-    with open(f"{path}.go"):                 # a FIFO: blocks until a writer comes (none does)
+    partial.replace(path)  # the test sees the whole name or nothing
+    with open(f"{path}.go"):  # a FIFO: blocks until a writer comes (none does)
         pass

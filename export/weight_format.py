@@ -1,17 +1,20 @@
-"""Each weight written at the bundle's precision as it is read: fp32 MatMul, or MatMulNBits blocks (int4 / int8).
+"""Each weight written at the bundle's precision as it is read: fp32 MatMul, or MatMulNBits blocks
+(int4 / int8).
 
 Low-bit blocks come from the checkpoint itself when it has them (a GGUF's exact operands,
-`Checkpoint.nbits`: no re-quantisation, Q4_* at 4 bits, Q5_* to Q8_0 and Q6_K at 8), else from the float
-weight by onnxruntime's round-to-nearest block quantiser (models/nbits.rtn), one tensor at a time: read,
-quantised, appended, dropped. Affine GGUF blocks add `blocksum(x) @ correction` (models/nbits.py), the
-block sums of one input computed once for every weight that reads it.
+`Checkpoint.nbits`: no re-quantisation, Q4_* at 4 bits, Q5_* to Q8_0 and Q6_K at 8), else from the
+float weight by onnxruntime's round-to-nearest block quantiser (models/nbits.rtn), one tensor at a
+time: read, quantised, appended, dropped. Affine GGUF blocks add `blocksum(x) @ correction`
+(models/nbits.py), the block sums of one input computed once for every weight that reads it.
 
-The embedding / tied LM head is one table for the target and the drafter (`shared.onnx.data`): at 4 or 8
-bits GatherBlockQuantized reads it for the embedding and MatMulNBits for the head, the scales stored in each
-op's rank.
+The embedding / tied LM head is one table for the target and the drafter (`shared.onnx.data`): at 4
+or 8 bits GatherBlockQuantized reads it for the embedding and MatMulNBits for the head, the scales
+stored in each op's rank.
 
->>> y = matmul(g, "x", ckpt, ["model.layers.0.mlp.up_proj.weight"], "model.layers.0.mlp.up_proj.weight")  # doctest: +SKIP
+>>> name = "model.layers.0.mlp.up_proj.weight"  # doctest: +SKIP
+>>> y = matmul(g, "x", ckpt, [name], name)  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import sys
@@ -21,20 +24,27 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dflash_edge.models.nbits import concat_rows, rtn
+from ..models.nbits import concat_rows, dequantize, rtn
 
-MS = "com.microsoft"          # onnxruntime's contrib-op domain (MatMulNBits, GroupQueryAttention, ...): graph_builder.MS
-BITS = {"fp32": 0, "fp16": 0, "int8": 8, "int4": 4}       # fp16: float weights stored as float16 (graph_builder)
+# onnxruntime's contrib-op domain (MatMulNBits, GroupQueryAttention, ...): graph_builder.MS
+MS = "com.microsoft"
+BITS = {
+    "fp32": 0,
+    "fp16": 0,
+    "int8": 8,
+    "int4": 4,
+}  # fp16: float weights stored as float16 (graph_builder)
 
 
 @dataclass(frozen=True)
 class WeightFormat:
-    """How a graph's MatMul weights are stored. precision: fp32 | fp16 | int8 | int4 (the graph's own layers);
-    table_bits: the shared embedding / LM head (0: fp32, 4, 8); accuracy_level: MatMulNBits' activations, 4 =
-    int8 per row and block: onnxruntime 1.32's only CPU kernels whose rows do not depend on how many share the
-    call (decode rows equal verify rows: lossless), and the fast ones; 0 = fp32 (exact arithmetic, but a
-    separate M=1 kernel, and 8-bit weights ~50x slower: docs/BENCHMARKS.md); exact: take a checkpoint's own
-    low-bit blocks."""
+    """How a graph's MatMul weights are stored. precision: fp32 | fp16 | int8 | int4 (the graph's
+    own layers); table_bits: the shared embedding / LM head (0: fp32, 4, 8); accuracy_level:
+    MatMulNBits' activations, 4 = int8 per row and block: onnxruntime 1.32's only CPU kernels whose
+    rows do not depend on how many share the call (decode rows equal verify rows: lossless), and the
+    fast ones; 0 = fp32 (exact arithmetic, but a separate M=1 kernel, and 8-bit weights ~50x slower:
+    docs/BENCHMARKS.md); exact: take a checkpoint's own low-bit blocks."""
+
     precision: str = "fp32"
     table_bits: int = 0
     block_size: int = 32
@@ -43,30 +53,42 @@ class WeightFormat:
 
     def __post_init__(self):
         if self.precision not in BITS:
-            raise ValueError(f"weight precision {self.precision!r}: choose one of {', '.join(BITS)}")
+            raise ValueError(
+                f"weight precision {self.precision!r}: choose one of {', '.join(BITS)}"
+            )
 
     @property
     def bits(self) -> int:
         return BITS[self.precision]
 
     def to_dict(self) -> dict:
-        return {"block_size": self.block_size, "accuracy_level": self.accuracy_level, "table_bits": self.table_bits,
-                "exact_low_bit_source": self.exact}
+        return {
+            "block_size": self.block_size,
+            "accuracy_level": self.accuracy_level,
+            "table_bits": self.table_bits,
+            "exact_low_bit_source": self.exact,
+        }
 
 
 @dataclass
 class FormatLog:
-    """What the writer did per weight, for the manifest: {graph: {source type: count}} and re-quantised low-bit."""
+    """What the writer did per weight, for the manifest: {graph: {source type: count}} and
+    re-quantised low-bit."""
+
     sources: dict = field(default_factory=dict)
     requantised: dict = field(default_factory=dict)
-    stored: dict = field(default_factory=dict)      # (checkpoint root, weight) -> its operands' recipe, for parity
+    stored: dict = field(
+        default_factory=dict
+    )  # (checkpoint root, weight) -> its operands' recipe, for parity
 
     def count(self, graph: str, qtype: str) -> None:
         self.sources.setdefault(graph, Counter())[qtype] += 1
 
 
 class Layout(NamedTuple):
-    """What a MatMulNBits node needs to know of its weight without reading it (kept per weight for the export)."""
+    """What a MatMulNBits node needs to know of its weight without reading it (kept per weight for
+    the export)."""
+
     bits: int
     block_size: int
     n: int
@@ -77,7 +99,15 @@ class Layout(NamedTuple):
 
     @classmethod
     def of(cls, w) -> "Layout":
-        return cls(w.bits, w.block_size, w.n, w.k, w.zero_points is not None, w.correction is not None, w.qtype)
+        return cls(
+            w.bits,
+            w.block_size,
+            w.n,
+            w.k,
+            w.zero_points is not None,
+            w.correction is not None,
+            w.qtype,
+        )
 
     def packs_with(self) -> tuple:
         """What weights stacked into one MatMulNBits must share."""
@@ -85,7 +115,8 @@ class Layout(NamedTuple):
 
 
 def _operands(g, ckpt, name: str, bits: int):
-    """NBitsWeight of checkpoint weight `name` [N, K]: its exact low-bit blocks when it has them, else RTN."""
+    """NBitsWeight of checkpoint weight `name` [N, K]: its exact low-bit blocks when it has them,
+    else RTN."""
     fmt = g.fmt
     exact = ckpt.nbits(name) if fmt.exact else None
     if exact is not None:
@@ -94,8 +125,11 @@ def _operands(g, ckpt, name: str, bits: int):
     source = ckpt.unmapped_low_bit().get(name)
     if source and name not in g.log.requantised:
         g.log.requantised[name] = source
-        print(f"export: warning: {name} is GGUF {source}, which has no exact MatMulNBits form; "
-              f"re-quantised to {bits}-bit blocks of {fmt.block_size} (round to nearest)", file=sys.stderr)
+        print(
+            f"export: warning: {name} is GGUF {source}, which has no exact MatMulNBits form; "
+            f"re-quantised to {bits}-bit blocks of {fmt.block_size} (round to nearest)",
+            file=sys.stderr,
+        )
     g.log.stored[(ckpt.root, name)] = ("rtn", bits, fmt.block_size)
     return rtn_from(ckpt, name, bits, fmt.block_size)
 
@@ -106,9 +140,10 @@ def rtn_from(ckpt, name: str, bits: int, block_size: int):
 
 
 def _lazy(g, key: str, build):
-    """(layout, getter) of weight `key`: `build()` runs at most once per export, and only when a tensor of it is
-    not stored yet (the fused target re-references the portable target's weights without reading them).
-    `getter(field)` is a function making that field of the weight; `getter(None)` makes the whole NBitsWeight."""
+    """(layout, getter) of weight `key`: `build()` runs at most once per export, and only when a
+    tensor of it is not stored yet (the fused target re-references the portable target's weights
+    without reading them). `getter(field)` is a function making that field of the weight;
+    `getter(None)` makes the whole NBitsWeight."""
     layouts = g.store.layouts
     memo = {}
 
@@ -117,7 +152,9 @@ def _lazy(g, key: str, build):
             if "w" not in memo:
                 memo["w"] = build()
             return memo["w"] if field_name is None else getattr(memo["w"], field_name)
+
         return make
+
     if key not in layouts:
         w = memo["w"] = build()
         layouts[key] = Layout.of(w)
@@ -125,19 +162,32 @@ def _lazy(g, key: str, build):
 
 
 def nbits_node(g, x: str, key: str, lazy, out: str | None = None, shared: str | None = None) -> str:
-    """MatMulNBits(x) (+ blocksum(x) @ correction) for the weight stored under `key` (`lazy`: `_lazy`'s pair)."""
+    """MatMulNBits(x) (+ blocksum(x) @ correction) for the weight stored under `key` (`lazy`:
+    `_lazy`'s pair)."""
     lay, get = lazy
-    inputs = [x, g.init(f"{key}_Q{lay.bits}", get("B"), _share(shared, "B")),
-              g.init(f"{key}_scales", get("scales"), _share(shared, "scales"))]
+    inputs = [
+        x,
+        g.init(f"{key}_Q{lay.bits}", get("B"), _share(shared, "B")),
+        g.init(f"{key}_scales", get("scales"), _share(shared, "scales")),
+    ]
     if lay.zero_points:
-        inputs.append(g.init(f"{key}_zero_points", get("zero_points"), _share(shared, "zero_points")))
+        inputs.append(
+            g.init(f"{key}_zero_points", get("zero_points"), _share(shared, "zero_points"))
+        )
     attrs = {"K": lay.k, "N": lay.n, "bits": lay.bits, "block_size": lay.block_size}
     if g.fmt.accuracy_level:
         attrs["accuracy_level"] = g.fmt.accuracy_level
-    y = g.op("MatMulNBits", inputs, [out] if out and not lay.correction else 1, domain=MS, **attrs)[0]
+    y = g.op("MatMulNBits", inputs, [out] if out and not lay.correction else 1, domain=MS, **attrs)[
+        0
+    ]
     if lay.correction:
-        corr = g.op("MatMul", [block_sums(g, x, lay.k, lay.block_size), g.init(f"{key}_correction", get("correction"),
-                                                                _share(shared, "correction"))])[0]   # [.., N]
+        corr = g.op(
+            "MatMul",
+            [
+                block_sums(g, x, lay.k, lay.block_size),
+                g.init(f"{key}_correction", get("correction"), _share(shared, "correction")),
+            ],
+        )[0]  # [.., N]
         y = g.op("Add", [y, corr], [out] if out else 1)[0]
     return y
 
@@ -147,56 +197,79 @@ def _share(shared: str | None, part: str) -> str | None:
 
 
 def block_sums(g, x: str, k: int, bs: int) -> str:
-    """Sums of x over each block of `bs` inputs, [.., K] -> [.., K/bs], once per (x, bs): one MatMul on a 0/1
-    matrix [K, K/bs] (5% faster decode than Reshape + ReduceSum: two ops per input; docs/BENCHMARKS.md)."""
+    """Sums of x over each block of `bs` inputs, [.., K] -> [.., K/bs], once per (x, bs): one MatMul
+    on a 0/1 matrix [K, K/bs] (5% faster decode than Reshape + ReduceSum: two ops per input;
+    docs/BENCHMARKS.md)."""
     key = ("block_sums", x, bs)
     if key not in g.memo:
-        ones = g.init(f"block_sum_{k}_{bs}", lambda: np.kron(np.eye(k // bs, dtype=np.float32),
-                                                              np.ones((bs, 1), np.float32)))     # [K, K/bs]
-        g.memo[key] = g.op("MatMul", [x, ones])[0]                                        # [.., K/bs]
+        ones = g.init(
+            f"block_sum_{k}_{bs}",
+            lambda: np.kron(np.eye(k // bs, dtype=np.float32), np.ones((bs, 1), np.float32)),
+        )  # [K, K/bs]
+        g.memo[key] = g.op("MatMul", [x, ones])[0]  # [.., K/bs]
     return g.memo[key]
 
 
-def matmul(g, x: str, ckpt, names: list[str], key: str, out: str | None = None, shared: str | None = None,
-           bits: int | None = None) -> str:
-    """x @ [W_1; W_2; ..]^T for checkpoint weights `names` [N_i, K] (several: packed along N, as q/k/v are);
-    `bits`: 0 / 4 / 8 instead of the graph's precision (an untied LM head follows the table's)."""
+def matmul(
+    g,
+    x: str,
+    ckpt,
+    names: list[str],
+    key: str,
+    out: str | None = None,
+    shared: str | None = None,
+    bits: int | None = None,
+) -> str:
+    """x @ [W_1; W_2; ..]^T for checkpoint weights `names` [N_i, K] (several: packed along N, as
+    q/k/v are); `bits`: 0 / 4 / 8 instead of the graph's precision (an untied LM head follows the
+    table's)."""
     bits = g.fmt.bits if bits is None else bits
     if bits == 0:
-        make = (lambda: ckpt.array(names[0]).T) if len(names) == 1 else \
-            (lambda: np.concatenate([ckpt.array(n) for n in names]).T)                  # [K, sum N]
+        make = (
+            (lambda: ckpt.array(names[0]).T)
+            if len(names) == 1
+            else (lambda: np.concatenate([ckpt.array(n) for n in names]).T)
+        )  # [K, sum N]
         return g.op("MatMul", [x, g.init(f"{key}.T", make, shared)], [out] if out else 1)[0]
     lazies = {n: _lazy(g, n, lambda n=n: _operands(g, ckpt, n, bits)) for n in names}
     for layout, _ in lazies.values():
         g.log.count(g.graph, layout.qtype)
-    if len(names) == 1:                       # `key` is the weight's own name
+    if len(names) == 1:  # `key` is the weight's own name
         return nbits_node(g, x, key, lazies[names[0]], out, shared)
-    if len({layout.packs_with() for layout, _ in lazies.values()}) == 1:    # one MatMulNBits, rows stacked
-        packed = _lazy(g, key, lambda: concat_rows([get(None)() for _, get in lazies.values()]))  # read once
+    if (
+        len({layout.packs_with() for layout, _ in lazies.values()}) == 1
+    ):  # one MatMulNBits, rows stacked
+        packed = _lazy(
+            g, key, lambda: concat_rows([get(None)() for _, get in lazies.values()])
+        )  # read once
         return nbits_node(g, x, key, packed, out, shared)
     parts = [nbits_node(g, x, n, lazies[n]) for n in names]
     return g.op("Concat", parts, [out] if out else 1, axis=-1)[0]
 
 
 class Table:
-    """The embedding table [V, H], also the tied LM head: fp32, or `bits`-bit blocks, stored once for all graphs."""
+    """The embedding table [V, H], also the tied LM head: fp32, or `bits`-bit blocks, stored once
+    for all graphs."""
 
     def __init__(self, g, ckpt, name: str):
         self.g, self.ckpt, self.name = g, ckpt, name
         self.bits = g.fmt.table_bits
-        if ckpt.shape(name)[1] % g.fmt.block_size:     # rows not whole blocks: GatherBlockQuantized cannot take them
+        if (
+            ckpt.shape(name)[1] % g.fmt.block_size
+        ):  # rows not whole blocks: GatherBlockQuantized cannot take them
             self.bits = 0
         if self.bits == 0:
             self.fp32 = g.init(name, lambda: ckpt.array(name), shared="embed_tokens")
             return
         self.key = f"{name}_table{self.bits}"
-        self.layout, get = _lazy(g, self.key, self._build)           # no zero points, no correction
+        self.layout, get = _lazy(g, self.key, self._build)  # no zero points, no correction
         g.log.count(g.graph, self.layout.qtype)
         self.B = g.init(f"{self.key}_Q{self.layout.bits}", get("B"), "embed_tokens.B")
-        self.get = get                 # the scales are stored by the op that reads them (in its rank)
+        self.get = get  # the scales are stored by the op that reads them (in its rank)
 
     def _build(self):
-        """Exact when the source's blocks need no zero point or correction (Q8_0, Q4_0), else RTN at `bits`."""
+        """Exact when the source's blocks need no zero point or correction (Q8_0, Q4_0), else RTN at
+        `bits`."""
         g, name = self.g, self.name
         exact = self.ckpt.nbits(name) if g.fmt.exact else None
         if exact is not None and exact.zero_points is None and exact.correction is None:
@@ -204,8 +277,12 @@ class Table:
             return exact
         if exact is not None and name not in g.log.requantised:
             g.log.requantised[name] = exact.qtype
-            print(f"export: warning: the embedding table is GGUF {exact.qtype}, whose zero points / offsets "
-                  f"GatherBlockQuantized cannot take here; re-quantised to {self.bits}-bit blocks", file=sys.stderr)
+            print(
+                f"export: warning: the embedding table is GGUF {exact.qtype}, whose zero points / "
+                "offsets "
+                f"GatherBlockQuantized cannot take here; re-quantised to {self.bits}-bit blocks",
+                file=sys.stderr,
+            )
         g.log.stored[(self.ckpt.root, name)] = ("rtn", self.bits, g.fmt.block_size)
         return rtn_from(self.ckpt, name, self.bits, g.fmt.block_size)
 
@@ -215,12 +292,22 @@ class Table:
         if self.bits == 0:
             return g.op("Gather", [self.fp32, ids], axis=0)[0]
         bits, bs, k = self.layout.bits, self.layout.block_size, self.layout.k
-        scales3 = g.init(f"{self.key}_gather_scales", lambda: self.get("scales")()[:, :, None],
-                         "embed_tokens.gather_scales")                                   # [V, H/bs, 1]
-        blocks = g.op("GatherBlockQuantized", [self.B, ids, scales3], domain=MS, gather_axis=0, quantize_axis=2,
-                      block_size=bs, bits=bits)[0]                                       # [*ids, H/bs, bs]
+        scales3 = g.init(
+            f"{self.key}_gather_scales",
+            lambda: self.get("scales")()[:, :, None],
+            "embed_tokens.gather_scales",
+        )  # [V, H/bs, 1]
+        blocks = g.op(
+            "GatherBlockQuantized",
+            [self.B, ids, scales3],
+            domain=MS,
+            gather_axis=0,
+            quantize_axis=2,
+            block_size=bs,
+            bits=bits,
+        )[0]  # [*ids, H/bs, bs]
         shape = g.op("Concat", [g.op("Shape", [ids])[0], g.const([k])], axis=0)[0]
-        return g.op("Reshape", [blocks, shape])[0]                                      # [*ids, H]
+        return g.op("Reshape", [blocks, shape])[0]  # [*ids, H]
 
     def head(self, flat: str) -> str:
         """Logits [T, V] of rows `flat` [T, H] (the tied LM head)."""
@@ -231,32 +318,43 @@ class Table:
 
 
 class StoredWeights:
-    """A checkpoint whose `array(name)` gives each weight as the bundle stores it (its blocks dequantised), for
-    parity at the bundle's own precision; every other member is the checkpoint's."""
+    """A checkpoint whose `array(name)` gives each weight as the bundle stores it (its blocks
+    dequantised), for parity at the bundle's own precision; every other member is the
+    checkpoint's."""
 
     def __init__(self, ckpt, log: FormatLog):
-        self.ckpt, self.recipes = ckpt, {n: r for (root, n), r in log.stored.items() if root == ckpt.root}
-        self._blocks: tuple = (None, None)          # the last exact weight's blocks (name, NBitsWeight)
+        self.ckpt, self.recipes = (
+            ckpt,
+            {n: r for (root, n), r in log.stored.items() if root == ckpt.root},
+        )
+        self._blocks: tuple = (None, None)  # the last exact weight's blocks (name, NBitsWeight)
 
     def __getattr__(self, item):
         return getattr(self.ckpt, item)
 
     def array(self, name: str, shape=None, rows=None, chunk: int = 8192):
-        from dflash_edge.models.nbits import dequantize
 
         recipe = self.recipes.get(name)
         if recipe is None:
             return self.ckpt.array(name, shape, rows)
-        if recipe[0] == "exact":           # the blocks read once (a looked-up table: row after row), those rows
+        if (
+            recipe[0] == "exact"
+        ):  # the blocks read once (a looked-up table: row after row), those rows
             if self._blocks[0] != name:
                 self._blocks = (name, self.ckpt.nbits(name))
-            w = self._blocks[1] if rows is None else self._blocks[1].rows(np.arange(*rows.indices(self._blocks[1].n)))
+            w = (
+                self._blocks[1]
+                if rows is None
+                else self._blocks[1].rows(np.arange(*rows.indices(self._blocks[1].n)))
+            )
             return dequantize(w).reshape(-1, *self.ckpt.shape(name)[1:])
-        n = self.ckpt.shape(name)[0]            # re-quantised `chunk` rows at a time: never the blocks of all of W
+        n = self.ckpt.shape(name)[
+            0
+        ]  # re-quantised `chunk` rows at a time: never the blocks of all of W
         start, stop, _ = (rows or slice(None)).indices(n)
         out = np.empty((max(stop - start, 0), *self.ckpt.shape(name)[1:]), np.float32)
         for at in range(start, stop, chunk):
             part = slice(at, min(at + chunk, stop))
             block = rtn(self.ckpt.array(name, rows=part), *recipe[1:])
-            out[at - start:part.stop - start] = dequantize(block).reshape(-1, *out.shape[1:])
+            out[at - start : part.stop - start] = dequantize(block).reshape(-1, *out.shape[1:])
         return out

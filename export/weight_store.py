@@ -1,14 +1,17 @@
-"""Every weight of a bundle's graphs, appended tensor by tensor to external-data files as the graphs are written.
+"""Every weight of a bundle's graphs, appended tensor by tensor to external-data files as the graphs
+are written.
 
-Each graph has its own data file (`DATA_FILES`; the fused target shares the portable target's), and the
-tensors several graphs hold (the target's embedding / LM head, borrowed by the drafter) go once to
-`shared.onnx.data`. A tensor is stored once per file: a name already placed there is referenced without
-being computed again (the fused target reuses the portable target's weights that way), and so is a tensor
-whose bytes are already there (sha256). Offsets are page-aligned, so onnxruntime maps the files.
+Each graph has its own data file (`DATA_FILES`; the fused target shares the portable target's), and
+the tensors several graphs hold (the target's embedding / LM head, borrowed by the drafter) go once
+to `shared.onnx.data`. A tensor is stored once per file: a name already placed there is referenced
+without being computed again (the fused target reuses the portable target's weights that way), and
+so is a tensor whose bytes are already there (sha256). Offsets are page-aligned, so onnxruntime maps
+the files.
 
 >>> store = WeightStore(Path("bundle"))                                          # doctest: +SKIP
 >>> proto = store.tensor("target", "w.T", lambda: np.ones((256, 64), np.float32))   # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,36 +19,50 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_edge.runtime.tensor_file import INLINE_BELOW, append_aligned
+from ..runtime.tensor_file import INLINE_BELOW, append_aligned
 
-SHARED_FILE = "shared.onnx.data"    # tensors several graphs hold (the target's embedding / LM head), once
+SHARED_FILE = (
+    "shared.onnx.data"  # tensors several graphs hold (the target's embedding / LM head), once
+)
 
 # graph -> its external-data file: the fused target reuses the portable target's weights file
-DATA_FILES = {"target": "target.onnx.data", "target_fused": "target.onnx.data", "drafter": "drafter.onnx.data",
-              "target_hybrid": "target.onnx.data"}
-ONNX_DTYPES = {"int64": 7, "int32": 6, "float32": 1, "float16": 10, "uint8": 2}   # TensorProto enums
+DATA_FILES = {
+    "target": "target.onnx.data",
+    "target_fused": "target.onnx.data",
+    "drafter": "drafter.onnx.data",
+    "target_hybrid": "target.onnx.data",
+}
+ONNX_DTYPES = {"int64": 7, "int32": 6, "float32": 1, "float16": 10, "uint8": 2}  # TensorProto enums
 
 
 class WeightStore:
-    """External data for the graphs of one bundle folder; `stats[graph]` counts appended and reused bytes."""
+    """External data for the graphs of one bundle folder; `stats[graph]` counts appended and reused
+    bytes."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self.placed: dict[tuple[str, str], tuple[int, int, str, tuple]] = {}   # (file, name) -> offset, length,
-        self.hashes: dict[tuple[str, bytes], tuple[int, int]] = {}             # dtype, shape; (file, sha) -> offset, length
-        self.shared: dict[str, dict] = {}                                    # key -> manifest entry
+        self.placed: dict[
+            tuple[str, str], tuple[int, int, str, tuple]
+        ] = {}  # (file, name) -> offset, length,
+        self.hashes: dict[
+            tuple[str, bytes], tuple[int, int]
+        ] = {}  # dtype, shape; (file, sha) -> offset, length
+        self.shared: dict[str, dict] = {}  # key -> manifest entry
         self.stats: dict[str, dict[str, int]] = {}
-        self.layouts: dict[str, tuple] = {}          # weight key -> its MatMulNBits layout (export/weight_format.py)
+        self.layouts: dict[
+            str, tuple
+        ] = {}  # weight key -> its MatMulNBits layout (export/weight_format.py)
 
     def open_graph(self, graph: str) -> None:
-        """Create `graph`'s data file (empty) so the manifest can name it even if every tensor is reused."""
+        """Create `graph`'s data file (empty) so the manifest can name it even if every tensor is
+        reused."""
         (self.root / DATA_FILES[graph]).touch()
         self.stats.setdefault(graph, {"appended_bytes": 0, "reused_bytes": 0})
 
     def tensor(self, graph: str, name: str, make, shared: str | None = None):
-        """TensorProto `name` of `graph`: inline when small, else external in the graph's file (or, with
-        `shared`, the shared file under that key). `make`: an array or a function returning it, called
-        only when `name` is not stored yet."""
+        """TensorProto `name` of `graph`: inline when small, else external in the graph's file (or,
+        with `shared`, the shared file under that key). `make`: an array or a function returning it,
+        called only when `name` is not stored yet."""
         from onnx import numpy_helper
 
         file = SHARED_FILE if shared else DATA_FILES[graph]
@@ -53,7 +70,7 @@ class WeightStore:
         hit = self.placed.get((file, shared or name))
         if hit is None:
             array = np.ascontiguousarray(make() if callable(make) else make)
-            if array.nbytes < INLINE_BELOW:                            # inside the .onnx, as small constants are
+            if array.nbytes < INLINE_BELOW:  # inside the .onnx, as small constants are
                 return numpy_helper.from_array(array, name)
             hit = self._append(file, array, stats)
             self.placed[(file, shared or name)] = hit
@@ -61,8 +78,17 @@ class WeightStore:
         else:
             stats["reused_bytes"] += hit[1]
         if shared:
-            entry = self.shared.setdefault(shared, {"file": file, "offset": hit[0], "length": hit[1], "dtype": hit[2],
-                                                    "shape": list(hit[3]), "names": {}})
+            entry = self.shared.setdefault(
+                shared,
+                {
+                    "file": file,
+                    "offset": hit[0],
+                    "length": hit[1],
+                    "dtype": hit[2],
+                    "shape": list(hit[3]),
+                    "names": {},
+                },
+            )
             entry["names"][graph] = name
         return _external_proto(name, file, *hit)
 
@@ -86,8 +112,12 @@ class WeightStore:
 def _external_proto(name: str, file: str, offset: int, length: int, dtype: str, shape: tuple):
     from onnx import TensorProto
 
-    proto = TensorProto(name=name, data_type=ONNX_DTYPES[dtype], dims=list(shape),
-                        data_location=TensorProto.EXTERNAL)
+    proto = TensorProto(
+        name=name,
+        data_type=ONNX_DTYPES[dtype],
+        dims=list(shape),
+        data_location=TensorProto.EXTERNAL,
+    )
     for k, v in (("location", file), ("offset", str(offset)), ("length", str(length))):
         entry = proto.external_data.add()
         entry.key, entry.value = k, v

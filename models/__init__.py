@@ -7,13 +7,15 @@ GGUF low-bit blocks map exactly onto onnxruntime MatMulNBits operands in `gguf_b
 >>> from dflash_edge.models import load_target      # doctest: +SKIP
 >>> target = load_target("~/.cache/dflash-edge/models/smollm2-135m-instruct")  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
-from dflash_edge.runtime.errors import ModelFormatError
-
+from ..runtime.errors import ModelFormatError
 from . import dense_family
+from .checkpoint import Checkpoint
 from .config import TargetConfig
 from .families import family
 
@@ -47,32 +49,34 @@ def build_target(cfg: TargetConfig):
 
 
 def load_target(path: str | Path, dtype=None):
-    """Build the target from `path/config.json` and stream in its safetensors (one file or shards + index).
+    """Build the target from `path/config.json` and stream in its safetensors (one file or shards +
+    index).
 
-    `dtype` defaults to float32; pass "checkpoint" to keep the checkpoint's dtype (bf16/fp16: no fp32 copy).
-    """
+    `dtype` defaults to float32; pass "checkpoint" to keep the checkpoint's dtype (bf16/fp16: no
+    fp32 copy)."""
     import torch
 
-    from .checkpoint import Checkpoint
     from .weights import load_streamed
 
     path = Path(path).expanduser()
     cfg = TargetConfig.from_json(path)
     if family(cfg.model_type).reference is not dense_family.reference:
-        raise ModelFormatError(f"model_type {cfg.model_type!r} has its own torch reference (models/families/"
-                               f"{cfg.model_type}.py: reference), not the dense TargetModel load_target fills")
+        raise ModelFormatError(
+            f"model_type {cfg.model_type!r} has its own torch reference (models/families/"
+            f"{cfg.model_type}.py: reference), not the dense TargetModel load_target fills"
+        )
     ckpt = Checkpoint.open(path)
     ckpt.check_dtypes(cfg.torch_dtype)
     dtype = checkpoint_dtype(ckpt) if dtype == "checkpoint" else dtype or torch.float32
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     model = load_streamed(lambda: build_target(cfg), ckpt, dtype, ignore)
     model.tie_weights()
-    return model.to(dtype).eval()          # params are already `dtype`: this casts only the rope tables
+    return model.to(dtype).eval()  # params are already `dtype`: this casts only the rope tables
 
 
 def checkpoint_dtype(ckpt):
-    """The torch dtype most of a checkpoint's tensors are stored in (float32 when that is not a float)."""
-    from collections import Counter
+    """The torch dtype most of a checkpoint's tensors are stored in (float32 when that is not a
+    float)."""
 
     import torch
 

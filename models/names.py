@@ -1,12 +1,14 @@
 """The tensors a checkpoint must hold, name -> shape, from the config alone (torch-free).
 
-The streamed export checks a checkpoint against this table before reading any weight (one error listing
-every missing, misshaped or unexpected tensor); tests assert it equals the torch models' own state dicts.
+The streamed export checks a checkpoint against this table before reading any weight (one error
+listing every missing, misshaped or unexpected tensor); tests assert it equals the torch models' own
+state dicts.
 
 >>> from dflash_edge.models.spec import AttentionSpec
 >>> sorted(layer_tensors("layers.0", AttentionSpec(8, 2, 1, 4, 1e-6, qk_norm=True), 16))[:2]
 ['layers.0.input_layernorm.weight', 'layers.0.mlp.down_proj.weight']
 """
+
 from __future__ import annotations
 
 from .families import family
@@ -16,9 +18,13 @@ from .spec import AttentionSpec, MoESpec
 def layer_tensors(prefix: str, s: AttentionSpec, intermediate: int) -> dict[str, tuple[int, ...]]:
     """One decoder layer's tensors (models/layers.DecoderLayer) under `prefix`."""
     q, kv, hidden = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.hidden_size
-    out = {f"{prefix}.input_layernorm.weight": (hidden,), f"{prefix}.post_attention_layernorm.weight": (hidden,),
-           f"{prefix}.mlp.gate_proj.weight": (intermediate, hidden), f"{prefix}.mlp.up_proj.weight": (intermediate, hidden),
-           f"{prefix}.mlp.down_proj.weight": (hidden, intermediate)}
+    out = {
+        f"{prefix}.input_layernorm.weight": (hidden,),
+        f"{prefix}.post_attention_layernorm.weight": (hidden,),
+        f"{prefix}.mlp.gate_proj.weight": (intermediate, hidden),
+        f"{prefix}.mlp.up_proj.weight": (intermediate, hidden),
+        f"{prefix}.mlp.down_proj.weight": (hidden, intermediate),
+    }
     attn = f"{prefix}.self_attn"
     for proj, rows in (("q", q), ("k", kv), ("v", kv)):
         out[f"{attn}.{proj}_proj.weight"] = (rows, hidden)
@@ -33,13 +39,19 @@ def layer_tensors(prefix: str, s: AttentionSpec, intermediate: int) -> dict[str,
 
 
 def target_tensors(cfg, spec: AttentionSpec) -> dict[str, tuple[int, ...]]:
-    """A target checkpoint's tensors (Hugging Face names); a tied model's `lm_head.weight` is not required."""
-    out = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,)}
+    """A target checkpoint's tensors (Hugging Face names); a tied model's `lm_head.weight` is not
+    required."""
+    out = {
+        "model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size),
+        "model.norm.weight": (cfg.hidden_size,),
+    }
     for i, moe in enumerate(family(cfg.model_type).mlp_specs(cfg)):
         prefix = f"model.layers.{i}"
         layer = layer_tensors(prefix, spec, cfg.intermediate_size)
-        if moe is not None:                        # a sparse layer: router + experts instead of the dense MLP
-            layer = {k: v for k, v in layer.items() if not k.startswith(f"{prefix}.mlp.")} | moe_tensors(prefix, moe)
+        if moe is not None:  # a sparse layer: router + experts instead of the dense MLP
+            layer = {
+                k: v for k, v in layer.items() if not k.startswith(f"{prefix}.mlp.")
+            } | moe_tensors(prefix, moe)
         out.update(layer)
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
@@ -51,15 +63,22 @@ def moe_tensors(prefix: str, m: MoESpec) -> dict[str, tuple[int, ...]]:
     out = {f"{prefix}.mlp.gate.weight": (m.num_experts, m.hidden_size)}
     for e in range(m.num_experts):
         expert = f"{prefix}.mlp.experts.{e}"
-        out[f"{expert}.gate_proj.weight"] = out[f"{expert}.up_proj.weight"] = (m.intermediate, m.hidden_size)
+        out[f"{expert}.gate_proj.weight"] = out[f"{expert}.up_proj.weight"] = (
+            m.intermediate,
+            m.hidden_size,
+        )
         out[f"{expert}.down_proj.weight"] = (m.hidden_size, m.intermediate)
     return out
 
 
 def drafter_tensors(cfg, spec: AttentionSpec) -> dict[str, tuple[int, ...]]:
-    """A z-lab drafter checkpoint's tensors (`layers.{i}.…`, `fc`, `hidden_norm`, `norm`: no `model.` prefix)."""
-    out = {"fc.weight": (cfg.hidden_size, len(cfg.target_layer_ids) * cfg.hidden_size),
-           "hidden_norm.weight": (cfg.hidden_size,), "norm.weight": (cfg.hidden_size,)}
+    """A z-lab drafter checkpoint's tensors (`layers.{i}.…`, `fc`, `hidden_norm`, `norm`: no
+    `model.` prefix)."""
+    out = {
+        "fc.weight": (cfg.hidden_size, len(cfg.target_layer_ids) * cfg.hidden_size),
+        "hidden_norm.weight": (cfg.hidden_size,),
+        "norm.weight": (cfg.hidden_size,),
+    }
     for i in range(cfg.num_hidden_layers):
         out.update(layer_tensors(f"layers.{i}", spec, cfg.intermediate_size))
     return out

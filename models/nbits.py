@@ -1,13 +1,16 @@
-"""A weight as onnxruntime MatMulNBits operands: the one block format the exporter and the quantiser write.
+"""A weight as onnxruntime MatMulNBits operands: the one block format the exporter and the quantiser
+write.
 
-`NBitsWeight` holds the operands of y = x @ W^T for W [N, K]; it comes either exactly from a GGUF tensor
-(`gguf_blocks.nbits_operands`) or from a float weight by onnxruntime's own round-to-nearest block quantiser
-(`rtn`). Affine formats carry a `correction` [K/bs, N]: y = MatMulNBits(x) + blocksum(x) @ correction.
+`NBitsWeight` holds the operands of y = x @ W^T for W [N, K]; it comes either exactly from a GGUF
+tensor (`gguf_blocks.nbits_operands`) or from a float weight by onnxruntime's own round-to-nearest
+block quantiser (`rtn`). Affine formats carry a `correction` [K/bs, N]: y = MatMulNBits(x) +
+blocksum(x) @ correction.
 
 >>> w = rtn(np.ones((8, 64), np.float32), bits=4, block_size=32)
 >>> w.B.shape, w.scales.shape, w.zero_points is None
 ((8, 2, 16), (8, 2), True)
 """
+
 from __future__ import annotations
 
 import json
@@ -20,15 +23,17 @@ FIELDS = ("B", "scales", "zero_points", "correction")
 
 @dataclass(frozen=True)
 class NBitsWeight:
-    """MatMulNBits operands for a weight W [N, K] used as y = x @ W^T (attributes K=k, N=n, bits, block_size).
+    """MatMulNBits operands of y = x @ W^T for W [N, K] (attributes K=k, N=n, bits, block_size).
 
     B            uint8 [N, K/bs, bs*bits/8]: codes, 4-bit ones packed two a byte, low nibble first
     scales       float32 [N, K/bs]
-    zero_points  uint8 [N, ceil(K/bs/2)] packed (4-bit) or [N, K/bs] (8-bit): MatMulNBits' own layout;
-                 None: the op's default 2^(bits-1)
-    correction   float32 [K/bs, N] or None: for affine types y = MatMulNBits(x) + blocksum(x) @ correction
+    zero_points  uint8 [N, ceil(K/bs/2)] packed (4-bit) or [N, K/bs] (8-bit): MatMulNBits' own
+                 layout; None: the op's default 2^(bits-1)
+    correction   float32 [K/bs, N] or None: for affine types
+                 y = MatMulNBits(x) + blocksum(x) @ correction
     qtype        where the codes came from: a GGUF type name ("Q4_1"), or "rtn" (re-quantised here)
     """
+
     bits: int
     block_size: int
     n: int
@@ -41,20 +46,35 @@ class NBitsWeight:
 
     @property
     def layout(self) -> tuple[int, int, bool]:
-        """What must agree for two weights to share one MatMulNBits: bits, block size, zero points present."""
+        """What must agree for two weights to share one MatMulNBits: bits, block size, zero points
+        present."""
         return self.bits, self.block_size, self.zero_points is not None
 
     def rows(self, order) -> "NBitsWeight":
-        """The same weight with its output rows (N) reordered: row i of the result is row order[i]."""
+        """The same weight with its output rows (N) reordered: row i of the result is row
+        order[i]."""
         order = np.asarray(order)
-        pick = lambda a: None if a is None else np.ascontiguousarray(a[order])            # noqa: E731
+        pick = lambda a: None if a is None else np.ascontiguousarray(a[order])  # noqa: E731
         corr = None if self.correction is None else np.ascontiguousarray(self.correction[:, order])
-        return replace(self, n=len(order), B=pick(self.B), scales=pick(self.scales),
-                       zero_points=pick(self.zero_points), correction=corr)
+        return replace(
+            self,
+            n=len(order),
+            B=pick(self.B),
+            scales=pick(self.scales),
+            zero_points=pick(self.zero_points),
+            correction=corr,
+        )
 
     def meta(self) -> str:
-        return json.dumps({"bits": self.bits, "block_size": self.block_size, "n": self.n, "k": self.k,
-                           "qtype": self.qtype})
+        return json.dumps(
+            {
+                "bits": self.bits,
+                "block_size": self.block_size,
+                "n": self.n,
+                "k": self.k,
+                "qtype": self.qtype,
+            }
+        )
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {f: getattr(self, f) for f in FIELDS if getattr(self, f) is not None}
@@ -65,24 +85,40 @@ class NBitsWeight:
 
 
 def concat_rows(parts: list[NBitsWeight], qtype: str | None = None) -> NBitsWeight:
-    """Weights of one layout stacked along N (q, k, v packed into one MatMulNBits); a missing correction is 0."""
+    """Weights of one layout stacked along N (q, k, v packed into one MatMulNBits); a missing
+    correction is 0."""
     first = parts[0]
     if any(p.layout != first.layout or p.k != first.k for p in parts):
         raise ValueError("concat_rows needs weights of one layout and K")
-    cat = lambda f: None if getattr(first, f) is None else np.concatenate([getattr(p, f) for p in parts])  # noqa: E731
+
+    def cat(f):
+        return None if getattr(first, f) is None else np.concatenate([getattr(p, f) for p in parts])
+
     corr = None
     if any(p.correction is not None for p in parts):
         blocks = first.scales.shape[1]
-        corr = np.concatenate([p.correction if p.correction is not None else np.zeros((blocks, p.n), np.float32)
-                               for p in parts], axis=1)                                  # [K/bs, sum N]
-    return replace(first, n=sum(p.n for p in parts), B=cat("B"), scales=cat("scales"),
-                   zero_points=cat("zero_points"), correction=corr,
-                   qtype=qtype or "+".join(sorted({p.qtype for p in parts})))
+        corr = np.concatenate(
+            [
+                p.correction if p.correction is not None else np.zeros((blocks, p.n), np.float32)
+                for p in parts
+            ],
+            axis=1,
+        )  # [K/bs, sum N]
+    return replace(
+        first,
+        n=sum(p.n for p in parts),
+        B=cat("B"),
+        scales=cat("scales"),
+        zero_points=cat("zero_points"),
+        correction=corr,
+        qtype=qtype or "+".join(sorted({p.qtype for p in parts})),
+    )
 
 
 def pack_blocks(weight: np.ndarray, bits: int, block_size: int, symmetric: bool):
-    """[K, N] float32 -> (packed uint8 [N, ceil(K/bs), bs*bits/8], scales [N, ceil(K/bs)], zero points uint8):
-    onnxruntime's own block quantiser (round to nearest); a last partial block along K is onnxruntime's to fill."""
+    """[K, N] float32 -> (packed uint8 [N, ceil(K/bs), bs*bits/8], scales [N, ceil(K/bs)], zero
+    points uint8): onnxruntime's own block quantiser (round to nearest); a last partial block along
+    K is onnxruntime's to fill."""
     from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
 
     k, n = weight.shape
@@ -96,12 +132,15 @@ def pack_blocks(weight: np.ndarray, bits: int, block_size: int, symmetric: bool)
     return packed, scales, zero_points
 
 
-def rtn(weight, bits: int, block_size: int, symmetric: bool = True, rows: int = 8192, shape=None) -> NBitsWeight:
-    """W [N, K] float -> its round-to-nearest blocks (onnxruntime's quantiser), `rows` output rows at a time
-    (each row's blocks depend on that row only, so a 151,936-row table is never transposed whole).
+def rtn(
+    weight, bits: int, block_size: int, symmetric: bool = True, rows: int = 8192, shape=None
+) -> NBitsWeight:
+    """W [N, K] float -> its round-to-nearest blocks (onnxruntime's quantiser), `rows` output rows
+    at a time (each row's blocks depend on that row only, so a 151,936-row table is never transposed
+    whole).
 
-    `weight`: an array, or a function `read(row_slice)` giving those rows (with `shape` [N, K]), so W itself is
-    never held whole either."""
+    `weight`: an array, or a function `read(row_slice)` giving those rows (with `shape` [N, K]), so
+    W itself is never held whole either."""
     read = weight if callable(weight) else (lambda sl: weight[sl])
     n, k = shape or weight.shape
     blocks = -(-k // block_size)
@@ -109,36 +148,47 @@ def rtn(weight, bits: int, block_size: int, symmetric: bool = True, rows: int = 
     scales = np.zeros((n, blocks), np.float32)
     zps = None if symmetric else np.zeros((n, -(-blocks // (8 // bits))), np.uint8)
     for start in range(0, n, rows):
-        chunk = np.ascontiguousarray(read(slice(start, start + rows)).T, dtype=np.float32)  # [K, rows]
-        packed[start:start + rows], scales[start:start + rows], zp = pack_blocks(chunk, bits, block_size, symmetric)
+        chunk = np.ascontiguousarray(
+            read(slice(start, start + rows)).T, dtype=np.float32
+        )  # [K, rows]
+        packed[start : start + rows], scales[start : start + rows], zp = pack_blocks(
+            chunk, bits, block_size, symmetric
+        )
         if zps is not None:
-            zps[start:start + rows] = zp
+            zps[start : start + rows] = zp
     return NBitsWeight(bits, block_size, n, k, packed, scales, zps, None, "rtn")
 
 
 def dequantize(w: NBitsWeight, rows: int = 8192) -> np.ndarray:
-    """W [N, K] float32 from the operands, by MatMulNBits' definition ((q - zp) * scale [+ correction]),
-    `rows` rows at a time (no full-size temporaries)."""
+    """W [N, K] float32 from the operands, by MatMulNBits' definition ((q - zp) * scale [+
+    correction]), `rows` rows at a time (no full-size temporaries)."""
     out = np.empty((w.n, w.k), np.float32)
     for start in range(0, w.n, rows):
-        out[start:start + rows] = _dequantize_rows(w.rows(np.arange(start, min(start + rows, w.n))))
+        out[start : start + rows] = _dequantize_rows(
+            w.rows(np.arange(start, min(start + rows, w.n)))
+        )
     return out
 
 
 def _dequantize_rows(w: NBitsWeight) -> np.ndarray:
     blocks = w.scales.shape[1]
     if w.bits == 4:
-        q = np.stack([w.B & 0x0F, w.B >> 4], axis=-1).reshape(w.n, blocks, w.block_size)    # 2i low, 2i+1 high
+        q = np.stack([w.B & 0x0F, w.B >> 4], axis=-1).reshape(
+            w.n, blocks, w.block_size
+        )  # 2i low, 2i+1 high
     else:
         q = w.B.reshape(w.n, blocks, w.block_size)
     if w.zero_points is None:
         zp = np.full((w.n, blocks), 1 << (w.bits - 1), np.float32)
     elif w.bits == 4:
-        zp = np.stack([w.zero_points & 0x0F, w.zero_points >> 4], axis=-1).reshape(w.n, -1)[:, :blocks]
+        zp = np.stack([w.zero_points & 0x0F, w.zero_points >> 4], axis=-1).reshape(w.n, -1)[
+            :, :blocks
+        ]
     else:
         zp = w.zero_points
-    x = (q.astype(np.float32) - zp[..., None].astype(np.float32)) * w.scales[..., None]    # [N, K/bs, bs]
+    x = (q.astype(np.float32) - zp[..., None].astype(np.float32)) * w.scales[
+        ..., None
+    ]  # [N, K/bs, bs]
     if w.correction is not None:
         x = x + w.correction.T[..., None]
-    return x.reshape(w.n, -1)[:, :w.k]
-
+    return x.reshape(w.n, -1)[:, : w.k]

@@ -1,17 +1,18 @@
-"""RoPE tables in numpy: the one definition the torch reference (`layers.RotaryTable`) and the streamed
-ONNX graphs both use, so llama3 / yarn / linear scaling cannot drift between them.
+"""RoPE tables in numpy: the one definition the torch reference (`layers.RotaryTable`) and the
+streamed ONNX graphs both use, so llama3 / yarn / linear scaling cannot drift between them.
 
 >>> cos, sin = rope_tables(8, 10000.0, None, max_pos=4)
 >>> cos.shape, float(cos[0, 0])
 ((4, 8), 1.0)
 """
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from dflash_edge.runtime.errors import ModelFormatError
+from ..runtime.errors import ModelFormatError
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _F32 = np.float32
@@ -55,9 +56,14 @@ def _yarn(dim: int, base: float, s: dict, max_pos: int) -> tuple[np.ndarray, flo
     return inv_freq.astype(_F32), attn
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None, max_pos: int) -> tuple[np.ndarray, float]:
-    """Inverse frequencies [D/2] (float32) and the attention (cos/sin) scale for the rope type a config declares."""
-    inv_freq = (1.0 / _F32(theta) ** (np.arange(0, head_dim, 2, dtype=_F32) / _F32(head_dim))).astype(_F32)
+def rope_inv_freq(
+    head_dim: int, theta: float, scaling: dict | None, max_pos: int
+) -> tuple[np.ndarray, float]:
+    """Inverse frequencies [D/2] (float32) and the attention (cos/sin) scale for the rope type a
+    config declares."""
+    inv_freq = (
+        1.0 / _F32(theta) ** (np.arange(0, head_dim, 2, dtype=_F32) / _F32(head_dim))
+    ).astype(_F32)
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "default":
         return inv_freq, 1.0
@@ -67,20 +73,28 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None, max_pos: in
         return _llama3_inv_freq(inv_freq, scaling), 1.0
     if kind == "yarn":
         return _yarn(head_dim, theta, scaling, max_pos)
-    raise ModelFormatError(f"rope_scaling type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+    raise ModelFormatError(
+        f"rope_scaling type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
+    )
 
 
-def rope_tables(head_dim: int, theta: float, scaling: dict | None, max_pos: int,
-                rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [P, D] (float32), the attention scale (yarn) folded in; halves repeat ([f, f]). P = max_pos, or
-    `rows` when fewer positions are reachable (a bundle's KV capacity): the same first rows, the scaling still
-    computed for the model's `max_pos`."""
+def rope_tables(
+    head_dim: int, theta: float, scaling: dict | None, max_pos: int, rows: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [P, D] (float32), the attention scale (yarn) folded in; halves repeat ([f, f]). P
+    = max_pos, or `rows` when fewer positions are reachable (a bundle's KV capacity): the same first
+    rows, the scaling still computed for the model's `max_pos`."""
     inv_freq, scale = rope_inv_freq(head_dim, theta, scaling, max_pos)
     return rope_at(np.arange(min(rows, max_pos) if rows else max_pos), inv_freq, scale)
 
 
-def rope_at(positions: np.ndarray, inv_freq: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [*positions.shape, D] of the given positions: exactly the rows `rope_tables` holds for them."""
-    freqs = np.multiply.outer(np.asarray(positions).astype(_F32), inv_freq).astype(_F32)    # [..., D/2]
-    emb = np.concatenate([freqs, freqs], axis=-1)                                  # [..., D]
+def rope_at(
+    positions: np.ndarray, inv_freq: np.ndarray, scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [*positions.shape, D] of the given positions: exactly the rows `rope_tables`
+    holds for them."""
+    freqs = np.multiply.outer(np.asarray(positions).astype(_F32), inv_freq).astype(
+        _F32
+    )  # [..., D/2]
+    emb = np.concatenate([freqs, freqs], axis=-1)  # [..., D]
     return (np.cos(emb) * _F32(scale)).astype(_F32), (np.sin(emb) * _F32(scale)).astype(_F32)

@@ -1,5 +1,6 @@
 """What differs between families, as data: attention, sparse MLP and GGUF entries (torch-free: the
 streamed graph builders read them too)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ class AttentionSpec:
     >>> AttentionSpec(64, 4, 2, 16, 1e-6, qk_norm=True).num_heads // 2
     2
     """
+
     hidden_size: int
     num_heads: int
     num_kv_heads: int
@@ -39,8 +41,9 @@ class ArchSpec:
 class MoESpec:
     """One sparse MLP: a softmax router over `num_experts`; the `top_k` best run, their weights
     renormalised to sum 1 when `norm_topk_prob`."""
+
     hidden_size: int
     num_experts: int
     top_k: int
-    intermediate: int              # each expert's SwiGLU width (moe_intermediate_size)
+    intermediate: int  # each expert's SwiGLU width (moe_intermediate_size)
     norm_topk_prob: bool

@@ -2,11 +2,12 @@
 
 Rollback after a rejected draft is `crop(n)`: the pointer moves, nothing is copied or freed.
 """
+
 from __future__ import annotations
 
 import torch
 
-from dflash_edge.runtime.errors import ContextOverflowError
+from ..runtime.errors import ContextOverflowError
 
 
 class StaticKVCache:
@@ -17,9 +18,17 @@ class StaticKVCache:
     0
     """
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int,
-                 dtype: torch.dtype = torch.float32):
-        self.k = torch.zeros(num_layers, 1, num_kv_heads, max_len, head_dim, dtype=dtype)  # [L, 1, Hkv, S, D]
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+    ):
+        self.k = torch.zeros(
+            num_layers, 1, num_kv_heads, max_len, head_dim, dtype=dtype
+        )  # [L, 1, Hkv, S, D]
         self.v = torch.zeros_like(self.k)
         self.max_len = max_len
         self.length = 0
@@ -31,14 +40,17 @@ class StaticKVCache:
     def check_room(self, num_new: int) -> None:
         if self.length + num_new > self.max_len:
             raise ContextOverflowError(
-                f"{self.length} cached + {num_new} new positions exceed the cache size {self.max_len}; "
-                f"shorten the prompt or raise max_context")
+                f"{self.length} cached + {num_new} new positions exceed the cache size "
+                f"{self.max_len}; "
+                f"shorten the prompt or raise max_context"
+            )
 
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
-        """Store new K/V [1, Hkv, T, D] right after the live prefix (call `advance` once per step)."""
+        """Store new K/V [1, Hkv, T, D] right after the live prefix (call `advance` once per
+        step)."""
         end = self.length + k_new.shape[2]
-        self.k[layer, :, :, self.length:end] = k_new
-        self.v[layer, :, :, self.length:end] = v_new
+        self.k[layer, :, :, self.length : end] = k_new
+        self.v[layer, :, :, self.length : end] = v_new
 
     def advance(self, num_new: int) -> None:
         self.length += num_new

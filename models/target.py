@@ -1,8 +1,8 @@
 """The torch reference target: a decoder-only LLM assembled from a family's `AttentionSpec`.
 
-Tensor names follow Hugging Face (`model.layers.{i}.self_attn.q_proj.weight`, ...), so a checkpoint's
-`model.safetensors` loads without renaming.
-"""
+Tensor names follow Hugging Face (`model.layers.{i}.self_attn.q_proj.weight`, ...), so a
+checkpoint's `model.safetensors` loads without renaming."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,36 +11,42 @@ import torch
 from torch import nn
 
 from .config import TargetConfig
+from .layers import AttentionSpec, DecoderLayer, RMSNorm, RotaryTable, causal_mask
 from .moe import SparseMoE
 from .static_cache import StaticKVCache
-from .layers import AttentionSpec, DecoderLayer, RMSNorm, RotaryTable, causal_mask
 
 
 def lm_logits(lm_head: nn.Linear, h: torch.Tensor) -> torch.Tensor:
-    """`lm_head(h)` computed on a 2-D view: ONNX export then emits Gemm(transB=1) on the weight itself
-    instead of constant-folding a transposed copy, so a tied embedding is stored once per graph."""
-    return lm_head(h.reshape(-1, h.shape[-1])).view(*h.shape[:-1], -1)             # [..., V]
+    """`lm_head(h)` computed on a 2-D view: ONNX export then emits Gemm(transB=1) on the weight
+    itself instead of constant-folding a transposed copy, so a tied embedding is stored once per
+    graph."""
+    return lm_head(h.reshape(-1, h.shape[-1])).view(*h.shape[:-1], -1)  # [..., V]
 
 
 @dataclass
 class TargetOutput:
-    logits: torch.Tensor          # [1, T, V]
-    hidden: torch.Tensor | None   # [1, T, len(capture) * H]: outputs of the captured layers, concatenated
+    logits: torch.Tensor  # [1, T, V]
+    hidden: (
+        torch.Tensor | None
+    )  # [1, T, len(capture) * H]: outputs of the captured layers, concatenated
 
 
 class _Body(nn.Module):
     def __init__(self, cfg: TargetConfig, spec: AttentionSpec, mlps: tuple = ()):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        mlps = mlps or (None,) * cfg.num_hidden_layers                 # per layer: dense, or router + experts
-        self.layers = nn.ModuleList(DecoderLayer(spec, cfg.intermediate_size, moe and SparseMoE(moe)) for moe in mlps)
+        mlps = mlps or (None,) * cfg.num_hidden_layers  # per layer: dense, or router + experts
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, cfg.intermediate_size, moe and SparseMoE(moe)) for moe in mlps
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class TargetModel(nn.Module):
     """Forward over a static KV cache; returns logits and the hidden states of requested layers.
 
-    Layer id `i` captures the output of decoder layer `i`, i.e. Hugging Face's `hidden_states[i + 1]`.
+    Layer id `i` captures the output of decoder layer `i`, i.e. Hugging Face's `hidden_states[i +
+    1]`.
 
     >>> model = build_target(cfg)                      # doctest: +SKIP
     >>> cache = model.new_cache(max_len=256)           # doctest: +SKIP
@@ -54,7 +60,9 @@ class TargetModel(nn.Module):
         self.model = _Body(cfg, spec, mlps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
-        self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+        self.rope = RotaryTable(
+            cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings
+        )
 
     def tie_weights(self) -> None:
         """A tied checkpoint's LM head *is* its embedding (one tensor, also after loading)."""
@@ -63,8 +71,13 @@ class TargetModel(nn.Module):
 
     def new_cache(self, max_len: int) -> StaticKVCache:
         c = self.config
-        return StaticKVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len,
-                             dtype=self.lm_head.weight.dtype)
+        return StaticKVCache(
+            c.num_hidden_layers,
+            c.num_key_value_heads,
+            c.head_dim,
+            max_len,
+            dtype=self.lm_head.weight.dtype,
+        )
 
     def step(self, input_ids, positions, past_k, past_v, mask, capture=(), last_logits_only=False):
         """Pure forward: (logits, captured hidden or None, new_k list, new_v list).
@@ -74,7 +87,7 @@ class TargetModel(nn.Module):
         `last_logits_only` the logits are those of the last position only ([b, 1, V]: a batched
         prefill then skips a [b, T, V] tensor).
         """
-        x = self.model.embed_tokens(input_ids)                                      # [1, T, H]
+        x = self.model.embed_tokens(input_ids)  # [1, T, H]
         rope = self.rope(positions)
         new_k, new_v, captured = [], [], []
         for i, layer in enumerate(self.model.layers):
@@ -83,20 +96,28 @@ class TargetModel(nn.Module):
             new_v.append(v)
             if i in capture:
                 captured.append(x)
-        hidden = torch.cat([captured[capture.index(i)] for i in capture], dim=-1) if capture else None
-        logits = lm_logits(self.lm_head, self.model.norm(x[:, -1:] if last_logits_only else x))  # [b, T or 1, V]
+        hidden = (
+            torch.cat([captured[capture.index(i)] for i in capture], dim=-1) if capture else None
+        )
+        logits = lm_logits(
+            self.lm_head, self.model.norm(x[:, -1:] if last_logits_only else x)
+        )  # [b, T or 1, V]
         return logits, hidden, new_k, new_v
 
-    def forward(self, input_ids: torch.Tensor, cache: StaticKVCache, capture: tuple[int, ...] = ()) -> TargetOutput:
-        """Run `input_ids` [1, T] after the cached prefix, causally, and append their K/V to `cache`."""
+    def forward(
+        self, input_ids: torch.Tensor, cache: StaticKVCache, capture: tuple[int, ...] = ()
+    ) -> TargetOutput:
+        """Run `input_ids` [1, T] after the cached prefix, causally, and append their K/V to
+        `cache`."""
         num_new = input_ids.shape[1]
         cache.check_room(num_new)
         start = cache.length
         positions = torch.arange(start, start + num_new)
         past = [cache.past(i) for i in range(self.config.num_hidden_layers)]
         mask = causal_mask(num_new, start, dtype=self.lm_head.weight.dtype)
-        logits, hidden, new_k, new_v = self.step(input_ids, positions, [p[0] for p in past],
-                                                 [p[1] for p in past], mask, tuple(capture))
+        logits, hidden, new_k, new_v = self.step(
+            input_ids, positions, [p[0] for p in past], [p[1] for p in past], mask, tuple(capture)
+        )
         for i, (k, v) in enumerate(zip(new_k, new_v)):
             cache.write(i, k, v)
         cache.advance(num_new)

@@ -1,13 +1,15 @@
 """`quantize_bundle`: a bundle -> its model re-exported at another precision, plus a quality report.
 
-The exporter is the one writer (docs/design.md §2): quantize reads the source checkpoints and options
-the bundle's manifest recorded (`source.export_options`), exports them again at the requested
-precisions (export/exporter.py: one temp folder, one publish), and, before that publish, measures
-the new bundle against the input one (quality.py) and stores the report in it. The input bundle is
-only read.
+The exporter is the one writer (docs/design.md §2): quantize reads the source checkpoints and
+options the bundle's manifest recorded (`source.export_options`), exports them again at the
+requested precisions (export/exporter.py: one temp folder, one publish), and, before that publish,
+measures the new bundle against the input one (quality.py) and stores the report in it. The input
+bundle is only read.
 
->>> quantize_bundle(QuantizeOptions("bundle/", "bundle-int8/", target="int8", draft="int8"))  # doctest: +SKIP
+>>> quantize_bundle(  # doctest: +SKIP
+...     QuantizeOptions("bundle/", "bundle-int8/", target="int8", draft="int8"))
 """
+
 from __future__ import annotations
 
 import json
@@ -15,9 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_edge.export.exporter import ExportOptions, export_bundle
-from dflash_edge.runtime import bundle as bundle_mod
-
+from ..export.exporter import ExportOptions, export_bundle
+from ..runtime import bundle as bundle_mod
 from .precisions import QuantizeError, QuantSettings, check_precision
 from .quality import ReportOptions, format_report, quality_report, write_report
 
@@ -26,25 +27,29 @@ QUALITY_FILE = "quality.json"
 
 @dataclass
 class QuantizeOptions:
-    bundle: str | Path                   # input bundle: its manifest names its checkpoints
+    bundle: str | Path  # input bundle: its manifest names its checkpoints
     out: str | Path
-    target: str = "int8"                 # precision of the target graph(s)
-    draft: str = "int8"                  # precision of the drafter's own layers
+    target: str = "int8"  # precision of the target graph(s)
+    draft: str = "int8"  # precision of the drafter's own layers
     force: bool = False
     settings: QuantSettings = field(default_factory=QuantSettings)
-    report: ReportOptions | None = field(default_factory=ReportOptions)   # None: no quality report
-    kv_cache: str = "fp32"               # the fused target's cache: fp32 | int8 (kv_cache.py)
-    source_target: str | None = None     # the target checkpoint, when the recorded one is not here
-    source_draft: str | None = None      # the drafter checkpoint, likewise
+    report: ReportOptions | None = field(default_factory=ReportOptions)  # None: no quality report
+    kv_cache: str = "fp32"  # the fused target's cache: fp32 | int8 (kv_cache.py)
+    source_target: str | None = None  # the target checkpoint, when the recorded one is not here
+    source_draft: str | None = None  # the drafter checkpoint, likewise
 
 
 def _check_out(src: Path, out: Path, force: bool) -> None:
     src, res = src.resolve(), out.resolve()
     if res == src or src in res.parents:
-        raise QuantizeError(f"--out {out} is inside the input bundle {src}; write the new bundle elsewhere")
+        raise QuantizeError(
+            f"--out {out} is inside the input bundle {src}; write the new bundle elsewhere"
+        )
     if res in src.parents:
-        raise QuantizeError(f"--out {out} contains the input bundle {src} (replacing it would "
-                            f"delete the input); choose another folder")
+        raise QuantizeError(
+            f"--out {out} contains the input bundle {src} (replacing it would "
+            f"delete the input); choose another folder"
+        )
     if out.exists() and not force:
         raise QuantizeError(f"{out} already exists; pass --force to replace it")
 
@@ -54,15 +59,20 @@ def recorded_options(manifest: dict, opts: QuantizeOptions) -> dict:
     QuantizeError naming --target-checkpoint / --draft-checkpoint when one is unknown or gone."""
     recorded = dict((manifest.get("source") or {}).get("export_options") or {})
     if not recorded:
-        raise QuantizeError("the bundle does not record the checkpoints it was exported from (an "
-                            "older exporter); re-export it with `dflash-edge export --precision "
-                            "...`, or pass --target-checkpoint and --draft-checkpoint")
-    for key, given, flag in (("target", opts.source_target, "--target-checkpoint"),
-                             ("draft", opts.source_draft, "--draft-checkpoint")):
+        raise QuantizeError(
+            "the bundle does not record the checkpoints it was exported from (an "
+            "older exporter); re-export it with `dflash-edge export --precision "
+            "...`, or pass --target-checkpoint and --draft-checkpoint"
+        )
+    for key, given, flag in (
+        ("target", opts.source_target, "--target-checkpoint"),
+        ("draft", opts.source_draft, "--draft-checkpoint"),
+    ):
         spec = given or recorded.get(key)
         if not _available(spec):
-            raise QuantizeError(f"the bundle's {key} checkpoint {spec!r} is not here; "
-                                f"pass {flag} DIR")
+            raise QuantizeError(
+                f"the bundle's {key} checkpoint {spec!r} is not here; pass {flag} DIR"
+            )
         recorded[key] = spec
     return recorded
 
@@ -72,25 +82,34 @@ def _available(spec) -> bool:
     if spec in (None, "default", "random"):
         return True
     path = Path(spec).expanduser()
-    return path.exists() or (not path.is_absolute() and len(path.parts) == 2)    # org/name: hub id
+    return path.exists() or (not path.is_absolute() and len(path.parts) == 2)  # org/name: hub id
 
 
 def quantize_bundle(opts: QuantizeOptions, log=None) -> Path:
     """Re-export the bundle's checkpoints at `opts.target` / `opts.draft`, add the quality report
     (unless `opts.report` is None), publish atomically."""
-    log = log or sys.stderr                 # looked up per call: a replaced sys.stderr is honoured
-    src = bundle_mod.read_bundle(opts.bundle, verify=True)    # a file failing its sha256 stops here
+    log = log or sys.stderr  # looked up per call: a replaced sys.stderr is honoured
+    src = bundle_mod.read_bundle(opts.bundle, verify=True)  # a file failing its sha256 stops here
     check_precision(opts.target)
     check_precision(opts.draft)
     out = Path(opts.out).expanduser()
     _check_out(src.root, out, opts.force)
     recorded = recorded_options(src.manifest, opts)
     prompts = opts.report.prompts if opts.report else recorded.get("kv_prompts")
-    export = ExportOptions(**{**recorded, "out": out, "force": opts.force, "precision": opts.target,
-                              "draft_precision": opts.draft, "kv_cache": opts.kv_cache,
-                              "quant_block": opts.settings.block_size,
-                              "accuracy_level": opts.settings.accuracy_level, "kv_prompts": prompts,
-                              "threads": opts.report.threads if opts.report else 0})
+    export = ExportOptions(
+        **{
+            **recorded,
+            "out": out,
+            "force": opts.force,
+            "precision": opts.target,
+            "draft_precision": opts.draft,
+            "kv_cache": opts.kv_cache,
+            "quant_block": opts.settings.block_size,
+            "accuracy_level": opts.settings.accuracy_level,
+            "kv_prompts": prompts,
+            "threads": opts.report.threads if opts.report else 0,
+        }
+    )
 
     def finish(tmp: Path) -> None:
         manifest = json.loads((tmp / bundle_mod.MANIFEST).read_text())

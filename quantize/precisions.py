@@ -3,14 +3,15 @@
 >>> check_precision("int4")
 'int4'
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from dflash_edge.export.device_plan import EXPORT_PRECISIONS
-from dflash_edge.runtime.errors import DflashEdgeError
+from ..export.device_plan import EXPORT_PRECISIONS
+from ..runtime.errors import DflashEdgeError
 
-PRECISIONS = EXPORT_PRECISIONS           # highest first; every one written by the exporter itself
+PRECISIONS = EXPORT_PRECISIONS  # highest first; every one written by the exporter itself
 
 
 class QuantizeError(DflashEdgeError, ValueError):
@@ -31,11 +32,14 @@ class QuantSettings:
 
     def __post_init__(self):
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
-            raise QuantizeError(f"--block-size {self.block_size}: must be a power of two >= 16 "
-                                f"(e.g. 32, 64, 128)")
+            raise QuantizeError(
+                f"--block-size {self.block_size}: must be a power of two >= 16 (e.g. 32, 64, 128)"
+            )
         if self.accuracy_level not in (0, 4):
-            raise QuantizeError(f"--accuracy-level {self.accuracy_level}: choose 4 (int8 "
-                                f"activations, row-exact) or 0 (fp32)")
+            raise QuantizeError(
+                f"--accuracy-level {self.accuracy_level}: choose 4 (int8 "
+                f"activations, row-exact) or 0 (fp32)"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)

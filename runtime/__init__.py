@@ -1,8 +1,10 @@
-"""dflash_edge.runtime — numpy + onnxruntime only (docs/design.md §2): bundles, sessions, KV buffers, the loop.
+"""dflash_edge.runtime — numpy + onnxruntime only (docs/design.md §2): bundles, sessions, KV
+buffers, the loop.
 
 >>> from dflash_edge.runtime import Generator                           # doctest: +SKIP
 >>> Generator.load("bundle/").generate("Hi", max_new_tokens=32).text   # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,14 +1,15 @@
 """The bundle contract: `manifest.json` schema, reading and validation (docs/design.md §3).
 
 The runtime learns everything from the manifest; export and quantize write bundles through
-`write_manifest`. Unknown keys, missing files and sha256 mismatches are errors naming the key or file.
-Bundles come from downloads, so the manifest is untrusted: every path it names resolves inside
-the bundle folder (`inside`), every graph's external data is one of its listed files, and sizes
-are bounded before anything is allocated (`check_sizes`).
+`write_manifest`. Unknown keys, missing files and sha256 mismatches are errors naming the key or
+file. Bundles come from downloads, so the manifest is untrusted: every path it names resolves inside
+the bundle folder (`inside`), every graph's external data is one of its listed files, and sizes are
+bounded before anything is allocated (`check_sizes`).
 
 >>> bundle = read_bundle("bundle/")                  # doctest: +SKIP
 >>> bundle.graph_path("target"), bundle.block_size   # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,46 +29,130 @@ MANIFEST = "manifest.json"
 
 # section -> allowed keys (None: free-form dict). Every key is required unless listed in OPTIONAL.
 SCHEMA: dict[str, tuple[str, ...] | None] = {
-    "": ("format", "manifest_version", "exporter_version", "created", "model", "block_size",
-         "trained_block_size", "max_context", "prefill_chunk", "kv_cache", "shared_weights", "graphs",
-         "tokenizer", "source", "engines", "checksum",
-         "quality"),                                  # quality: quantize's report file (path, bytes, sha256)
-    "model": ("family", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-              "draft_num_layers", "target_layer_ids", "mask_token_id", "eos_token_ids", "bos_token_id",
-              "max_position_embeddings", "draft_vocab_size",
-              "draft_intermediate_size",                       # MLP widths for devices plan (older bundles lack them)
-              "draft_layer_types", "draft_sliding_window",     # a drafter with sliding-window layers (io_tables)
-              "num_experts", "experts_per_token", "moe_intermediate_size", "intermediate_size",
-              "sparse_layers",                                # an MoE target (qwen3_moe)
-              "layer_types", "linear_conv_kernel_dim", "linear_num_key_heads", "linear_num_value_heads",
-              "linear_key_head_dim", "linear_value_head_dim"),    # a hybrid target (qwen3_5)
+    "": (
+        "format",
+        "manifest_version",
+        "exporter_version",
+        "created",
+        "model",
+        "block_size",
+        "trained_block_size",
+        "max_context",
+        "prefill_chunk",
+        "kv_cache",
+        "shared_weights",
+        "graphs",
+        "tokenizer",
+        "source",
+        "engines",
+        "checksum",
+        "quality",
+    ),  # quality: quantize's report file (path, bytes, sha256)
+    "model": (
+        "family",
+        "vocab_size",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "draft_num_layers",
+        "target_layer_ids",
+        "mask_token_id",
+        "eos_token_ids",
+        "bos_token_id",
+        "max_position_embeddings",
+        "draft_vocab_size",
+        "draft_intermediate_size",  # MLP widths for devices plan (older bundles lack them)
+        "draft_layer_types",
+        "draft_sliding_window",  # a drafter with sliding-window layers (io_tables)
+        "num_experts",
+        "experts_per_token",
+        "moe_intermediate_size",
+        "intermediate_size",
+        "sparse_layers",  # an MoE target (qwen3_moe)
+        "layer_types",
+        "linear_conv_kernel_dim",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+    ),  # a hybrid target (qwen3_5)
     "kv_cache": ("layout", "dtype", "slack"),
     "tokenizer": ("file", "config", "checksums"),
-    "graph": ("files", "precision", "io", "static_shapes", "opset", "flavour",   # flavour: io_tables.FLAVOURS
-              "quantization", "kv_cache", "weight_bytes"),    # weight_bytes: its initializers' (devices plan)            # quantization: tool, settings, what was lowered;
-    #                                                   kv_cache: the graph's own cache (export/kv_cache.py)
+    "graph": (
+        "files",
+        "precision",
+        "io",
+        "static_shapes",
+        "opset",
+        "flavour",  # flavour: io_tables.FLAVOURS
+        "quantization",
+        "kv_cache",
+        "weight_bytes",
+        # quantization: tool, settings, what was lowered; weight_bytes: its initializers' (devices
+        # plan)
+    ),
+    # kv_cache: the graph's own cache (export/kv_cache.py)
     "source": None,
     "shared_weights": None,
     "engines": None,
 }
-OPTIONAL = {"engines", "source", "created", "bos_token_id", "opset", "draft_vocab_size", "flavour", "draft_intermediate_size",
-            "draft_layer_types", "draft_sliding_window",
-            "num_experts", "experts_per_token", "moe_intermediate_size", "intermediate_size", "sparse_layers",
-            "layer_types", "linear_conv_kernel_dim", "linear_num_key_heads", "linear_num_value_heads",
-            "linear_key_head_dim", "linear_value_head_dim",
-            "quality", "quantization",
-            "checksum", "checksums"}     # older bundles lack the manifest's and the tokenizer files' sha256
-OPTIONAL_IN = {"graph": {"kv_cache", "weight_bytes"}}   # optional in that section only (the top-level kv_cache is required)
+OPTIONAL = {
+    "engines",
+    "source",
+    "created",
+    "bos_token_id",
+    "opset",
+    "draft_vocab_size",
+    "flavour",
+    "draft_intermediate_size",
+    "draft_layer_types",
+    "draft_sliding_window",
+    "num_experts",
+    "experts_per_token",
+    "moe_intermediate_size",
+    "intermediate_size",
+    "sparse_layers",
+    "layer_types",
+    "linear_conv_kernel_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "quality",
+    "quantization",
+    "checksum",
+    "checksums",
+}  # older bundles lack the manifest's and the tokenizer files' sha256
+OPTIONAL_IN = {
+    "graph": {"kv_cache", "weight_bytes"}
+}  # optional in that section only (the top-level kv_cache is required)
 KV_LAYOUT = "S,L,Hkv,D"
 # read by fixed name, not through the manifest (tuning.TUNED, tokenizer.py, TensorRT EP's cache)
-LOADER_FILES = ("tuned.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                ".trt-cache")
-MAX_DIM = 2**31 - 1              # any one size (onnxruntime's shapes, numpy's buffers)
-MAX_KV_BYTES = 2**40             # 1 TiB of KV cache: no device has it; a larger figure is hostile
+LOADER_FILES = (
+    "tuned.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    ".trt-cache",
+)
+MAX_DIM = 2**31 - 1  # any one size (onnxruntime's shapes, numpy's buffers)
+MAX_KV_BYTES = 2**40  # 1 TiB of KV cache: no device has it; a larger figure is hostile
 KV_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
-SIZES = {"": ("block_size", "trained_block_size", "max_context", "prefill_chunk"),
-         "model": ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                   "head_dim", "draft_num_layers", "max_position_embeddings")}
+SIZES = {
+    "": ("block_size", "trained_block_size", "max_context", "prefill_chunk"),
+    "model": (
+        "vocab_size",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "draft_num_layers",
+        "max_position_embeddings",
+    ),
+}
 
 
 class BundleError(DflashEdgeError):
@@ -96,12 +181,13 @@ class Bundle:
         return self.manifest["kv_cache"]["dtype"]
 
     def graph_kv_dtype(self, name: str) -> str:
-        """The cache dtype graph `name` runs with: its own `kv_cache` entry (an int8 fused target), else the bundle's."""
+        """The cache dtype graph `name` runs with: its own `kv_cache` entry (an int8 fused target),
+        else the bundle's."""
         return self.manifest["graphs"][name].get("kv_cache", {}).get("dtype", self.kv_dtype)
 
     def graph_pad_rows(self, name: str) -> int | None:
-        """Zero rows graph `name` appends to attention's input when its manifest says (0 for an int8 fused
-        target); None: the graph's own default (kv.py: 1 for the fp32-cache fused target)."""
+        """Zero rows graph `name` appends to attention's input when its manifest says (0 for an int8
+        fused target); None: the graph's own default (kv.py: 1 for the fp32-cache fused target)."""
         return self.manifest["graphs"][name].get("kv_cache", {}).get("pad_rows")
 
     def graph_path(self, name: str) -> Path:
@@ -128,8 +214,13 @@ def escape_reason(rel) -> str | None:
     return None
 
 
-def inside(root: Path, rel, key: str, error: type[DflashEdgeError] = PathEscapeError,
-           home: Path | None = None) -> Path:
+def inside(
+    root: Path,
+    rel,
+    key: str,
+    error: type[DflashEdgeError] = PathEscapeError,
+    home: Path | None = None,
+) -> Path:
     """`root / rel`, refused (`error` naming `key` and the path) unless it stays inside `root`:
     no absolute path, no `..`, no symlink on the way that leads outside `home` (default `root`):
     what a hostile download would try.
@@ -142,9 +233,11 @@ def inside(root: Path, rel, key: str, error: type[DflashEdgeError] = PathEscapeE
     if reason is None and not Path(os.path.realpath(Path(root) / rel)).is_relative_to(home):
         reason = "leads outside through a symlink"
     if reason is not None:
-        raise error(f"{key} = {rel!r:.120} {reason} of {root}: only files inside that folder may "
-                    f"be named. The files are damaged or hostile: re-create them (or get them "
-                    f"from a source you trust)")
+        raise error(
+            f"{key} = {rel!r:.120} {reason} of {root}: only files inside that folder may "
+            f"be named. The files are damaged or hostile: re-create them (or get them "
+            f"from a source you trust)"
+        )
     return Path(root) / rel
 
 
@@ -154,12 +247,15 @@ def check_external_data(graph: Path, listed: set[str], key: str) -> None:
     try:
         unlisted = sorted(external_locations(graph) - listed)
     except (OnnxScanError, OSError) as err:
-        raise BundleError(f"{graph} is not a readable ONNX file ({err}); re-export the bundle") \
-            from None
+        raise BundleError(
+            f"{graph} is not a readable ONNX file ({err}); re-export the bundle"
+        ) from None
     if unlisted:
-        raise PathEscapeError(f"{graph} reads external data from {unlisted[:3]!r:.160}, which "
-                              f"{key}.files does not list: the graph is damaged or hostile; "
-                              f"re-export the bundle")
+        raise PathEscapeError(
+            f"{graph} reads external data from {unlisted[:3]!r:.160}, which "
+            f"{key}.files does not list: the graph is damaged or hostile; "
+            f"re-export the bundle"
+        )
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -177,20 +273,26 @@ def file_entry(root: Path, rel: str) -> dict:
 
 
 def manifest_checksum(manifest: dict) -> str:
-    """sha256 of the manifest's canonical JSON without its own `checksum` key (catches any edit or bit flip)."""
+    """sha256 of the manifest's canonical JSON without its own `checksum` key (catches any edit or
+    bit flip)."""
     body = {k: v for k, v in manifest.items() if k != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
 
 
 def _expect(value, kind: type, where: str):
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise BundleError(f"{where} is {type(value).__name__} {value!r:.60}, expected {kind.__name__}; "
-                          f"the manifest is damaged: re-export the bundle")
+        raise BundleError(
+            f"{where} is {type(value).__name__} {value!r:.60}, expected {kind.__name__}; "
+            f"the manifest is damaged: re-export the bundle"
+        )
     return value
 
 
 def _file_entries(manifest: dict, where: str) -> list[dict]:
-    """Every file the manifest names (graphs' files, the tokenizer's, the quality report), type-checked."""
+    """Every file the manifest names (graphs' files, the tokenizer's, the quality report),
+    type-checked."""
     entries = []
     for name, graph in manifest["graphs"].items():
         for i, e in enumerate(_expect(graph["files"], list, f"{where} [graphs.{name}.files]")):
@@ -199,7 +301,9 @@ def _file_entries(manifest: dict, where: str) -> list[dict]:
     entries.append({"path": _expect(tok["file"], str, f"{where} [tokenizer.file]")})
     if tok["config"] is not None:
         entries.append({"path": _expect(tok["config"], str, f"{where} [tokenizer.config]")})
-    for i, e in enumerate(_expect(tok.get("checksums", []), list, f"{where} [tokenizer.checksums]")):
+    for i, e in enumerate(
+        _expect(tok.get("checksums", []), list, f"{where} [tokenizer.checksums]")
+    ):
         entries.append(_entry(e, f"{where} [tokenizer.checksums[{i}]]"))
     if "quality" in manifest:
         entries.append(_entry(manifest["quality"], f"{where} [quality]"))
@@ -210,13 +314,16 @@ def _named_paths(manifest: dict) -> list[tuple[str, object]]:
     """(manifest key, path) of every path the manifest names, the free-form sections' included."""
     named = []
     for name, graph in manifest["graphs"].items():
-        named += [(f"graphs.{name}.files[{i}].path", e["path"])
-                  for i, e in enumerate(graph["files"])]
+        named += [
+            (f"graphs.{name}.files[{i}].path", e["path"]) for i, e in enumerate(graph["files"])
+        ]
     tok = manifest["tokenizer"]
     named += [("tokenizer.file", tok["file"])]
     named += [("tokenizer.config", tok["config"])] if tok["config"] else []
-    named += [(f"tokenizer.checksums[{i}].path", e["path"])
-              for i, e in enumerate(tok.get("checksums", []))]
+    named += [
+        (f"tokenizer.checksums[{i}].path", e["path"])
+        for i, e in enumerate(tok.get("checksums", []))
+    ]
     if "quality" in manifest:
         named.append(("quality.path", manifest["quality"]["path"]))
     for i, t in enumerate(_get(manifest.get("shared_weights"), "tensors", list)):
@@ -240,9 +347,11 @@ def _check_paths(manifest: dict, where: str, root: Path | None = None) -> None:
     for key, rel in _named_paths(manifest):
         reason = escape_reason(rel)
         if reason is not None:
-            raise PathEscapeError(f"{where} [{key}] = {rel!r:.120} {reason}: a bundle may only "
-                                  f"name files inside its own folder. The bundle is damaged or "
-                                  f"hostile: re-export it")
+            raise PathEscapeError(
+                f"{where} [{key}] = {rel!r:.120} {reason}: a bundle may only "
+                f"name files inside its own folder. The bundle is damaged or "
+                f"hostile: re-export it"
+            )
         if root is not None:
             inside(root, rel, f"{where} [{key}]")
 
@@ -261,8 +370,10 @@ def _check_keys(section: str, data: dict, where: str) -> None:
         return
     unknown = sorted(set(data) - set(allowed))
     if unknown:
-        raise BundleError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(allowed)} "
-                          f"(was the bundle written by a newer dflash-edge? re-export it)")
+        raise BundleError(
+            f"{where}: unknown key(s) {unknown}; allowed: {', '.join(allowed)} "
+            f"(was the bundle written by a newer dflash-edge? re-export it)"
+        )
     missing = sorted(set(allowed) - set(data) - OPTIONAL - OPTIONAL_IN.get(section, set()))
     if missing:
         raise BundleError(f"{where}: missing key(s) {missing}; re-export the bundle")
@@ -272,10 +383,15 @@ def validate_manifest(manifest: dict, where: str = MANIFEST) -> None:
     """Format, version, keys and types of the sections (BundleError naming the key otherwise)."""
     _expect(manifest, dict, where)
     if manifest.get("format") != FORMAT:
-        raise BundleError(f"{where}: format is {manifest.get('format')!r}, expected {FORMAT!r}: not a dflash-edge bundle")
+        raise BundleError(
+            f"{where}: format is {manifest.get('format')!r}, expected {FORMAT!r}: not a "
+            "dflash-edge bundle"
+        )
     if manifest.get("manifest_version") != MANIFEST_VERSION:
-        raise BundleError(f"{where}: manifest_version {manifest.get('manifest_version')!r} is not supported "
-                          f"(this dflash-edge reads version {MANIFEST_VERSION}); re-export the bundle or upgrade")
+        raise BundleError(
+            f"{where}: manifest_version {manifest.get('manifest_version')!r} is not supported "
+            f"(this dflash-edge reads version {MANIFEST_VERSION}); re-export the bundle or upgrade"
+        )
     _check_keys("", manifest, where)
     for section in ("model", "kv_cache", "tokenizer", "source", "shared_weights", "engines"):
         if section in manifest:
@@ -286,27 +402,44 @@ def validate_manifest(manifest: dict, where: str = MANIFEST) -> None:
     _check_paths(manifest, where)
     check_sizes(manifest, where)
     if manifest["kv_cache"]["layout"] != KV_LAYOUT:
-        raise BundleError(f"{where}: kv_cache.layout {manifest['kv_cache']['layout']!r} is not {KV_LAYOUT!r}")
-    for required in (("target", "target_hybrid"), ("drafter",)):     # a hybrid target's graph is target_hybrid
+        raise BundleError(
+            f"{where}: kv_cache.layout {manifest['kv_cache']['layout']!r} is not {KV_LAYOUT!r}"
+        )
+    for required in (
+        ("target", "target_hybrid"),
+        ("drafter",),
+    ):  # a hybrid target's graph is target_hybrid
         if not set(required) & set(manifest["graphs"]):
             raise BundleError(f"{where}: graphs lacks {required[0]!r}; re-export the bundle")
     _check_windows(manifest, where)
 
 
 def _check_windows(manifest: dict, where: str) -> None:
-    """`model.draft_layer_types` (one known kind per draft layer) and `draft_sliding_window` (1..max_context)."""
+    """`model.draft_layer_types` (one known kind per draft layer) and `draft_sliding_window`
+    (1..max_context)."""
     model = manifest["model"]
     kinds = model.get("draft_layer_types")
     if kinds is None:
         return
     known = ("full_attention", "sliding_attention")
-    if not isinstance(kinds, list) or len(kinds) != model["draft_num_layers"] or not set(kinds) <= set(known):
-        raise BundleError(f"{where} [model.draft_layer_types] is {kinds!r:.80}: expected one of {known} per draft "
-                          f"layer ({model['draft_num_layers']}); re-export the bundle")
+    if (
+        not isinstance(kinds, list)
+        or len(kinds) != model["draft_num_layers"]
+        or not set(kinds) <= set(known)
+    ):
+        raise BundleError(
+            f"{where} [model.draft_layer_types] is {kinds!r:.80}: expected one of {known} per "
+            "draft "
+            f"layer ({model['draft_num_layers']}); re-export the bundle"
+        )
     window = model.get("draft_sliding_window")
-    if "sliding_attention" in kinds and not (isinstance(window, int) and 1 <= window <= manifest["max_context"]):
-        raise BundleError(f"{where} [model.draft_sliding_window] is {window!r}: the sliding layers need a window "
-                          f"of 1..max_context ({manifest['max_context']}) positions; re-export the bundle")
+    if "sliding_attention" in kinds and not (
+        isinstance(window, int) and 1 <= window <= manifest["max_context"]
+    ):
+        raise BundleError(
+            f"{where} [model.draft_sliding_window] is {window!r}: the sliding layers need a window "
+            f"of 1..max_context ({manifest['max_context']}) positions; re-export the bundle"
+        )
 
 
 def check_sizes(manifest: dict, where: str = MANIFEST) -> None:
@@ -318,32 +451,39 @@ def check_sizes(manifest: dict, where: str = MANIFEST) -> None:
     _check_int(manifest["kv_cache"], "slack", "kv_cache", where, low=0)
     dtype = manifest["kv_cache"]["dtype"]
     if not isinstance(dtype, str) or dtype not in KV_ITEMSIZE:
-        raise BundleError(f"{where} [kv_cache.dtype] is {dtype!r:.40}: expected one of "
-                          f"{', '.join(KV_ITEMSIZE)}; re-export the bundle")
+        raise BundleError(
+            f"{where} [kv_cache.dtype] is {dtype!r:.40}: expected one of "
+            f"{', '.join(KV_ITEMSIZE)}; re-export the bundle"
+        )
     need = kv_cache_bytes(manifest)
     if need > MAX_KV_BYTES:
-        raise BundleError(f"{where}: its KV cache would take {need / 2**30:,.0f} GiB "
-                          f"(max_context {manifest['max_context']}, "
-                          f"{manifest['model']['num_layers']} layers): no device holds that; the "
-                          f"manifest is damaged or hostile: re-export with a smaller --max-context")
+        raise BundleError(
+            f"{where}: its KV cache would take {need / 2**30:,.0f} GiB "
+            f"(max_context {manifest['max_context']}, "
+            f"{manifest['model']['num_layers']} layers): no device holds that; the "
+            f"manifest is damaged or hostile: re-export with a smaller --max-context"
+        )
 
 
 def _check_int(data: dict, key: str, section: str, where: str, low: int = 1) -> None:
     name = f"{where} [{section + '.' if section else ''}{key}]"
     value = _expect(data[key], int, name)
     if not low <= value <= MAX_DIM:
-        raise BundleError(f"{name} is {value}: a size must be {low}..{MAX_DIM}; the manifest is "
-                          f"damaged or hostile: re-export the bundle")
+        raise BundleError(
+            f"{name} is {value}: a size must be {low}..{MAX_DIM}; the manifest is "
+            f"damaged or hostile: re-export the bundle"
+        )
 
 
 def kv_cache_bytes(manifest: dict) -> int:
     """Bytes of the target's and drafter's KV caches at max context (+ slack, block, prefill
     chunk), as Generator.load preallocates them; exact Python ints, so no product overflows."""
     m = manifest["model"]
-    rows = manifest["max_context"] + max(manifest["kv_cache"]["slack"], manifest["block_size"],
-                                         manifest["prefill_chunk"])
+    rows = manifest["max_context"] + max(
+        manifest["kv_cache"]["slack"], manifest["block_size"], manifest["prefill_chunk"]
+    )
     itemsize = KV_ITEMSIZE[manifest["kv_cache"]["dtype"]]
-    per_layer = rows * m["num_kv_heads"] * m["head_dim"] * 2 * itemsize              # K and V
+    per_layer = rows * m["num_kv_heads"] * m["head_dim"] * 2 * itemsize  # K and V
     kinds = m.get("layer_types")
     layers = kinds.count("full_attention") if isinstance(kinds, list) else m["num_layers"]
     return per_layer * (layers + m["draft_num_layers"])
@@ -355,9 +495,11 @@ def check_kv_fits(bundle: Bundle, provider: str) -> None:
     need = kv_cache_bytes(bundle.manifest)
     available = proc_kb_field("/proc/meminfo", "MemAvailable") if provider == "cpu" else None
     if available is not None and need > available:
-        raise BundleError(f"{bundle.root}: its KV cache at max_context {bundle.max_context} needs "
-                          f"{need / 2**30:.2f} GiB but {available / 2**30:.2f} GiB is available; "
-                          f"re-export with a smaller --max-context (or free memory)")
+        raise BundleError(
+            f"{bundle.root}: its KV cache at max_context {bundle.max_context} needs "
+            f"{need / 2**30:.2f} GiB but {available / 2**30:.2f} GiB is available; "
+            f"re-export with a smaller --max-context (or free memory)"
+        )
 
 
 def read_bundle(path: str | Path, verify: bool = True) -> Bundle:
@@ -365,31 +507,44 @@ def read_bundle(path: str | Path, verify: bool = True) -> Bundle:
     root = Path(path).expanduser()
     mpath = root / MANIFEST
     if not mpath.is_file():
-        raise BundleError(f"{mpath} not found: not a bundle directory (create one with `dflash-edge export --out DIR`)")
+        raise BundleError(
+            f"{mpath} not found: not a bundle directory (create one with `dflash-edge export "
+            "--out DIR`)"
+        )
     try:
         manifest = json.loads(mpath.read_bytes().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise BundleError(f"{mpath} is not valid JSON ({err}); re-export the bundle") from err
     validate_manifest(manifest, str(mpath))
     if verify and "checksum" in manifest and manifest["checksum"] != manifest_checksum(manifest):
-        raise BundleError(f"{mpath} is corrupt: its content does not match its checksum (edited or damaged after "
-                          f"export); re-export the bundle")
+        raise BundleError(
+            f"{mpath} is corrupt: its content does not match its checksum (edited or damaged after "
+            f"export); re-export the bundle"
+        )
     _check_paths(manifest, str(mpath), root)
     for name in LOADER_FILES:
         if os.path.lexists(root / name):
             inside(root, name, f"{name} (read by the runtime)")
-    for entry in {e["path"]: e for e in _file_entries(manifest, str(mpath))}.values():   # shared files once
+    for entry in {
+        e["path"]: e for e in _file_entries(manifest, str(mpath))
+    }.values():  # shared files once
         fpath = root / entry["path"]
         if not fpath.is_file():
-            raise BundleError(f"bundle file {fpath} is missing (named in {mpath}); re-export the bundle")
+            raise BundleError(
+                f"bundle file {fpath} is missing (named in {mpath}); re-export the bundle"
+            )
         if verify and "sha256" in entry:
             if fpath.stat().st_size != entry["bytes"] or sha256_file(fpath) != entry["sha256"]:
-                raise BundleError(f"bundle file {fpath} is corrupt: its sha256 does not match {mpath}; re-export it")
+                raise BundleError(
+                    f"bundle file {fpath} is corrupt: its sha256 does not match {mpath}; "
+                    "re-export it"
+                )
     return Bundle(root, manifest)
 
 
 def write_manifest(root: Path, manifest: dict) -> None:
-    """Validate and write `root/manifest.json` atomically, with its checksum (`manifest_checksum`)."""
+    """Validate and write `root/manifest.json` atomically, with its checksum
+    (`manifest_checksum`)."""
     manifest = {**manifest, "checksum": manifest_checksum(manifest)}
     validate_manifest(manifest, str(root / MANIFEST))
     fd, tmp = tempfile.mkstemp(prefix=".manifest.", dir=root)

@@ -1,4 +1,6 @@
-"""Committed tokens and the stop decision, shared by the runtime loop and the torch reference loop."""
+"""Committed tokens and the stop decision, shared by the runtime loop and the torch reference
+loop."""
+
 from __future__ import annotations
 
 

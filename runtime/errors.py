@@ -1,7 +1,7 @@
 """User-facing errors. Every message names the bad thing (file, key, value) and says the fix.
 
-`DflashEdgeError` is the base of every error the CLI prints without a traceback. devices/ (floor 1, below
-this one) has its own `DeviceError`; the CLI treats both alike (cli/__init__.py: USER_ERRORS).
+`DflashEdgeError` is the base of every error the CLI prints without a traceback. devices/ (floor 1,
+below this one) has its own `DeviceError`; the CLI treats both alike (cli/__init__.py: USER_ERRORS).
 """
 
 

@@ -2,19 +2,20 @@
 
     prefill (chunks) -> [choose -> propose -> verify -> accept -> advance] -> ...
 
-Each step the proposer (proposals.py: the drafter and prompt lookup, and a policy.py policy
-choosing among them) names a source and how many of its tokens the target verifies; the target
-(kv.py) answers `run(ids)` and `commit(n)`, so the loop never touches a cache position.
-Every emitted token is the target's own choice at its
-position (`sampling.select_token`, keyed by absolute position, exactly as `models/reference_loop.py`), so the
-output is the same whatever was proposed, token for token, greedy or sampled. Buffers are preallocated at
-load (`kv.py`); text assembly is `text.py`; the options and their checks are `validate.GenerationOptions`.
+Each step the proposer (proposals.py: the drafter and prompt lookup, and a policy.py policy choosing
+among them) names a source and how many of its tokens the target verifies; the target (kv.py)
+answers `run(ids)` and `commit(n)`, so the loop never touches a cache position. Every emitted token
+is the target's own choice at its position (`sampling.select_token`, keyed by absolute position,
+exactly as `models/reference_loop.py`), so the output is the same whatever was proposed, token for
+token, greedy or sampled. Buffers are preallocated at load (`kv.py`); text assembly is `text.py`;
+the options and their checks are `validate.GenerationOptions`.
 
 >>> gen = Generator.load("bundle/")                                     # doctest: +SKIP
 >>> res = gen.generate("Why is the sky blue?", max_new_tokens=64)      # doctest: +SKIP
 >>> res.text, res.stats.mean_acceptance_length                          # doctest: +SKIP
 >>> gen.generate("Hi", GenerationOptions(draft="none", temperature=0.7))   # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import time
@@ -38,8 +39,16 @@ from .stats import GenerationStats
 from .text import TextAssembler, text_pieces
 from .trt_profiles import symbol_ranges, trt_profiles
 from .tuning import Tuned, read_tuned
-from .validate import (GenerationOptions, InvalidArgumentError, check, check_flag, check_parse_special, check_prompt,
-                       check_provider, check_token_ids)
+from .validate import (
+    GenerationOptions,
+    InvalidArgumentError,
+    check,
+    check_flag,
+    check_parse_special,
+    check_prompt,
+    check_provider,
+    check_token_ids,
+)
 
 
 class NonFiniteLogitsError(DflashEdgeError):
@@ -48,8 +57,8 @@ class NonFiniteLogitsError(DflashEdgeError):
 
 @dataclass
 class GenerationResult:
-    text: str                       # generated part only
-    token_ids: list[int]            # generated part only
+    text: str  # generated part only
+    token_ids: list[int]  # generated part only
     stats: GenerationStats
 
     @property
@@ -63,14 +72,14 @@ class Request:
 
     prompt_ids: list[int]
     options: GenerationOptions
-    t_call: float = 0.0             # perf_counter() when the call began (TTFT includes tokenizing)
+    t_call: float = 0.0  # perf_counter() when the call began (TTFT includes tokenizing)
 
 
 class Stream:
     """Text pieces as they are decoded; `.result` (a GenerationResult) once exhausted.
 
-    Holds its Generator (`guard.py`) until exhausted or closed: `close()`, a `with` block, or dropping it.
-    """
+    Holds its Generator (`guard.py`) until exhausted or closed: `close()`, a `with` block, or
+    dropping it."""
 
     def __init__(self, pieces: Iterator[str], hold=None):
         self._pieces, self._hold = pieces, hold
@@ -102,89 +111,157 @@ class Stream:
 class Generator:
     """A loaded bundle: target and drafter graphs, their preallocated caches, the tokenizer."""
 
-    def __init__(self, bundle: Bundle, tokenizer, target: TargetModel, drafter: DraftModel | None,
-                 tuned: Tuned | None = None, target_graph: str = "target"):
+    def __init__(
+        self,
+        bundle: Bundle,
+        tokenizer,
+        target: TargetModel,
+        drafter: DraftModel | None,
+        tuned: Tuned | None = None,
+        target_graph: str = "target",
+    ):
         self.bundle, self.tokenizer, self.target, self.drafter = bundle, tokenizer, target, drafter
-        self.target_graph = target_graph                            # the manifest graph the target runs
+        self.target_graph = target_graph  # the manifest graph the target runs
         self.block_size = bundle.block_size
         self.prefill_chunk = bundle.manifest["prefill_chunk"]
         self.max_context = bundle.max_context
         self.eos = frozenset(bundle.model["eos_token_ids"])
-        self.tuned = tuned                                          # tuning.py: None until `dflash-edge tune`
-        self._guard = GenerationGuard()             # one sequence at a time (the caches are single-sequence)
+        self.tuned = tuned  # tuning.py: None until `dflash-edge tune`
+        self._guard = GenerationGuard()  # one sequence at a time (the caches are single-sequence)
 
     @classmethod
-    def load(cls, bundle: str | Path | Bundle, provider: str = "cpu", *, threads: int = 0, spin: bool = True,
-             verify: bool = True, target_graph: str | None = None, use_tuned: bool = True,
-             share_weights: bool = True, drafter: bool = True) -> "Generator":
-        """Open a bundle on `provider` ("cpu", "cuda", "tensorrt"); sha256-checks files unless verify=False.
+    def load(
+        cls,
+        bundle: str | Path | Bundle,
+        provider: str = "cpu",
+        *,
+        threads: int = 0,
+        spin: bool = True,
+        verify: bool = True,
+        target_graph: str | None = None,
+        use_tuned: bool = True,
+        share_weights: bool = True,
+        drafter: bool = True,
+    ) -> "Generator":
+        """Open a bundle on `provider` ("cpu", "cuda", "tensorrt"); sha256-checks files unless
+        verify=False.
 
-        `target_graph` ("target" portable, "target_fused"): force a flavour; default: the fused one where
-        the provider runs it (io_tables.pick_graph), the portable one elsewhere (TensorRT).
-        With `use_tuned`, the bundle's tuned.json (from `dflash-edge tune`) is validated and seeds the policy.
-        `share_weights`: the weights both graphs hold (embedding / LM head) are loaded once for both sessions.
-        `drafter=False`: the target alone (plain decoding only; what KV-cache calibration needs), in less memory.
-        `threads`: intra-op threads per session, 0 = one per usable CPU; more than the usable CPUs is lowered to
-        them with a ClampedArgumentWarning. Every argument is checked first (InvalidArgumentError names it).
-        """
+        `target_graph` ("target" portable, "target_fused"): force a flavour; default: the fused one
+        where the provider runs it (io_tables.pick_graph), the portable one elsewhere (TensorRT).
+        With `use_tuned`, the bundle's tuned.json (from `dflash-edge tune`) is validated and seeds
+        the policy. `share_weights`: the weights both graphs hold (embedding / LM head) are loaded
+        once for both sessions. `drafter=False`: the target alone (plain decoding only; what
+        KV-cache calibration needs), in less memory. `threads`: intra-op threads per session, 0 =
+        one per usable CPU; more than the usable CPUs is lowered to them with a
+        ClampedArgumentWarning. Every argument is checked first (InvalidArgumentError names it)."""
         from .tokenizer import ChatTokenizer
 
         provider, threads = check_provider(provider), check("threads", threads)
-        spin, verify, use_tuned, share_weights, drafter = (check_flag(n, v) for n, v in (
-            ("spin", spin), ("verify", verify), ("use_tuned", use_tuned), ("share_weights", share_weights),
-            ("drafter", drafter)))
+        spin, verify, use_tuned, share_weights, drafter = (
+            check_flag(n, v)
+            for n, v in (
+                ("spin", spin),
+                ("verify", verify),
+                ("use_tuned", use_tuned),
+                ("share_weights", share_weights),
+                ("drafter", drafter),
+            )
+        )
         if target_graph is not None and not isinstance(target_graph, str):
-            raise InvalidArgumentError("target_graph", f"target_graph={target_graph!r:.60}: expected a graph name "
-                                                       f"('target', 'target_fused') or None")
+            raise InvalidArgumentError(
+                "target_graph",
+                f"target_graph={target_graph!r:.60}: expected a graph name "
+                f"('target', 'target_fused') or None",
+            )
         if not isinstance(bundle, (str, Path, Bundle)):
-            raise InvalidArgumentError("bundle", f"bundle={bundle!r:.60}: expected a bundle directory (str or Path)")
+            raise InvalidArgumentError(
+                "bundle", f"bundle={bundle!r:.60}: expected a bundle directory (str or Path)"
+            )
         b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle, verify=verify)
         _check_io_tables(b)
-        check_kv_fits(b, provider)                  # before any buffer is allocated
-        config = SessionConfig(provider, threads, trt_cache_dir=str(b.root / ".trt-cache"), spin=spin)
+        check_kv_fits(b, provider)  # before any buffer is allocated
+        config = SessionConfig(
+            provider, threads, trt_cache_dir=str(b.root / ".trt-cache"), spin=spin
+        )
         dims = model_dims(b.model, b.block_size)
         chunk = b.manifest["prefill_chunk"]
         # room for the live context plus one verify block (or one padded prefill chunk) beyond it
         capacity = b.max_context + max(b.manifest["kv_cache"]["slack"], b.block_size, chunk)
-        ranges = symbol_ranges(b.manifest)                          # the shapes the graphs are built for
+        ranges = symbol_ranges(b.manifest)  # the shapes the graphs are built for
         profiles = trt_profiles(b) if provider == "tensorrt" else {}
-        kv_dtypes = {g: b.graph_kv_dtype(g) for g in b.manifest["graphs"]}    # an int8 fused target: its own
-        name = target_graph or pick_graph(b.manifest["graphs"], "target", provider, kv_dtypes)  # fused where it runs
+        kv_dtypes = {
+            g: b.graph_kv_dtype(g) for g in b.manifest["graphs"]
+        }  # an int8 fused target: its own
+        name = target_graph or pick_graph(
+            b.manifest["graphs"], "target", provider, kv_dtypes
+        )  # fused where it runs
         if name not in b.manifest["graphs"] or name not in TARGET_MODELS:
-            raise BundleError(f"target_graph={name!r}: {b.root} has no such target graph; it has "
-                              f"{', '.join(n for n in b.manifest['graphs'] if n in TARGET_MODELS)}")
+            raise BundleError(
+                f"target_graph={name!r}: {b.root} has no such target graph; it has "
+                f"{', '.join(n for n in b.manifest['graphs'] if n in TARGET_MODELS)}"
+            )
         maps: list = []
         shared = shared_initializers(b.root, b.manifest, config, maps) if share_weights else {}
 
-        def session(graph: str):   # fp16 graphs get TensorRT's fp16 kernels; shared weights are given, not loaded
+        def session(
+            graph: str,
+        ):  # fp16 graphs get TensorRT's fp16 kernels; shared weights are given, not loaded
             fp16 = b.manifest["graphs"][graph]["precision"] == "fp16"
-            return open_graph(b.graph_path(graph), replace(config, fp16=fp16), profiles.get(graph), shared.get(graph))
+            return open_graph(
+                b.graph_path(graph),
+                replace(config, fp16=fp16),
+                profiles.get(graph),
+                shared.get(graph),
+            )
 
         runner = session(name)
-        release_pages(maps)                          # before the drafter's session is built beside it
+        release_pages(maps)  # before the drafter's session is built beside it
         _check_cache_dtype(b, name, runner, kv_dtypes[name])
-        target = TARGET_MODELS[name](runner, dims, capacity, (*range(1, b.block_size + 1), chunk),
-                                     kv_dtypes[name], pad_rows=b.graph_pad_rows(name))  # T = k + 1, k = 0..B-1
+        target = TARGET_MODELS[name](
+            runner,
+            dims,
+            capacity,
+            (*range(1, b.block_size + 1), chunk),
+            kv_dtypes[name],
+            pad_rows=b.graph_pad_rows(name),
+        )  # T = k + 1, k = 0..B-1
         draft_model = None
         if drafter:
-            draft_model = DraftModel(session("drafter"), dims, capacity, target.hidden, b.model["mask_token_id"],
-                                     b.kv_dtype, max_ctx_rows=ranges["C"][2])
+            draft_model = DraftModel(
+                session("drafter"),
+                dims,
+                capacity,
+                target.hidden,
+                b.model["mask_token_id"],
+                b.kv_dtype,
+                max_ctx_rows=ranges["C"][2],
+            )
             release_pages(maps)
-        return cls(b, ChatTokenizer.from_dir(b.root), target, draft_model, read_tuned(b) if use_tuned else None, name)
+        return cls(
+            b,
+            ChatTokenizer.from_dir(b.root),
+            target,
+            draft_model,
+            read_tuned(b) if use_tuned else None,
+            name,
+        )
 
-    # ---- public API -------------------------------------------------------------------------------
-    def generate(self, prompt, options: GenerationOptions | None = None, **fields) -> GenerationResult:
+    # ---- public API
+    # -------------------------------------------------------------------------------
+    def generate(
+        self, prompt, options: GenerationOptions | None = None, **fields
+    ) -> GenerationResult:
         """Generate a reply to `prompt` (a string or a list of chat messages).
 
-        `options` (validate.GenerationOptions), or its fields by keyword (`max_new_tokens=64, draft="none"`):
-        the one set of defaults; `draft="auto"` (the default) picks per step plain decoding, the drafter or a
-        prompt lookup and the verify length by what is measured to pay. The tokens are the same either way.
-        Everything is checked up front (InvalidArgumentError names the field and its range).
-        Threads: one generation runs at a time per Generator; other threads wait their turn and get the
-        tokens a sequential run gives; a second call in the thread holding an open `stream()` raises
-        GeneratorBusyError (`guard.py`).
+        `options` (validate.GenerationOptions), or its fields by keyword (`max_new_tokens=64,
+        draft="none"`): the one set of defaults; `draft="auto"` (the default) picks per step plain
+        decoding, the drafter or a prompt lookup and the verify length by what is measured to pay.
+        The tokens are the same either way. Everything is checked up front (InvalidArgumentError
+        names the field and its range). Threads: one generation runs at a time per Generator; other
+        threads wait their turn and get the tokens a sequential run gives; a second call in the
+        thread holding an open `stream()` raises GeneratorBusyError (`guard.py`).
 
-        >>> gen.generate("Hi", max_new_tokens=16, temperature=0.7, seed=1).text      # doctest: +SKIP
+        >>> gen.generate("Hi", max_new_tokens=16, temperature=0.7, seed=1).text  # doctest: +SKIP
         """
         stream = self.stream(prompt, options, **fields)
         for _ in stream:
@@ -194,34 +271,51 @@ class Generator:
     def stream(self, prompt, options: GenerationOptions | None = None, **fields) -> Stream:
         """Like `generate`, yielding text pieces as tokens are committed (never half a character).
 
-        The stream holds this Generator until exhausted or `close()`d (or used as `with gen.stream(...) as s`).
+        The stream holds this Generator until exhausted or `close()`d (or used as `with
+        gen.stream(...) as s`).
 
-        >>> for piece in gen.stream("Hi", max_new_tokens=16): print(piece, end="")    # doctest: +SKIP
+        >>> for piece in gen.stream("Hi", max_new_tokens=16): print(piece, end="")  # doctest: +SKIP
         """
         t_call = time.perf_counter()
-        opts = self._options(options, fields)               # all input checked before iterating
+        opts = self._options(options, fields)  # all input checked before iterating
         req = Request(self.encode(prompt, opts.chat, opts.parse_special), opts, t_call)
         self._room(req.prompt_ids)
         return Stream(self._text_pieces(req), self._guard.acquire())
 
-    def generate_ids(self, prompt_ids: list[int], max_new_tokens: int | None = None,
-                     sampling: SamplingParams | None = None, *, options: GenerationOptions | None = None,
-                     stop_token_ids=None, **fields) -> GenerationResult:
-        """Token ids in, tokens out (no chat template, no stop strings); `stop_token_ids` overrides the eos ids.
+    def generate_ids(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int | None = None,
+        sampling: SamplingParams | None = None,
+        *,
+        options: GenerationOptions | None = None,
+        stop_token_ids=None,
+        **fields,
+    ) -> GenerationResult:
+        """Token ids in, tokens out (no chat template, no stop strings); `stop_token_ids` overrides
+        the eos ids.
 
-        `max_new_tokens` and `sampling` may be given positionally (shorthands for those option fields).
+        `max_new_tokens` and `sampling` may be given positionally (shorthands for those option
+        fields).
 
-        >>> gen.generate_ids([5, 17, 33], 40, draft="drafter", verify_len=4).token_ids   # doctest: +SKIP
+        >>> gen.generate_ids(  # doctest: +SKIP
+        ...     [5, 17, 33], 40, draft="drafter", verify_len=4).token_ids
         """
         t_call = time.perf_counter()
         vocab = self.bundle.model["vocab_size"]
         ids = check_token_ids(prompt_ids, vocab)
         opts = self._options(options, {**fields, **_shorthands(max_new_tokens, sampling)})
         if opts.stop:
-            raise InvalidArgumentError("stop", f"stop={opts.stop!r}: stop strings are text; generate_ids stops at "
-                                               f"stop_token_ids (use generate() or stream() for stop strings)")
-        eos = self.eos if stop_token_ids is None else frozenset(check_token_ids(stop_token_ids, vocab,
-                                                                                "stop_token_ids"))
+            raise InvalidArgumentError(
+                "stop",
+                f"stop={opts.stop!r}: stop strings are text; generate_ids stops at "
+                f"stop_token_ids (use generate() or stream() for stop strings)",
+            )
+        eos = (
+            self.eos
+            if stop_token_ids is None
+            else frozenset(check_token_ids(stop_token_ids, vocab, "stop_token_ids"))
+        )
         req = Request(ids, opts, t_call)
         self._room(ids)
         hold = self._guard.acquire()
@@ -234,20 +328,25 @@ class Generator:
             hold.release()
 
     def encode(self, prompt, chat: bool = True, parse_special: bool = False) -> list[int]:
-        """The token ids `generate` runs for `prompt`: a string as one user message in the chat template (as is,
-        with chat=False), or a list of messages through the template.
+        """The token ids `generate` runs for `prompt`: a string as one user message in the chat
+        template (as is, with chat=False), or a list of messages through the template.
 
-        Prompt text is text: a control-token string in it (`<|im_start|>`) is tokenised as its characters; only
-        the template places control tokens. `parse_special=True` (a raw string prompt only) parses them: for
-        trusted callers whose raw prompt spells out a template; never for text from untrusted users.
-        Checked first (`validate.check_prompt`): InvalidArgumentError names what is wrong.
-        """
+        Prompt text is text: a control-token string in it (`<|im_start|>`) is tokenised as its
+        characters; only the template places control tokens. `parse_special=True` (a raw string
+        prompt only) parses them: for trusted callers whose raw prompt spells out a template; never
+        for text from untrusted users. Checked first (`validate.check_prompt`): InvalidArgumentError
+        names what is wrong."""
         prompt = check_prompt(prompt, chat=chat)
-        check_parse_special(parse_special, chat or not isinstance(prompt, str))    # messages are always chat
+        check_parse_special(
+            parse_special, chat or not isinstance(prompt, str)
+        )  # messages are always chat
         self._check_length(prompt)
         if isinstance(prompt, str):
-            return self.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat \
+            return (
+                self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+                if chat
                 else self.tokenizer.encode(prompt, parse_special)
+            )
         return self.tokenizer.encode_chat(list(prompt))
 
     def _options(self, options: GenerationOptions | None, fields: dict) -> GenerationOptions:
@@ -255,20 +354,29 @@ class Generator:
         draft mode against the graphs loaded)."""
         opts = GenerationOptions.of(options, **fields).checked(block_size=self.block_size)
         if self.drafter is None and opts.draft != "none":
-            raise InvalidArgumentError("draft", f"draft={opts.draft!r}: this Generator was loaded "
-                                       f"without its drafter (drafter=False); pass draft='none' or "
-                                       f"load it with one")
+            raise InvalidArgumentError(
+                "draft",
+                f"draft={opts.draft!r}: this Generator was loaded "
+                f"without its drafter (drafter=False); pass draft='none' or "
+                f"load it with one",
+            )
         return opts
 
     def _text_pieces(self, req: Request) -> Iterator[str]:
-        stats, text = GenerationStats(prompt_tokens=len(req.prompt_ids)), TextAssembler(self.tokenizer, req.options.stop)
+        stats, text = (
+            GenerationStats(prompt_tokens=len(req.prompt_ids)),
+            TextAssembler(self.tokenizer, req.options.stop),
+        )
         tokens = yield from text_pieces(self._loop(req, stats, self.eos), text)
-        if text.stopped:                                            # the text ended before the loop did
+        if text.stopped:  # the text ended before the loop did
             stats.finish_reason, stats.new_tokens = "stop", len(tokens)
         return GenerationResult(text.text, tokens, stats)
 
-    # ---- the loop ----------------------------------------------------------------------------------
-    def _loop(self, req: Request, stats: GenerationStats, eos: frozenset[int]) -> Iterator[list[int]]:
+    # ---- the loop
+    # ----------------------------------------------------------------------------------
+    def _loop(
+        self, req: Request, stats: GenerationStats, eos: frozenset[int]
+    ) -> Iterator[list[int]]:
         """prefill -> [propose -> verify -> accept -> advance]*; yields the tokens committed."""
         opts = req.options
         sampling = SamplingParams(opts.temperature, opts.top_k, opts.top_p, opts.seed)
@@ -281,12 +389,12 @@ class Generator:
             yield emit.tokens
             while not emit.reason:
                 t_step = time.perf_counter()
-                last, pos = emit.tokens[-1], self.target.pos    # pos: of `last` (not yet cached)
+                last, pos = emit.tokens[-1], self.target.pos  # pos: of `last` (not yet cached)
                 choice, proposals = proposer.propose(last, pos, room=emit.budget - len(emit.tokens))
                 t = time.perf_counter()
-                tokens = self._verify(last, proposals, sampling)    # verify, accept, commit
+                tokens = self._verify(last, proposals, sampling)  # verify, accept, commit
                 seconds = time.perf_counter() - t
-                committed = emit.push(tokens)                       # advance (stop id, budget, context end)
+                committed = emit.push(tokens)  # advance (stop id, budget, context end)
                 proposer.commit(committed, seconds)
                 stats.record_step(choice, len(tokens), time.perf_counter() - t_step)
                 yield committed
@@ -302,35 +410,40 @@ class Generator:
         return Proposer(sources, policy, limit)
 
     def _verify(self, last: int, proposals, sampling: SamplingParams) -> list[int]:
-        """Run `last` + k proposals through the target (T = k + 1); keep the agreeing prefix + the target's next
-        token. k = 0 is a plain decode step."""
-        start = self.target.pos                             # position of `last` (not yet cached)
+        """Run `last` + k proposals through the target (T = k + 1); keep the agreeing prefix + the
+        target's next token. k = 0 is a plain decode step."""
+        start = self.target.pos  # position of `last` (not yet cached)
         step = self.target.run([last, *proposals])
-        block = step["input_ids"][0]                                # [T]: last token, then T-1 proposals
+        block = step["input_ids"][0]  # [T]: last token, then T-1 proposals
         accepted, bonus = self._accept(step, block, start, sampling)
-        self.target.commit(accepted + 1)                            # the rejected rows roll back
-        return block[1:1 + accepted].tolist() + [bonus] if accepted else [bonus]
+        self.target.commit(accepted + 1)  # the rejected rows roll back
+        return block[1 : 1 + accepted].tolist() + [bonus] if accepted else [bonus]
 
-    # ---- helpers -----------------------------------------------------------------------------------
+    # ---- helpers
+    # -----------------------------------------------------------------------------------
     def _check_length(self, prompt) -> None:
-        """Refuse, before tokenising it, a text too long to fit whatever its tokens: no token covers more than
-        `max_token_chars` characters, so a text of more than max_context x that many cannot fit (a megabyte
-        sent to a server costs no tokeniser pass, nor its memory)."""
+        """Refuse, before tokenising it, a text too long to fit whatever its tokens: no token covers
+        more than `max_token_chars` characters, so a text of more than max_context x that many
+        cannot fit (a megabyte sent to a server costs no tokeniser pass, nor its memory)."""
         texts = [prompt] if isinstance(prompt, str) else [m["content"] for m in prompt]
         chars, most = sum(map(len, texts)), self.max_context * self.tokenizer.max_token_chars
         if chars > most:
-            raise ContextOverflowError(f"the prompt has {chars} characters, more than the {most} that "
-                                       f"{self.max_context} tokens of this model can hold; shorten the prompt or "
-                                       f"re-export with a larger --max-context")
+            raise ContextOverflowError(
+                f"the prompt has {chars} characters, more than the {most} that "
+                f"{self.max_context} tokens of this model can hold; shorten the prompt or "
+                f"re-export with a larger --max-context"
+            )
 
     def _room(self, prompt_ids: list[int]) -> int:
         """Tokens the context has left after the prompt (errors name the limit)."""
         if not prompt_ids:
             raise InvalidArgumentError("prompt", "the prompt is empty: pass at least one token")
         if len(prompt_ids) >= self.max_context:
-            raise ContextOverflowError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
-                                       f"{self.max_context}; shorten the prompt or re-export with a larger "
-                                       f"--max-context")
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt_ids)} tokens but the context holds "
+                f"{self.max_context}; shorten the prompt or re-export with a larger "
+                f"--max-context"
+            )
         return self.max_context - len(prompt_ids)
 
     def _prefill(self, ids: list[int], sampling: SamplingParams) -> int:
@@ -338,18 +451,21 @@ class Generator:
         if self.drafter is not None:
             self.drafter.reset()
         step, row = self.target.prefill(ids, self.prefill_chunk)
-        return self._select(step, row, len(ids), sampling)     # the last chunk's row of token n-1
+        return self._select(step, row, len(ids), sampling)  # the last chunk's row of token n-1
 
-    def _accept(self, step, block: np.ndarray, start: int, sampling: SamplingParams) -> tuple[int, int]:
-        """(number of drafts accepted, the target's token after them); row i predicts position start+1+i."""
-        if len(block) == 1:                                         # a plain decode step: nothing to accept
+    def _accept(
+        self, step, block: np.ndarray, start: int, sampling: SamplingParams
+    ) -> tuple[int, int]:
+        """(number of drafts accepted, the target's token after them); row i predicts position
+        start+1+i."""
+        if len(block) == 1:  # a plain decode step: nothing to accept
             return 0, self._select(step, 0, start + 1, sampling)
         if sampling.greedy:
-            target_ids = step["next_ids"][0]                        # [T] fused argmax: no vocab scan here
-            match = block[1:] == target_ids[:-1]                    # [T-1]
+            target_ids = step["next_ids"][0]  # [T] fused argmax: no vocab scan here
+            match = block[1:] == target_ids[:-1]  # [T-1]
             accepted = len(match) if match.all() else int(match.argmin())
             return accepted, self._select(step, accepted, start + 1 + accepted, sampling)
-        for i in range(len(block)):                                 # sample lazily: stop at the first miss
+        for i in range(len(block)):  # sample lazily: stop at the first miss
             token = self._select(step, i, start + 1 + i, sampling)
             if i == len(block) - 1 or block[1 + i] != token:
                 return i, token
@@ -357,27 +473,31 @@ class Generator:
 
     def _select(self, step, row: int, position: int, sampling: SamplingParams) -> int:
         """The target's token for logits row `row`, placed at absolute `position`."""
-        logits = step["logits"][0, row]                             # [V] view, no copy
+        logits = step["logits"][0, row]  # [V] view, no copy
         if sampling.greedy:
             token = int(step["next_ids"][0, row])
-            bad = not np.isfinite(logits[token])                    # NaN/inf anywhere reaches the argmax
+            bad = not np.isfinite(logits[token])  # NaN/inf anywhere reaches the argmax
         else:
             bad = not np.isfinite(logits).all()
             token = -1 if bad else select_token(logits, sampling, position)
         if bad:
-            raise NonFiniteLogitsError(f"the target graph produced NaN/inf logits for position {position}: the "
-                                       f"bundle's weights are corrupt or its precision overflows; re-export it "
-                                       f"in fp32 ({self.bundle.graph_path('target')})")
+            raise NonFiniteLogitsError(
+                f"the target graph produced NaN/inf logits for position {position}: the "
+                f"bundle's weights are corrupt or its precision overflows; re-export it "
+                f"in fp32 ({self.bundle.graph_path('target')})"
+            )
         return token
 
 
 class _NoRunner:
     """The drafter's run counters when a Generator has no drafter."""
+
     run_s, calls = 0.0, 0
 
 
 class _Clock:
-    """Decode timing for one generation: wall time and the graphs' own run time over the same span."""
+    """Decode timing for one generation: wall time and the graphs' own run time over the same
+    span."""
 
     def __init__(self, gen: Generator, stats: GenerationStats):
         self.runners = (gen.target.runner, gen.drafter.runner if gen.drafter else _NoRunner())
@@ -387,8 +507,15 @@ class _Clock:
     def stop(self, emit: Emitter) -> None:
         s = self.stats
         s.decode_s = time.perf_counter() - self.t0
-        (t_run, t_calls), (d_run, d_calls) = [(r.run_s - a, r.calls - c) for r, (a, c) in zip(self.runners, self.run0)]
-        s.decode_run_s, s.draft_run_s, s.target_calls, s.draft_calls = t_run + d_run, d_run, t_calls, d_calls
+        (t_run, t_calls), (d_run, d_calls) = [
+            (r.run_s - a, r.calls - c) for r, (a, c) in zip(self.runners, self.run0)
+        ]
+        s.decode_run_s, s.draft_run_s, s.target_calls, s.draft_calls = (
+            t_run + d_run,
+            d_run,
+            t_calls,
+            d_calls,
+        )
         s.new_tokens, s.finish_reason = len(emit.tokens), s.finish_reason or emit.reason
 
 
@@ -399,22 +526,36 @@ def _shorthands(max_new_tokens: int | None, sampling: SamplingParams | None) -> 
         return fields
     if not isinstance(sampling, SamplingParams):
         raise InvalidArgumentError("sampling", f"sampling={sampling!r}: expected a SamplingParams")
-    return {**fields, "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-            "seed": sampling.seed}
+    return {
+        **fields,
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "seed": sampling.seed,
+    }
 
 
 def _check_io_tables(b: Bundle) -> None:
-    dims = model_dims(b.model, b.block_size)           # a drafter's window I/O is there only when it has windows
-    for name in b.manifest["graphs"]:                  # graphs this version has no table for are not used
-        if name in GRAPHS and b.manifest["graphs"][name]["io"] != io_manifest(name, b.graph_kv_dtype(name), dims):
-            raise BundleError(f"{b.root}: graph {name!r} declares inputs/outputs that this runtime does not "
-                              f"implement; re-export the bundle with this dflash-edge version")
+    dims = model_dims(
+        b.model, b.block_size
+    )  # a drafter's window I/O is there only when it has windows
+    for name in b.manifest["graphs"]:  # graphs this version has no table for are not used
+        if name in GRAPHS and b.manifest["graphs"][name]["io"] != io_manifest(
+            name, b.graph_kv_dtype(name), dims
+        ):
+            raise BundleError(
+                f"{b.root}: graph {name!r} declares inputs/outputs that this runtime does not "
+                f"implement; re-export the bundle with this dflash-edge version"
+            )
 
 
 def _check_cache_dtype(b: Bundle, name: str, runner, dtype: str) -> None:
-    """The graph file's cache inputs must have the dtype its manifest entry promises (int8 vs fp32 cache)."""
+    """The graph file's cache inputs must have the dtype its manifest entry promises (int8 vs fp32
+    cache)."""
     have = {i.name: i.type for i in runner.session.get_inputs()}
     cache = have.get("past_key.0", have.get("past_key"))
     if cache is not None and cache != f"tensor({'float' if dtype == 'float32' else dtype})":
-        raise BundleError(f"{b.root}: graph {name!r} has a {cache} KV cache but its manifest entry says {dtype}; "
-                          f"the manifest does not match the graph: re-export or re-quantise the bundle")
+        raise BundleError(
+            f"{b.root}: graph {name!r} has a {cache} KV cache but its manifest entry says {dtype}; "
+            f"the manifest does not match the graph: re-export or re-quantise the bundle"
+        )

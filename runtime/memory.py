@@ -9,9 +9,13 @@ figures go to the manifest's `source` section and are printed.
 >>> meter.peaks["load"] > 0
 True
 """
+
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
+import resource
 import sys
 from contextlib import contextmanager
 
@@ -26,7 +30,8 @@ def rss_bytes() -> int:
 
 
 def proc_kb_field(path: str, key: str) -> int | None:
-    """Bytes of the `key:` line of a Linux /proc file given in kB (e.g. VmHWM, MemAvailable); None elsewhere."""
+    """Bytes of the `key:` line of a Linux /proc file given in kB (e.g. VmHWM, MemAvailable); None
+    elsewhere."""
     try:
         with open(path) as f:
             for line in f:
@@ -42,15 +47,14 @@ def peak_rss_bytes() -> int:
     peak = proc_kb_field("/proc/self/status", "VmHWM")
     if peak is not None:
         return peak
-    import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (
+        1 if sys.platform == "darwin" else 1024
+    )
 
 
 def release_free_memory() -> None:
     """Return freed heap pages to the OS (glibc keeps them after large frees); a no-op elsewhere."""
-    import ctypes
-    import gc
 
     gc.collect()
     try:
@@ -69,7 +73,9 @@ class MemoryMeter:
 
     def __init__(self):
         self.peaks: dict[str, int] = {}
-        self.after: dict[str, int] = {}        # RSS once the stage's garbage is freed (what the next stage starts from)
+        self.after: dict[
+            str, int
+        ] = {}  # RSS once the stage's garbage is freed (what the next stage starts from)
 
     @contextmanager
     def stage(self, name: str):

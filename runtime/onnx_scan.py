@@ -9,6 +9,7 @@ length, so a large graph costs one pass.
 >>> external_locations("bundle/target.onnx")     # doctest: +SKIP
 {'target.onnx.data'}
 """
+
 from __future__ import annotations
 
 import mmap
@@ -25,8 +26,8 @@ FIELDS: dict[str, dict[int, str]] = {
     "tensor": {13: "entry"},
     "entry": {},
 }
-KEY, VALUE = 1, 2              # StringStringEntryProto
-MAX_DEPTH = 64                 # nested subgraphs; a file nested deeper is hostile
+KEY, VALUE = 1, 2  # StringStringEntryProto
+MAX_DEPTH = 64  # nested subgraphs; a file nested deeper is hostile
 
 
 class OnnxScanError(ValueError):
@@ -44,7 +45,7 @@ def external_locations(path: str | Path) -> set[str]:
 
 def _scan(buf: memoryview) -> set[str]:
     found: set[str] = set()
-    stack = [("model", 0, len(buf), 0)]                  # (message type, start, end, depth)
+    stack = [("model", 0, len(buf), 0)]  # (message type, start, end, depth)
     try:
         while stack:
             kind, start, end, depth = stack.pop()

@@ -32,6 +32,7 @@ Choice(source='plain', k=0, probe=False)
 >>> p.pick({"lookup": lookup.propose(4, 12, 7)}, room=100)       # a long copy: verify some of it
 Choice(source='lookup', k=3, probe=False)
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,7 @@ from typing import Protocol
 
 import numpy as np
 
-
-TUNED_OFF_BACKOFF = 16      # steps before the first probe when `tune` chose "do not draft"
+TUNED_OFF_BACKOFF = 16  # steps before the first probe when `tune` chose "do not draft"
 # Without tuned.json a verify of k proposals costs 1 + VERIFY_ROW_PRIOR * k decodes until measured.
 # Low-bit targets on a CPU measure 0.09-0.18 per row (int4: verify(15) = 3.7 decodes), fp32 ~0.04;
 # a prior too cheap verifies failing proposals before the measured times take over.
@@ -53,8 +53,8 @@ PROBE_SHARE = 0.015
 
 @dataclass(frozen=True)
 class Choice:
-    source: str          # "plain" or a proposal source's name (proposals.py)
-    k: int = 0           # proposals verified (0 for plain)
+    source: str  # "plain" or a proposal source's name (proposals.py)
+    k: int = 0  # proposals verified (0 for plain)
     probe: bool = False  # also run the costly sources, unverified, to measure them
 
 
@@ -90,8 +90,9 @@ class FixedPolicy:
         pass
 
 
-def make_policy(draft: str, block_size: int, sources=(), tuned=None,
-                verify_len: int | None = None) -> Policy:
+def make_policy(
+    draft: str, block_size: int, sources=(), tuned=None, verify_len: int | None = None
+) -> Policy:
     """The policy of a `draft` mode (validate.DRAFT_MODES) over `sources` (proposals.make_sources);
     `verify_len` fixes k (with "auto": caps it).
 
@@ -109,31 +110,38 @@ class AdaptivePolicy:
     """Chooses each step's source and verify length from the sources' acceptance and measured step
     times."""
 
-    def __init__(self, block_size: int, sources=(), tuned=None, verify_len: int | None = None,
-                 max_backoff: int = 64, smoothing: float = 0.2):
+    def __init__(
+        self,
+        block_size: int,
+        sources=(),
+        tuned=None,
+        verify_len: int | None = None,
+        max_backoff: int = 64,
+        smoothing: float = 0.2,
+    ):
         self.kmax = block_size - 1
-        self.fixed_k = verify_len                           # an explicit verify length caps k
+        self.fixed_k = verify_len  # an explicit verify length caps k
         self.smoothing, self.max_backoff = smoothing, max_backoff
         self.sources = {s.name: s for s in sources}
-        self.cost = {s.name: s.cost_s for s in sources}     # seconds per proposal (None: unknown)
-        self.measured: set[str] = set()                     # costs measured in this generation
-        ks = np.arange(block_size)                          # [B]: ratio[k] = verify(k) / decode
+        self.cost = {s.name: s.cost_s for s in sources}  # seconds per proposal (None: unknown)
+        self.measured: set[str] = set()  # costs measured in this generation
+        ks = np.arange(block_size)  # [B]: ratio[k] = verify(k) / decode
         if tuned:
             measured = {k: v / tuned.decode_ms for k, v in tuned.verify_ms.items()}
             known = sorted(measured)
             self.ratio = np.interp(ks, [0, *known], [1.0, *(measured[k] for k in known)])
-            self.ratio = np.maximum(self.ratio, 1.0 + 0.01 * ks)    # every row costs: `scale` fits
+            self.ratio = np.maximum(self.ratio, 1.0 + 0.01 * ks)  # every row costs: `scale` fits
             self.decode_s = tuned.decode_ms / 1e3
         else:
-            self.ratio = 1.0 + VERIFY_ROW_PRIOR * ks                # until measured (`scale`)
+            self.ratio = 1.0 + VERIFY_ROW_PRIOR * ks  # until measured (`scale`)
             self.decode_s = None
-        self.scale = 1.0                                    # measured / modelled extra verify time
-        self.extra: list[float | None] = [None, None]              # their running averages
-        self.decode_measured = False                        # in this generation (not only tuned)
+        self.scale = 1.0  # measured / modelled extra verify time
+        self.extra: list[float | None] = [None, None]  # their running averages
+        self.decode_measured = False  # in this generation (not only tuned)
         # A tuned "do not draft" says the drafter did not pay on the calibration prompts: probe it
         # rarely from the start (a probe costs a draft pass) instead of after 1, 2, 4, .. steps.
         self.backoff = self.until_probe = TUNED_OFF_BACKOFF if tuned and not tuned.verify_len else 1
-        self.since_probe = 0                                # steps since a costly source last ran
+        self.since_probe = 0  # steps since a costly source last ran
         self.chosen: list[Choice] = []
 
     # ---- the decision ------------------------------------------------------------------------
@@ -146,7 +154,7 @@ class AdaptivePolicy:
         """The step with the most expected tokens per second (a free source's proposal is in
         `offers`; a costly one's is unknown until it runs, so its acceptance model answers for
         it)."""
-        if self.decode_s is None:                           # nothing measured yet: a plain step
+        if self.decode_s is None:  # nothing measured yet: a plain step
             return self._note(Choice("plain"))
         best, rate = Choice("plain"), 1.0 / self.decode_s
         kmax = min(self.kmax, room - 1, self.fixed_k or self.kmax)
@@ -155,7 +163,7 @@ class AdaptivePolicy:
             limit = kmax if offer is None else min(kmax, len(offer.tokens))
             if limit < 1 or cost is None:
                 continue
-            ks = np.arange(1, limit + 1)                            # [limit]
+            ks = np.arange(1, limit + 1)  # [limit]
             rates = source.expected(offer, limit)[ks] / (cost + self.verify_s(ks))
             i = int(np.argmax(rates))
             if rates[i] > rate:
@@ -165,7 +173,7 @@ class AdaptivePolicy:
         if best.source in costly:
             self.backoff = self.until_probe = 1
             self.since_probe = 0
-        elif best.source == "plain" and kmax >= 1 and costly:   # not beside a free source that pays
+        elif best.source == "plain" and kmax >= 1 and costly:  # not beside a free source that pays
             self.until_probe -= 1
             if self.until_probe <= 0 and self.since_probe > self._probe_spacing(costly):
                 best = Choice(best.source, best.k, probe=True)  # run the costly sources unverified
@@ -202,13 +210,15 @@ class AdaptivePolicy:
         elif choice.source == "plain":
             self.decode_s = _avg(self.decode_s, seconds, self.smoothing)
             self.decode_measured = True
-            if self.extra[0] is not None:   # drift back towards the model, so a verify cost once
-                self.extra[0] += 0.05 * (self.extra[1] - self.extra[0])   # measured high: re-tried
+            if self.extra[0] is not None:  # drift back towards the model, so a verify cost once
+                self.extra[0] += 0.05 * (self.extra[1] - self.extra[0])  # measured high: re-tried
                 self.scale = self.extra[0] / self.extra[1]
-        elif self.decode_measured:          # scale = running sums of measured / modelled extra time
-            measured = max(seconds / self.decode_s - 1.0, 0.0)     # (short verifies weigh little)
-            self.extra = [_avg(self.extra[0], measured, self.smoothing),
-                          _avg(self.extra[1], self.ratio[choice.k] - 1.0, self.smoothing)]
+        elif self.decode_measured:  # scale = running sums of measured / modelled extra time
+            measured = max(seconds / self.decode_s - 1.0, 0.0)  # (short verifies weigh little)
+            self.extra = [
+                _avg(self.extra[0], measured, self.smoothing),
+                _avg(self.extra[1], self.ratio[choice.k] - 1.0, self.smoothing),
+            ]
             self.scale = self.extra[0] / self.extra[1]
 
 

@@ -1,53 +1,68 @@
 """Energy per token for `bench --power`: meter each generate call of each arm, or say why not.
 
 `MeteredGenerator` wraps a Generator: every `generate(..., draft=X)` call is bracketed by meter
-reads and charged to arm X's name (ARM_NAMES). Joules cover the whole call (prefill included) and whatever else the
-meter's scope sees; they are measurements, never estimates. A meter that fails mid-run nulls its
-fields with the reason; the bench itself carries on.
+reads and charged to arm X's name (ARM_NAMES). Joules cover the whole call (prefill included) and
+whatever else the meter's scope sees; they are measurements, never estimates. A meter that fails
+mid-run nulls its fields with the reason; the bench itself carries on.
 
->>> gen = MeteredGenerator(Generator.load("bundle/"), meter=None, reason="disabled")   # doctest: +SKIP
->>> gen.energy_report()["plain"]                                                       # doctest: +SKIP
+>>> gen = MeteredGenerator(  # doctest: +SKIP
+...     Generator.load("bundle/"), meter=None, reason="disabled")
+>>> gen.energy_report()["plain"]  # doctest: +SKIP
 {'energy_j_per_token': None, 'avg_power_w': None, 'reason': 'disabled'}
 """
+
 from __future__ import annotations
 
 import time
 
-from dflash_edge.devices.errors import MeterError
-
+from ..devices import meters
+from ..devices.errors import MeterError
 from .validate import GenerationOptions
 
-ARM_NAMES = {"none": "plain", "auto": "speculative", "drafter": "always"}   # draft -> arm (bench: plain, default, always)
+ARM_NAMES = {
+    "none": "plain",
+    "auto": "speculative",
+    "drafter": "always",
+}  # draft -> arm (bench: plain, default, always)
 
 
 def open_power_meter(enabled: bool):
     """(meter, None) when one reads, else (None, why not)."""
     if not enabled:
         return None, "disabled by --no-power"
-    from dflash_edge.devices.meters import open_meter
 
     try:
-        return open_meter(), None
+        return meters.open_meter(), None
     except MeterError as err:
         return None, str(err)
 
 
 class MeteredGenerator:
-    """A Generator whose generate calls are metered per arm (their `draft` option); everything else passes through."""
+    """A Generator whose generate calls are metered per arm (their `draft` option); everything else
+    passes through."""
 
     def __init__(self, gen, meter, reason: str | None = None, clock=time.perf_counter):
-        self.gen, self.meter, self.reason, self.clock = gen, meter, reason, clock    # clock: seconds, monotonic
+        self.gen, self.meter, self.reason, self.clock = (
+            gen,
+            meter,
+            reason,
+            clock,
+        )  # clock: seconds, monotonic
         self.arms: dict[str, dict] = {}
 
     def __getattr__(self, name):
         return getattr(self.gen, name)
 
-    def generate(self, prompt, options: GenerationOptions | None = None, **fields):   # Generator.generate's own
+    def generate(
+        self, prompt, options: GenerationOptions | None = None, **fields
+    ):  # Generator.generate's own
         draft = fields.get("draft", (options or GenerationOptions()).draft)
         if options is not None:
             fields["options"] = options
-        arm = self.arms.setdefault(ARM_NAMES.get(draft, str(draft)),
-                                   {"energy_j": 0.0, "seconds": 0.0, "tokens": 0, "calls": 0})
+        arm = self.arms.setdefault(
+            ARM_NAMES.get(draft, str(draft)),
+            {"energy_j": 0.0, "seconds": 0.0, "tokens": 0, "calls": 0},
+        )
         e0 = self._read()
         t0 = self.clock()
         res = self.gen.generate(prompt, **fields)
@@ -76,20 +91,31 @@ class MeteredGenerator:
             return None
 
     def energy_report(self) -> dict:
-        """Per arm (plain, speculative, + any other draft mode seen): energy_j_per_token and avg_power_w,
-        null with `reason` when no meter read to the end."""
-        out = {"meter": getattr(self.meter, "name", None), "scope": getattr(self.meter, "scope", None),
-               "reason": self.reason, "covers": "whole generate calls (prefill + decode)"}
+        """Per arm (plain, speculative, + any other draft mode seen): energy_j_per_token and
+        avg_power_w, null with `reason` when no meter read to the end."""
+        out = {
+            "meter": getattr(self.meter, "name", None),
+            "scope": getattr(self.meter, "scope", None),
+            "reason": self.reason,
+            "covers": "whole generate calls (prefill + decode)",
+        }
         for name in ["plain", "speculative"] + sorted(set(self.arms) - {"plain", "speculative"}):
             arm = self.arms.get(name)
             if self.meter is None or not arm or not arm["tokens"] or not arm["seconds"]:
-                out[name] = {"energy_j_per_token": None, "avg_power_w": None,
-                             "reason": self.reason or "no metered calls in this arm"}
+                out[name] = {
+                    "energy_j_per_token": None,
+                    "avg_power_w": None,
+                    "reason": self.reason or "no metered calls in this arm",
+                }
                 continue
-            out[name] = {"energy_j_per_token": round(arm["energy_j"] / arm["tokens"], 5),
-                         "avg_power_w": round(arm["energy_j"] / arm["seconds"], 3),
-                         "energy_j": round(arm["energy_j"], 3), "seconds": round(arm["seconds"], 3),
-                         "tokens": arm["tokens"], "calls": arm["calls"]}
+            out[name] = {
+                "energy_j_per_token": round(arm["energy_j"] / arm["tokens"], 5),
+                "avg_power_w": round(arm["energy_j"] / arm["seconds"], 3),
+                "energy_j": round(arm["energy_j"], 3),
+                "seconds": round(arm["seconds"], 3),
+                "tokens": arm["tokens"],
+                "calls": arm["calls"],
+            }
         return out
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ chosen the same way, so the output never depends on the source.
 >>> src.commit([3]); src.propose(3, 6, 2).tokens
 [9, 1]
 """
+
 from __future__ import annotations
 
 import time
@@ -35,17 +36,17 @@ class Proposal:
     """Tokens one source proposes for positions first, first+1, ... (the drafter's is a view: valid
     until its next pass)."""
 
-    source: str                 # the proposing source's name
+    source: str  # the proposing source's name
     tokens: Sequence[int]
-    first: int                  # absolute position of tokens[0]
-    agreement: int = 1          # tokens before it agreeing with its source (prompt lookup's match)
-    seconds: float = 0.0        # wall time of the model pass that made it (0: free)
+    first: int  # absolute position of tokens[0]
+    agreement: int = 1  # tokens before it agreeing with its source (prompt lookup's match)
+    seconds: float = 0.0  # wall time of the model pass that made it (0: free)
 
 
 class ProposalSource(Protocol):
-    name: str                   # "drafter" | "lookup" | ... (what Choice.source names)
-    free: bool                  # proposes without a model pass: asked every step, before the choice
-    cost_s: float | None        # seconds a proposal costs before measured (0: free; None: unknown)
+    name: str  # "drafter" | "lookup" | ... (what Choice.source names)
+    free: bool  # proposes without a model pass: asked every step, before the choice
+    cost_s: float | None  # seconds a proposal costs before measured (0: free; None: unknown)
 
     def propose(self, last: int, pos: int, limit: int) -> Proposal: ...
 
@@ -67,21 +68,21 @@ class Acceptance:
     """
 
     def __init__(self, prior, weight: float, decay: float = 0.98):
-        self.prior, self.weight, self.decay = np.asarray(prior, float), weight, decay    # [size]
-        self.hits, self.trials = np.zeros(len(self.prior)), np.zeros(len(self.prior))   # [size]
-        self.pending: list | None = None        # [first, tokens, next j, agreement, end position]
+        self.prior, self.weight, self.decay = np.asarray(prior, float), weight, decay  # [size]
+        self.hits, self.trials = np.zeros(len(self.prior)), np.zeros(len(self.prior))  # [size]
+        self.pending: list | None = None  # [first, tokens, next j, agreement, end position]
 
     def c(self) -> np.ndarray:
-        return (self.hits + self.weight * self.prior) / (self.trials + self.weight)      # [size]
+        return (self.hits + self.weight * self.prior) / (self.trials + self.weight)  # [size]
 
     def expected(self, first: int, kmax: int) -> np.ndarray:
         """E(k) = 1 + S(1) + .. + S(k), k = 0..kmax, of a proposal whose first token has agreement
         `first`."""
-        idx = np.clip(np.arange(first, first + kmax), 1, len(self.prior)) - 1            # [kmax]
+        idx = np.clip(np.arange(first, first + kmax), 1, len(self.prior)) - 1  # [kmax]
         return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.c()[idx]))])
 
     def record(self, a: int, hit: bool) -> None:
-        i = min(max(a, 1), len(self.hits)) - 1          # past the table: its last row
+        i = min(max(a, 1), len(self.hits)) - 1  # past the table: its last row
         self.hits[i] += hit
         self.trials[i] += 1
 
@@ -89,7 +90,7 @@ class Acceptance:
         """A new proposal: scored from its first position on (it replaces one not finished)."""
         if len(proposal.tokens):
             tokens = proposal.tokens
-            tokens = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)   # not a view
+            tokens = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)  # not a view
             self.pending = [proposal.first, tokens, 0, max(proposal.agreement, 1), proposal.first]
             self.hits *= self.decay
             self.trials *= self.decay
@@ -100,7 +101,7 @@ class Acceptance:
             return
         first, proposed, j, agreement, end = self.pending
         for token in tokens:
-            if end == first + j:                              # at this proposal's j-th position
+            if end == first + j:  # at this proposal's j-th position
                 hit = proposed[j] == token
                 self.record(agreement + j, hit)
                 j = j + 1 if hit else len(proposed)
@@ -122,15 +123,15 @@ class DrafterProposals:
     name, free = "drafter", False
 
     def __init__(self, drafter, limit: int, tuned=None, clock=time.perf_counter):
-        self.drafter = drafter              # kv.DraftModel (or a wrapper with its `draft`)
-        self.clock = clock                  # seconds (tests inject theirs)
+        self.drafter = drafter  # kv.DraftModel (or a wrapper with its `draft`)
+        self.clock = clock  # seconds (tests inject theirs)
         prior = _conditional(tuned.acceptance) if tuned else [0.3] * limit
         self.acceptance = Acceptance(prior, weight=8.0 if tuned else 2.0)
         self.cost_s = tuned.draft_ms / 1e3 if tuned else None
 
     def propose(self, last: int, pos: int, limit: int) -> Proposal:
         t = self.clock()
-        drafts = self.drafter.draft(last, ctx_end=pos)          # [B-1] view
+        drafts = self.drafter.draft(last, ctx_end=pos)  # [B-1] view
         proposal = Proposal(self.name, drafts[:limit], pos + 1, seconds=self.clock() - t)
         self.acceptance.observe(proposal)
         return proposal
@@ -139,7 +140,7 @@ class DrafterProposals:
         return self.acceptance.expected(1, kmax)
 
     def commit(self, tokens: list[int]) -> None:
-        self.acceptance.commit(tokens)      # its context cache follows `pos` (ctx_end) by itself
+        self.acceptance.commit(tokens)  # its context cache follows `pos` (ctx_end) by itself
 
 
 class LookupProposals:
@@ -157,8 +158,8 @@ class LookupProposals:
     name, free, cost_s = "lookup", True, 0.0
 
     def __init__(self, history: list[int], limit: int):
-        self.lookup = PromptLookup(history)     # token ids by absolute position, grown by `commit`
-        a = np.arange(1, limit + self.lookup.max_match + 2)     # agreement 1 .. max match + limit
+        self.lookup = PromptLookup(history)  # token ids by absolute position, grown by `commit`
+        a = np.arange(1, limit + self.lookup.max_match + 2)  # agreement 1 .. max match + limit
         self.acceptance = Acceptance(a / (a + 3.0), weight=2.0)
 
     def propose(self, last: int, pos: int, limit: int) -> Proposal:
@@ -175,12 +176,15 @@ class LookupProposals:
         self.lookup.extend(tokens)
 
 
-def make_sources(draft: str, drafter, history: list[int], limit: int,
-                 tuned=None) -> list[ProposalSource]:
+def make_sources(
+    draft: str, drafter, history: list[int], limit: int, tuned=None
+) -> list[ProposalSource]:
     """The sources of a `draft` mode (validate.DRAFT_MODES), fresh for one generation; `limit` = B -
     1."""
-    make = {"drafter": lambda: DrafterProposals(drafter, limit, tuned),
-            "lookup": lambda: LookupProposals(history, limit)}
+    make = {
+        "drafter": lambda: DrafterProposals(drafter, limit, tuned),
+        "lookup": lambda: LookupProposals(history, limit),
+    }
     names = {"none": (), "auto": ("lookup", "drafter")}.get(draft, (draft,))
     return [make[name]() for name in names]
 
@@ -212,7 +216,7 @@ class Proposer:
             if not s.free and (n == choice.source or choice.probe):
                 made[n] = s.propose(last, pos, self.limit)
         self.choice, self.made = choice, made
-        return choice, made[choice.source].tokens[:choice.k] if choice.k else ()
+        return choice, made[choice.source].tokens[: choice.k] if choice.k else ()
 
     def commit(self, tokens: list[int], seconds: float) -> None:
         """The tokens the target committed this step, and its pass's wall time (`seconds`)."""

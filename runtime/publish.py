@@ -5,6 +5,7 @@ an existing `out` is swapped with the new folder in one `renameat2(RENAME_EXCHAN
 killed at any moment leaves `out` as the old bundle or the new one. Elsewhere the old folder is
 moved aside first (`.<name>.old-<pid>-*`): a kill between the two renames leaves no `out` at all.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -20,19 +21,22 @@ _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 
 
 def publish_dir(tmp: Path, out: Path) -> None:
-    """Make `tmp` world-readable (mkdtemp/mkstemp create owner-only entries) and swap it in as `out`."""
+    """Make `tmp` world-readable (mkdtemp/mkstemp create owner-only entries) and swap it in as
+    `out`."""
     os.chmod(tmp, 0o755)
     for f in tmp.iterdir():
         os.chmod(f, 0o644)
     if not out.exists():
         os.replace(tmp, out)
         return
-    if _exchange(tmp, out):            # `tmp` now holds the old bundle
+    if _exchange(tmp, out):  # `tmp` now holds the old bundle
         shutil.rmtree(tmp, ignore_errors=True)
         return
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.{OLD}-{os.getpid()}-", dir=out.parent))
     try:
-        os.replace(out, old / "dir")   # a non-empty directory cannot be replaced: move it aside first
+        os.replace(
+            out, old / "dir"
+        )  # a non-empty directory cannot be replaced: move it aside first
         try:
             os.replace(tmp, out)
         except OSError:

@@ -5,6 +5,7 @@ absolute position p comes from a generator seeded with (seed, p). So a target-on
 speculative run with the same seed emit *identical* tokens, and speculative verification (accept a
 draft token iff it equals the target's own sample at that position) is exactly lossless.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("temperature", "top_k", "top_p", "seed"):      # one rule for every entry point
+        for name in ("temperature", "top_k", "top_p", "seed"):  # one rule for every entry point
             check(name, getattr(self, name))
 
     @property
@@ -47,8 +48,8 @@ def token_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     p /= p.sum()
     if params.top_p < 1.0:
         order = np.argsort(-p, kind="stable")
-        before = np.cumsum(p[order]) - p[order]          # mass strictly above each token
-        drop = order[before >= params.top_p]             # keep the smallest prefix reaching top_p
+        before = np.cumsum(p[order]) - p[order]  # mass strictly above each token
+        drop = order[before >= params.top_p]  # keep the smallest prefix reaching top_p
         p[drop] = 0.0
         p /= p.sum()
     return p

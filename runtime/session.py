@@ -1,16 +1,19 @@
-"""The execution-provider seam: the one place that turns a bundle graph into something the loop can run.
+"""The execution-provider seam: the one place that turns a bundle graph into something the loop can
+run.
 
-The loop only needs a *graph runner*: an object with `device` ("cpu" | "cuda": where its KV buffers live),
-`binding()` (a fresh IOBinding-like object: `bind_input/bind_output(name, device, device_id, dtype, shape,
-ptr)`) and `run(binding)`. `OrtGraph` is that runner for onnxruntime's CPU, CUDA and TensorRT execution
-providers; a native TensorRT engine runner (engines listed in the manifest) fits the same three members,
-binding tensor addresses instead of OrtValues, without touching the loop.
+The loop only needs a *graph runner*: an object with `device` ("cpu" | "cuda": where its KV buffers
+live), `binding()` (a fresh IOBinding-like object: `bind_input/bind_output(name, device, device_id,
+dtype, shape, ptr)`) and `run(binding)`. `OrtGraph` is that runner for onnxruntime's CPU, CUDA and
+TensorRT execution providers; a native TensorRT engine runner (engines listed in the manifest) fits
+the same three members, binding tensor addresses instead of OrtValues, without touching the loop.
 
 >>> graph = open_graph("bundle/target.onnx", "cpu")          # doctest: +SKIP
 >>> b = graph.binding(); ...; graph.run(b)                  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
+import mmap
 import os
 import time
 from dataclasses import dataclass
@@ -18,11 +21,15 @@ from dataclasses import dataclass
 from .bundle import inside
 from .errors import DflashEdgeError
 
-# our provider name -> (onnxruntime execution providers, most preferred first; device the buffers live on)
+# our provider name -> (onnxruntime execution providers, most preferred first; device the buffers
+# live on)
 PROVIDERS: dict[str, tuple[tuple[str, ...], str]] = {
     "cpu": (("CPUExecutionProvider",), "cpu"),
     "cuda": (("CUDAExecutionProvider", "CPUExecutionProvider"), "cuda"),
-    "tensorrt": (("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"), "cuda"),
+    "tensorrt": (
+        ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
+        "cuda",
+    ),
 }
 
 
@@ -37,9 +44,9 @@ class SessionConfig:
     provider: str = "cpu"
     threads: int = 0
     device_id: int = 0
-    trt_cache_dir: str | None = None          # TensorRT EP engine cache (bundle/.trt-cache by default)
-    spin: bool = True                         # busy-wait between ops within a run: lower latency on idle cores
-    fp16: bool = False                        # the graph is fp16 (manifest precision): TensorRT builds fp16 kernels
+    trt_cache_dir: str | None = None  # TensorRT EP engine cache (bundle/.trt-cache by default)
+    spin: bool = True  # busy-wait between ops within a run: lower latency on idle cores
+    fp16: bool = False  # the graph is fp16 (manifest precision): TensorRT builds fp16 kernels
 
 
 def available_providers() -> list[str]:
@@ -52,32 +59,41 @@ def available_providers() -> list[str]:
 
 def check_provider(provider: str) -> None:
     if provider not in PROVIDERS:
-        raise ProviderUnavailableError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)} "
-                                       f"(available here: {', '.join(available_providers())})")
+        raise ProviderUnavailableError(
+            f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)} "
+            f"(available here: {', '.join(available_providers())})"
+        )
     if provider not in available_providers():
-        hint = {"cuda": "pip install onnxruntime-gpu (and a matching CUDA runtime)",
-                "tensorrt": "pip install onnxruntime-gpu and TensorRT"}.get(provider, "")
-        raise ProviderUnavailableError(f"provider {provider!r} is not available in this onnxruntime build; "
-                                       f"available: {', '.join(available_providers())}. To use it: {hint}")
+        hint = {
+            "cuda": "pip install onnxruntime-gpu (and a matching CUDA runtime)",
+            "tensorrt": "pip install onnxruntime-gpu and TensorRT",
+        }.get(provider, "")
+        raise ProviderUnavailableError(
+            f"provider {provider!r} is not available in this onnxruntime build; "
+            f"available: {', '.join(available_providers())}. To use it: {hint}"
+        )
 
 
 def default_threads() -> int:
     """One intra-op thread per CPU we may run on (affinity-aware: containers often limit it)."""
     try:
         return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:                                       # macOS, Windows
+    except AttributeError:  # macOS, Windows
         return max(os.cpu_count() or 1, 1)
 
 
 class OrtGraph:
-    """One bundle graph in an onnxruntime session, run through IOBinding; times its own run calls."""
+    """One bundle graph in an onnxruntime session, run through IOBinding; times its own run
+    calls."""
 
     def __init__(self, session, device: str, device_id: int = 0, initializers: dict | None = None):
         self.session = session
         self.device = device
         self.device_id = device_id
-        self.initializers = dict(initializers or {})   # user-owned weights given to the session must outlive it
-        self.run_s = 0.0                 # wall time spent inside run_with_iobinding (overhead accounting)
+        self.initializers = dict(
+            initializers or {}
+        )  # user-owned weights given to the session must outlive it
+        self.run_s = 0.0  # wall time spent inside run_with_iobinding (overhead accounting)
         self.calls = 0
 
     def binding(self):
@@ -90,14 +106,18 @@ class OrtGraph:
         self.calls += 1
 
 
-def open_graph(path, config: SessionConfig = SessionConfig(), profile: dict | None = None,
-               initializers: dict | None = None) -> OrtGraph:
-    """An onnxruntime session for `path` on `config.provider` (graph optimisations ALL, sized thread pool).
+def open_graph(
+    path,
+    config: SessionConfig = SessionConfig(),
+    profile: dict | None = None,
+    initializers: dict | None = None,
+) -> OrtGraph:
+    """An onnxruntime session for `path` on `config.provider` (graph optimisations ALL, sized thread
+    pool).
 
-    `profile` (input name -> {"min","opt","max"} shapes, from `trt_profiles`) becomes the TensorRT EP's
-    optimisation profile, so one engine serves every step shape. `initializers` (name -> OrtValue, from
-    `shared_initializers`) replace the graph's own copies of those weights.
-    """
+    `profile` (input name -> {"min","opt","max"} shapes, from `trt_profiles`) becomes the TensorRT
+    EP's optimisation profile, so one engine serves every step shape. `initializers` (name ->
+    OrtValue, from `shared_initializers`) replace the graph's own copies of those weights."""
     import onnxruntime as ort
 
     check_provider(config.provider)
@@ -108,8 +128,10 @@ def open_graph(path, config: SessionConfig = SessionConfig(), profile: dict | No
     opts.intra_op_num_threads = config.threads or default_threads()
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
-    # spin: the intra-op threads busy-wait between the ops of one run (onnxruntime's default), and stop when
-    # the run returns, so the target's idle threads never compete with the drafter's run or other work
+    # spin: the intra-op threads busy-wait between the ops of one run (onnxruntime's default), and
+    # stop when
+    # the run returns, so the target's idle threads never compete with the drafter's run or other
+    # work
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin else "0")
     opts.add_session_config_entry("session.force_spinning_stop", "1")
     for name, value in (initializers or {}).items():
@@ -119,16 +141,16 @@ def open_graph(path, config: SessionConfig = SessionConfig(), profile: dict | No
     return OrtGraph(session, device, config.device_id, initializers)
 
 
-def shared_initializers(root, manifest: dict, config: SessionConfig = SessionConfig(),
-                        maps: list | None = None) -> dict[str, dict]:
-    """graph -> {initializer name: OrtValue}: each weight the manifest lists under `shared_weights.tensors`
-    (the embedding / LM head the drafter borrows from the target), read once and given to every session.
+def shared_initializers(
+    root, manifest: dict, config: SessionConfig = SessionConfig(), maps: list | None = None
+) -> dict[str, dict]:
+    """graph -> {initializer name: OrtValue}: each weight the manifest lists under
+    `shared_weights.tensors` (the embedding / LM head the drafter borrows from the target), read
+    once and given to every session.
 
-    On the CPU the value is a read-only memory map of the bundle file (file-backed pages, loaded once; the maps
-    are appended to `maps` for `release_pages`); on CUDA/TensorRT it is copied to the device once. Bundles
-    without the list share nothing.
-    """
-    import mmap
+    On the CPU the value is a read-only memory map of the bundle file (file-backed pages, loaded
+    once; the maps are appended to `maps` for `release_pages`); on CUDA/TensorRT it is copied to the
+    device once. Bundles without the list share nothing."""
 
     import numpy as np
     import onnxruntime as ort
@@ -142,8 +164,12 @@ def shared_initializers(root, manifest: dict, config: SessionConfig = SessionCon
             with open(inside(root, entry["file"], f"shared_weights.tensors[{i}].file"), "rb") as f:
                 files[entry["file"]] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         shape = tuple(entry["shape"])
-        array = np.frombuffer(files[entry["file"]], entry["dtype"], int(np.prod(shape)), entry["offset"]).reshape(shape)
-        value = ort.OrtValue.ortvalue_from_numpy(array, device, config.device_id)   # cpu: wraps, keeps `array`
+        array = np.frombuffer(
+            files[entry["file"]], entry["dtype"], int(np.prod(shape)), entry["offset"]
+        ).reshape(shape)
+        value = ort.OrtValue.ortvalue_from_numpy(
+            array, device, config.device_id
+        )  # cpu: wraps, keeps `array`
         for graph, name in entry["names"].items():
             out.setdefault(graph, {})[name] = value
     if maps is not None:
@@ -152,10 +178,10 @@ def shared_initializers(root, manifest: dict, config: SessionConfig = SessionCon
 
 
 def release_pages(maps: list) -> None:
-    """Drop the resident pages of the shared tables' maps after a session is built: building prepacks the LM head
-    into the session's own layout (the mapped original is not read again) and touches the whole embedding table;
-    from here on only the embedding rows a Gather reads come back (from the page cache). Linux only."""
-    import mmap
+    """Drop the resident pages of the shared tables' maps after a session is built: building
+    prepacks the LM head into the session's own layout (the mapped original is not read again) and
+    touches the whole embedding table; from here on only the embedding rows a Gather reads come back
+    (from the page cache). Linux only."""
 
     for m in maps:
         if hasattr(m, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
@@ -171,6 +197,8 @@ def _provider_options(ep: str, config: SessionConfig, profile: dict | None) -> d
             opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=config.trt_cache_dir)
         for level in ("min", "opt", "max") if profile else ():
             opts[f"trt_profile_{level}_shapes"] = ",".join(
-                f"{name}:{'x'.join(str(d) for d in shapes[level])}" for name, shapes in profile.items())
+                f"{name}:{'x'.join(str(d) for d in shapes[level])}"
+                for name, shapes in profile.items()
+            )
         return opts
     return {}

@@ -1,18 +1,21 @@
-"""Committed tokens -> text: pieces released only as whole characters, cut at (and never showing) a stop string.
+"""Committed tokens -> text: pieces released only as whole characters, cut at (and never showing) a
+stop string.
 
 >>> from types import SimpleNamespace
->>> chars = SimpleNamespace(decode=lambda ids: "".join(map(chr, ids)))      # one token per character
+>>> chars = SimpleNamespace(decode=lambda ids: "".join(map(chr, ids)))  # one token per character
 >>> asm = TextAssembler(chars, stop=("!",))
 >>> [asm.add(ord(c)) for c in "hi!x"], asm.finish(), asm.text
 (['h', 'i', '', ''], '', 'hi')
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Iterator
 
 
 class TextAssembler:
-    """Committed tokens -> text pieces: never half a character, cut at (and never showing) a stop string.
+    """Committed tokens -> text pieces: never half a character, cut at (and never showing) a stop
+    string.
 
     Decodes a short window of tokens (HF's prefix/read offsets) so a piece is only released once it
     decodes to whole characters; with stop strings, the last len(stop)-1 characters wait until safe.
@@ -29,17 +32,20 @@ class TextAssembler:
         if self.stopped:
             return ""
         self.tokens.append(token)
-        before = self.tokenizer.decode(self.tokens[self.prefix:self.read])
-        now = self.tokenizer.decode(self.tokens[self.prefix:])
-        if len(now) > len(before) and not now.endswith("\ufffd"):   # a whole character more
-            self._append(now[len(before):])
+        before = self.tokenizer.decode(self.tokens[self.prefix : self.read])
+        now = self.tokenizer.decode(self.tokens[self.prefix :])
+        if len(now) > len(before) and not now.endswith("\ufffd"):  # a whole character more
+            self._append(now[len(before) :])
             self.prefix, self.read = self.read, len(self.tokens)
         return self._release(final=False)
 
     def finish(self) -> str:
         if not self.stopped:
-            self._append(self.tokenizer.decode(self.tokens[self.prefix:])[len(
-                self.tokenizer.decode(self.tokens[self.prefix:self.read])):])
+            self._append(
+                self.tokenizer.decode(self.tokens[self.prefix :])[
+                    len(self.tokenizer.decode(self.tokens[self.prefix : self.read])) :
+                ]
+            )
             self.prefix = self.read = len(self.tokens)
         return self._release(final=True)
 
@@ -48,17 +54,20 @@ class TextAssembler:
         self.text += new
         hits = [i for i in (self.text.find(s, scan) for s in self.stop) if i >= 0]
         if hits:
-            self.text, self.stopped = self.text[:min(hits)], True
+            self.text, self.stopped = self.text[: min(hits)], True
 
     def _release(self, final: bool) -> str:
-        end = len(self.text) if final or self.stopped else max(len(self.text) - self.hold, self.shown)
-        piece, self.shown = self.text[self.shown:end], end
+        end = (
+            len(self.text) if final or self.stopped else max(len(self.text) - self.hold, self.shown)
+        )
+        piece, self.shown = self.text[self.shown : end], end
         return piece
 
 
 def text_pieces(steps: Iterator[list[int]], text: TextAssembler) -> Iterator[str]:
-    """Text pieces of the tokens `steps` commits, one token at a time, so a stop string ends the output at its
-    token (`steps` is then closed: generation stops at the current step). Returns the tokens kept.
+    """Text pieces of the tokens `steps` commits, one token at a time, so a stop string ends the
+    output at its token (`steps` is then closed: generation stops at the current step). Returns the
+    tokens kept.
 
     >>> from types import SimpleNamespace
     >>> asm = TextAssembler(SimpleNamespace(decode=lambda ids: "".join(map(chr, ids))), stop=("c",))

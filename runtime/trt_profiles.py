@@ -1,4 +1,5 @@
-"""TensorRT optimisation profiles (min / opt / max shape per input), derived from the I/O table + manifest.
+"""TensorRT optimisation profiles (min / opt / max shape per input), derived from the I/O table +
+manifest.
 
 Pure Python (no tensorrt import): the engine builder and the TensorRT runner share it.
 
@@ -10,6 +11,7 @@ Ranges of the dynamic symbols (docs/design.md §4):
 >>> trt_profiles(read_bundle("bundle/"))["target"]["input_ids"]      # doctest: +SKIP
 {'min': (1, 1), 'opt': (1, 16), 'max': (1, 64)}
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,12 +37,16 @@ def trt_profiles(bundle) -> dict[str, dict[str, dict[str, Shape]]]:
     dims = model_dims(manifest["model"], manifest["block_size"])
     ranges = symbol_ranges(manifest)
     out = {}
-    for graph in portable_graphs(manifest["graphs"]):         # fused flavours are onnxruntime-only
+    for graph in portable_graphs(manifest["graphs"]):  # fused flavours are onnxruntime-only
         if graph not in GRAPHS:
-            continue                       # a graph this version has no I/O table for: nothing to derive
-        out[graph] = {spec.name: {level: resolve_shape(spec, {**dims, **{s: r[i] for s, r in ranges.items()}})
-                                  for i, level in enumerate(("min", "opt", "max"))}
-                      for spec in GRAPHS[graph]["inputs"]}
+            continue  # a graph this version has no I/O table for: nothing to derive
+        out[graph] = {
+            spec.name: {
+                level: resolve_shape(spec, {**dims, **{s: r[i] for s, r in ranges.items()}})
+                for i, level in enumerate(("min", "opt", "max"))
+            }
+            for spec in GRAPHS[graph]["inputs"]
+        }
     return out
 
 

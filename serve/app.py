@@ -4,20 +4,22 @@
     GET  /v1/models             GET  /health
 
 Errors use OpenAI's shape: 400 for bad input (the runtime's validation text, `param` = the field),
-401 for a missing or wrong API key (`Authorization: Bearer KEY`, the scheme in any case), 404 `model_not_found`
-for a model this server does not serve, 413 for a body over `max_body_bytes` (refused from its Content-Length
-before any of it is read, or as soon as a chunked upload passes the limit), 429 + Retry-After when the queue is
-full, 404/405 for other paths. The event loop only moves bytes: JSON parsing and the request's checks run in a
-worker thread (Starlette's pool), tokenisation in the generation thread, so `/health` answers during uploads
-(the tokeniser runs without the GIL, and a text longer than the context could hold in any tokenisation is
-refused before it is tokenised: runtime/generator.py `_check_length`). A body not whole within
-`request_timeout_s` of its request's head gets 408 `request_timeout` and the connection is closed;
-heads, idle and surplus connections are serve/limits.py's (run the app with `server_config`).
+401 for a missing or wrong API key (`Authorization: Bearer KEY`, the scheme in any case), 404
+`model_not_found` for a model this server does not serve, 413 for a body over `max_body_bytes`
+(refused from its Content-Length before any of it is read, or as soon as a chunked upload passes the
+limit), 429 + Retry-After when the queue is full, 404/405 for other paths. The event loop only moves
+bytes: JSON parsing and the request's checks run in a worker thread (Starlette's pool), tokenisation
+in the generation thread, so `/health` answers during uploads (the tokeniser runs without the GIL,
+and a text longer than the context could hold in any tokenisation is refused before it is tokenised:
+runtime/generator.py `_check_length`). A body not whole within `request_timeout_s` of its request's
+head gets 408 `request_timeout` and the connection is closed; heads, idle and surplus connections
+are serve/limits.py's (run the app with `server_config`).
 
 >>> options = ServerOptions(max_queue=8)                                      # doctest: +SKIP
 >>> app = build_app(Generator.load("bundle/"), options)                        # doctest: +SKIP
 >>> uvicorn.Server(server_config(app, "127.0.0.1", 8000, options)).run()      # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,24 +36,32 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from dflash_edge.runtime.errors import DflashEdgeError
-from dflash_edge.runtime.validate import check
-from .protocol import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_S,
-                       ModelNotFoundError, Reply, error_body, parse)
+from ..runtime.errors import DflashEdgeError
+from ..runtime.validate import check
+from .protocol import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    ModelNotFoundError,
+    Reply,
+    error_body,
+    parse,
+)
 from .scheduler import Scheduler, ServerBusy
-
 
 
 @dataclass(frozen=True)
 class ServerOptions:
-    max_queue: int = 16                 # requests waiting behind the running one; beyond: 429
-    api_key: str | None = None          # required as `Authorization: Bearer KEY` on every request when set
-    model_name: str | None = None       # the id /v1/models lists (default: the bundle directory's name)
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES    # larger request bodies get 413 before they are read
-    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S    # a request's head, then its body (408)
+    max_queue: int = 16  # requests waiting behind the running one; beyond: 429
+    api_key: str | None = None  # required as `Authorization: Bearer KEY` on every request when set
+    model_name: str | None = None  # the id /v1/models lists (default: the bundle directory's name)
+    max_body_bytes: int = (
+        DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413 before they are read
+    )
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S  # a request's head, then its body (408)
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # open; one more: the longest idle one is closed
 
-    def __post_init__(self):            # the CLI checked these already, with its own labels
+    def __post_init__(self):  # the CLI checked these already, with its own labels
         check("max_queue", self.max_queue)
         check("max_body_bytes", self.max_body_bytes)
         check("request_timeout_s", self.request_timeout_s)
@@ -77,18 +87,26 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
 
     async def _complete(request: Request, chat: bool):
         raw = await _read_body(request, options.max_body_bytes, options.request_timeout_s)
-        job = await run_in_threadpool(parse, raw, chat, model)     # JSON and checks off the event loop
+        job = await run_in_threadpool(parse, raw, chat, model)  # JSON and checks off the event loop
         try:
             ticket = sched.submit(job.prompt, job.options)
         except ServerBusy as err:
-            raise ApiError(429, error_body(str(err), "server_busy", code="queue_full"),
-                           {"Retry-After": str(err.retry_after)}) from err
+            raise ApiError(
+                429,
+                error_body(str(err), "server_busy", code="queue_full"),
+                {"Retry-After": str(err.retry_after)},
+            ) from err
         events = aiter(ticket)
         try:
-            kind, value = await _next_event(events, request)    # waits its turn: started, or an input error
+            kind, value = await _next_event(
+                events, request
+            )  # waits its turn: started, or an input error
             if kind == "started" and job.stream:
-                return StreamingResponse(_sse(Reply(job, model), events, ticket), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
+                return StreamingResponse(
+                    _sse(Reply(job, model), events, ticket),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache"},
+                )
             while kind == "started" or kind == "piece":
                 kind, value = await _next_event(events, request)
         except BaseException:
@@ -99,24 +117,45 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
             return JSONResponse(Reply(job, model).whole(value))
         if kind == "error":
             raise _as_api_error(value)
-        return Response(status_code=499)                        # the client left: nobody reads this
+        return Response(status_code=499)  # the client left: nobody reads this
 
     async def models(request: Request):
-        return JSONResponse({"object": "list", "data": [{"id": model, "object": "model", "created": created,
-                                                          "owned_by": "dflash-edge"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": model, "object": "model", "created": created, "owned_by": "dflash-edge"}
+                ],
+            }
+        )
 
     async def health(request: Request):
-        return JSONResponse({"status": "ok", "model": model, "running": int(sched.running),
-                             "waiting": sched.waiting, "max_queue": options.max_queue})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": model,
+                "running": int(sched.running),
+                "waiting": sched.waiting,
+                "max_queue": options.max_queue,
+            }
+        )
 
-    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                            Route("/v1/completions", completions, methods=["POST"]),
-                            Route("/v1/models", models, methods=["GET"]),
-                            Route("/health", health, methods=["GET"])],
-                    exception_handlers={ApiError: _api_error, DflashEdgeError: _bad_input,
-                                        ModelNotFoundError: _model_not_found, HTTPException: _http_error,
-                                        ClientDisconnect: _client_gone},
-                    lifespan=_lifespan(sched))
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        exception_handlers={
+            ApiError: _api_error,
+            DflashEdgeError: _bad_input,
+            ModelNotFoundError: _model_not_found,
+            HTTPException: _http_error,
+            ClientDisconnect: _client_gone,
+        },
+        lifespan=_lifespan(sched),
+    )
     if options.api_key:
         app.add_middleware(_ApiKey, key=options.api_key)
     app.state.scheduler, app.state.options = sched, options
@@ -124,21 +163,24 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
-    """The whole body, or 413 as soon as it is known to be over `limit` bytes: from Content-Length before a byte
-    is read, else while counting a chunked upload (at most `limit` + one chunk is ever held). The rest of a
-    refused upload is read and discarded by uvicorn, so the client gets the 413 rather than a reset.
-    A body not whole within `timeout_s` of the request's head (trickled) gets 408 and the connection
-    is closed."""
+    """The whole body, or 413 as soon as it is known to be over `limit` bytes: from Content-Length
+    before a byte is read, else while counting a chunked upload (at most `limit` + one chunk is ever
+    held). The rest of a refused upload is read and discarded by uvicorn, so the client gets the 413
+    rather than a reset. A body not whole within `timeout_s` of the request's head (trickled) gets
+    408 and the connection is closed."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         raise _too_large(limit, declared)
     try:
         return await asyncio.wait_for(_collect(request, limit), timeout_s)
     except asyncio.TimeoutError as err:
-        message = (f"the request body did not arrive within {timeout_s:g} s (the server's "
-                   f"--request-timeout-s); send it at once")
-        raise ApiError(408, error_body(message, code="request_timeout"),
-                       {"Connection": "close"}) from err
+        message = (
+            f"the request body did not arrive within {timeout_s:g} s (the server's "
+            f"--request-timeout-s); send it at once"
+        )
+        raise ApiError(
+            408, error_body(message, code="request_timeout"), {"Connection": "close"}
+        ) from err
 
 
 async def _collect(request: Request, limit: int) -> bytes:
@@ -152,12 +194,19 @@ async def _collect(request: Request, limit: int) -> bytes:
 
 
 def _too_large(limit: int, size: str) -> ApiError:
-    return ApiError(413, error_body(f"the request body is {size} bytes, more than this server reads "
-                                    f"(--max-body-bytes {limit}); send a smaller request", code="request_too_large"))
+    return ApiError(
+        413,
+        error_body(
+            f"the request body is {size} bytes, more than this server reads "
+            f"(--max-body-bytes {limit}); send a smaller request",
+            code="request_too_large",
+        ),
+    )
 
 
 async def _next_event(events, request: Request, poll_s: float = 0.25) -> tuple[str, object]:
-    """The job's next event; ("gone", None) once the client has disconnected (its queue slot is then freed)."""
+    """The job's next event; ("gone", None) once the client has disconnected (its queue slot is then
+    freed)."""
     pending = asyncio.ensure_future(anext(events, ("end", None)))
     while True:
         done, _ = await asyncio.wait({pending}, timeout=poll_s)
@@ -191,7 +240,7 @@ async def _sse(reply: Reply, events, ticket):
                 yield _event(_as_api_error(value).body)
         yield "data: [DONE]\n\n"
     finally:
-        ticket.cancel()                     # a client that left (or any early end) frees the Generator
+        ticket.cancel()  # a client that left (or any early end) frees the Generator
 
 
 def _event(body: dict) -> str:
@@ -199,9 +248,13 @@ def _event(body: dict) -> str:
 
 
 def _as_api_error(err) -> ApiError:
-    if isinstance(err, DflashEdgeError):    # bad input the runtime found (e.g. a prompt longer than the context)
+    if isinstance(
+        err, DflashEdgeError
+    ):  # bad input the runtime found (e.g. a prompt longer than the context)
         return ApiError(400, error_body(str(err), param=getattr(err, "argument", None)))
-    return ApiError(500, error_body(f"generation failed: {type(err).__name__}: {err}", "server_error"))
+    return ApiError(
+        500, error_body(f"generation failed: {type(err).__name__}: {err}", "server_error")
+    )
 
 
 async def _api_error(request, err: ApiError):
@@ -213,29 +266,39 @@ async def _bad_input(request, err: DflashEdgeError):
 
 
 async def _model_not_found(request, err: ModelNotFoundError):
-    return JSONResponse(error_body(str(err), param="model", code="model_not_found"), status_code=404)
+    return JSONResponse(
+        error_body(str(err), param="model", code="model_not_found"), status_code=404
+    )
 
 
 async def _client_gone(request, err: ClientDisconnect):
-    return Response(status_code=499)                            # the client left mid-upload: nobody reads this
+    return Response(status_code=499)  # the client left mid-upload: nobody reads this
 
 
 async def _http_error(request, err: HTTPException):
-    return JSONResponse(error_body(f"{request.method} {request.url.path}: {err.detail}", code=str(err.status_code)),
-                        status_code=err.status_code)
+    return JSONResponse(
+        error_body(f"{request.method} {request.url.path}: {err.detail}", code=str(err.status_code)),
+        status_code=err.status_code,
+    )
 
 
 class _ApiKey:
-    """ASGI middleware: every HTTP request must carry `Authorization: Bearer KEY` (the scheme in any case)."""
+    """ASGI middleware: every HTTP request must carry `Authorization: Bearer KEY` (the scheme in any
+    case)."""
 
     def __init__(self, app, key: str):
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and not self._allowed(dict(scope["headers"]).get(b"authorization", b"")):
-            body = error_body("missing or wrong API key: send the header 'Authorization: Bearer KEY' with the key the "
-                              "server was started with (--api-key-file, $DFLASH_EDGE_API_KEY or --api-key)",
-                              code="invalid_api_key")
+        if scope["type"] == "http" and not self._allowed(
+            dict(scope["headers"]).get(b"authorization", b"")
+        ):
+            body = error_body(
+                "missing or wrong API key: send the header 'Authorization: Bearer KEY' with the "
+                "key the "
+                "server was started with (--api-key-file, $DFLASH_EDGE_API_KEY or --api-key)",
+                code="invalid_api_key",
+            )
             return await JSONResponse(body, status_code=401)(scope, receive, send)
         await self.app(scope, receive, send)
 

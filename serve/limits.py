@@ -15,6 +15,7 @@ a connection that never sends a byte, or trickles its request line and headers a
 
 The h11 protocol is pinned (not httptools, even where installed): these hold whatever is installed.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,9 +24,11 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 _BUSY_TEXT = b"every connection is busy with a request; retry later (--max-connections)\n"
-BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
-        b"connection: close\r\nretry-after: 1\r\ncontent-length: %d\r\n\r\n%s"
-        % (len(_BUSY_TEXT), _BUSY_TEXT))
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\nretry-after: 1\r\ncontent-length: %d\r\n\r\n%s"
+    % (len(_BUSY_TEXT), _BUSY_TEXT)
+)
 
 
 class GuardedH11(H11Protocol):
@@ -49,11 +52,11 @@ class GuardedH11(H11Protocol):
     def handle_events(self) -> None:
         cycle = self.cycle
         super().handle_events()
-        if self.cycle is not cycle:             # a request head arrived: the app has the request
+        if self.cycle is not cycle:  # a request head arrived: the app has the request
             self._disarm()
 
     def on_response_complete(self) -> None:
-        self._arm()                             # first: a pipelined request (next) disarms it again
+        self._arm()  # first: a pipelined request (next) disarms it again
         super().on_response_complete()
 
     def _arm(self) -> None:
@@ -90,6 +93,9 @@ class GuardedH11(H11Protocol):
 def server_config(app, host: str, port: int, options, **kwargs) -> uvicorn.Config:
     """uvicorn's Config for `app` on h11 with the slow-client guards of `options` (a ServerOptions:
     request_timeout_s, max_connections); `kwargs` go to uvicorn.Config."""
-    protocol = functools.partial(GuardedH11, request_timeout_s=options.request_timeout_s,
-                                 max_connections=options.max_connections)
+    protocol = functools.partial(
+        GuardedH11,
+        request_timeout_s=options.request_timeout_s,
+        max_connections=options.max_connections,
+    )
     return uvicorn.Config(app, host=host, port=port, http=protocol, log_level="warning", **kwargs)

@@ -1,15 +1,18 @@
-"""One generation at a time per loaded bundle; the rest wait in a bounded queue; beyond it, ServerBusy (429).
+"""One generation at a time per loaded bundle; the rest wait in a bounded queue; beyond it,
+ServerBusy (429).
 
-A single worker thread runs the jobs in arrival order (the Generator's caches are single-sequence), and
-hands each job's events to the event loop: ("started", None), ("piece", text) ..., then ("done", result)
-or ("error", exception). A ticket cancelled by its client (a closed stream) stops its generation at the
-next text piece, which frees the Generator for the next job; a job whose client left while it waited gives
-its queue slot back at once and never starts.
+A single worker thread runs the jobs in arrival order (the Generator's caches are single-sequence),
+and hands each job's events to the event loop: ("started", None), ("piece", text) ..., then ("done",
+result) or ("error", exception). A ticket cancelled by its client (a closed stream) stops its
+generation at the next text piece, which frees the Generator for the next job; a job whose client
+left while it waited gives its queue slot back at once and never starts.
 
->>> sched = Scheduler(gen, max_queue=8)                    # doctest: +SKIP
->>> ticket = sched.submit(job.prompt, job.options)        # on the event loop; ServerBusy when full  # doctest: +SKIP
->>> async for kind, value in ticket: ...                   # doctest: +SKIP
+>>> sched = Scheduler(gen, max_queue=8)  # doctest: +SKIP
+>>> # on the event loop; ServerBusy when full:
+>>> ticket = sched.submit(job.prompt, job.options)  # doctest: +SKIP
+>>> async for kind, value in ticket: ...  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +21,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from dflash_edge.runtime.errors import DflashEdgeError
+from ..runtime.errors import DflashEdgeError
 
 
 class ServerBusy(DflashEdgeError):
@@ -35,16 +38,17 @@ class Ticket:
     def __init__(self, loop: asyncio.AbstractEventLoop, scheduler: "Scheduler"):
         self.loop, self.events, self.scheduler = loop, asyncio.Queue(), scheduler
         self.cancelled = threading.Event()
-        self.state = "waiting"                              # -> "running" -> "finished", or "dropped" (left waiting)
+        self.state = "waiting"  # -> "running" -> "finished", or "dropped" (left waiting)
 
-    def put(self, kind: str, value=None) -> None:           # worker thread
+    def put(self, kind: str, value=None) -> None:  # worker thread
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
-        except RuntimeError:                                # the loop has closed (server shutting down)
+        except RuntimeError:  # the loop has closed (server shutting down)
             self.cancelled.set()
 
     def cancel(self) -> None:
-        """The client is gone or done: stop at the next piece; a job still waiting gives its queue slot back now."""
+        """The client is gone or done: stop at the next piece; a job still waiting gives its queue
+        slot back now."""
         self.cancelled.set()
         self.scheduler.drop_if_waiting(self)
 
@@ -61,8 +65,11 @@ class Ticket:
 class Scheduler:
     def __init__(self, generator, max_queue: int):
         self.generator, self.max_queue = generator, max_queue
-        self.admitted, self.running = 0, False             # jobs admitted and not finished; one of them running?
-        self.mean_s = 1.0                                   # running mean of a job's seconds (for Retry-After)
+        self.admitted, self.running = (
+            0,
+            False,
+        )  # jobs admitted and not finished; one of them running?
+        self.mean_s = 1.0  # running mean of a job's seconds (for Retry-After)
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dflash-generate")
 
@@ -71,14 +78,20 @@ class Scheduler:
         return self.admitted - self.running
 
     def submit(self, prompt, options) -> Ticket:
-        """Admit `prompt` with `options` (checked GenerationOptions) or raise ServerBusy; call on the event loop."""
+        """Admit `prompt` with `options` (checked GenerationOptions) or raise ServerBusy; call on
+        the event loop."""
         with self._lock:
             if self.admitted >= 1 + self.max_queue:
-                # counted from `admitted`, not `waiting`: between two jobs `running` is briefly False while the
-                # worker picks up the next, and `waiting` then counts that job too (said "5 waiting" at --max-queue 4)
+                # counted from `admitted`, not `waiting`: between two jobs `running` is briefly
+                # False while the
+                # worker picks up the next, and `waiting` then counts that job too (said "5 waiting"
+                # at --max-queue 4)
                 wait = max(1, math.ceil(self.mean_s * self.admitted))
-                raise ServerBusy(f"the server is busy: 1 generation running and {self.admitted - 1} waiting "
-                                 f"(--max-queue {self.max_queue}); retry in about {wait} s", wait)
+                raise ServerBusy(
+                    f"the server is busy: 1 generation running and {self.admitted - 1} waiting "
+                    f"(--max-queue {self.max_queue}); retry in about {wait} s",
+                    wait,
+                )
             self.admitted += 1
         loop = asyncio.get_running_loop()
         ticket = Ticket(loop, self)
@@ -90,9 +103,9 @@ class Scheduler:
             if ticket.state == "waiting":
                 ticket.state, self.admitted = "dropped", self.admitted - 1
 
-    def _run(self, prompt, options, ticket: Ticket) -> None:     # worker thread, one job at a time
+    def _run(self, prompt, options, ticket: Ticket) -> None:  # worker thread, one job at a time
         with self._lock:
-            if ticket.state == "dropped":                   # its client left while it waited
+            if ticket.state == "dropped":  # its client left while it waited
                 ticket.put("end")
                 return
             ticket.state, self.running = "running", True
@@ -102,11 +115,11 @@ class Scheduler:
             ticket.put("started")
             for piece in stream:
                 if ticket.cancelled.is_set():
-                    break                                   # the client left: free the Generator now
+                    break  # the client left: free the Generator now
                 ticket.put("piece", piece)
             else:
                 ticket.put("done", stream.result)
-        except Exception as err:                            # noqa: BLE001 (reported to the client, not swallowed)
+        except Exception as err:  # noqa: BLE001 (reported to the client, not swallowed)
             ticket.put("error", err)
         finally:
             if stream is not None:

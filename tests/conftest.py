@@ -1,4 +1,5 @@
 """Shared fixtures: tiny random models of every family, saved as HF checkpoints once per session."""
+
 from __future__ import annotations
 
 import sys
@@ -7,8 +8,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny import FAMILY_EXTRAS, add_tiny_tokenizer, hf_model, save_hf  # noqa: E402
 from fixtures_bundle import tiny_bundle  # noqa: E402,F401  (a fixture: every test module may ask for it)
+from tiny import FAMILY_EXTRAS, add_tiny_tokenizer, hf_model, save_hf  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +26,8 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, tuple[object, str]]:
 
 @pytest.fixture(scope="module")
 def one_torch_thread():
-    """The torch reference on one thread: on a busy 2-core machine a second spinning thread is 10x slower.
+    """The torch reference on one thread: on a busy 2-core machine a second spinning thread is 10x
+    slower.
 
     A module opts in with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`.
     """
@@ -64,29 +66,36 @@ def oracle(monkeypatch):
     """install(where, full_sequence, hit, seed=0, miss=None): an oracle drafter (oracle_drafter.py).
 
     Each draft becomes the true continuation `full_sequence` (prompt + the target's own tokens) with
-    probability `hit` per position, else stays as drafted (or `miss(true)`). `where` is a runtime Generator
-    (its drafter is wrapped) or the torch reference loop module (its `draft_block` is wrapped). Installing
-    again replaces the previous oracle; the fixture undoes it after the test.
+    probability `hit` per position, else stays as drafted (or `miss(true)`). `where` is a runtime
+    Generator (its drafter is wrapped) or the torch reference loop module (its `draft_block` is
+    wrapped). Installing again replaces the previous oracle; the fixture undoes it after the test.
     """
     import types
 
     import numpy as np
+
     from oracle_drafter import OracleDrafter, oracle_ids
 
     def install(where, full_sequence, hit, seed=0, miss=None):
-        if isinstance(where, types.ModuleType):                         # dflash_edge.models.reference_loop
+        if isinstance(where, types.ModuleType):  # dflash_edge.models.reference_loop
             real = getattr(where.draft_block, "real", where.draft_block)
             rng, full = np.random.default_rng(seed), list(full_sequence)
 
             def draft_block(target, drafter, last_token, ctx, d_cache, block):
-                ids = real(target, drafter, last_token, ctx, d_cache, block)        # [1, B]: last token, drafts
-                oracle_ids(ids[0, 1:], full, d_cache.length, hit, rng, miss)        # length: last token's position
+                ids = real(
+                    target, drafter, last_token, ctx, d_cache, block
+                )  # [1, B]: last token, drafts
+                oracle_ids(
+                    ids[0, 1:], full, d_cache.length, hit, rng, miss
+                )  # length: last token's position
                 return ids
 
             draft_block.real = real
             monkeypatch.setattr(where, "draft_block", draft_block)
         else:
             real = where.drafter.real if isinstance(where.drafter, OracleDrafter) else where.drafter
-            monkeypatch.setattr(where, "drafter", OracleDrafter(real, full_sequence, hit, seed, miss))
+            monkeypatch.setattr(
+                where, "drafter", OracleDrafter(real, full_sequence, hit, seed, miss)
+            )
 
     return install

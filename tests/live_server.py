@@ -1,10 +1,12 @@
-"""A live server for the HTTP tests: uvicorn over the tiny bundle's Generator on 127.0.0.1, in a thread."""
+"""A live server for the HTTP tests: uvicorn over the tiny bundle's Generator on 127.0.0.1, in a
+thread."""
+
 import threading
 import time
 
 import pytest
 
-HOST = "127.0.0.1"                      # loopback only
+HOST = "127.0.0.1"  # loopback only
 
 
 def wait_until(predicate, timeout_s: float = 30.0) -> None:
@@ -23,7 +25,7 @@ class LiveServer:
         from dflash_edge.serve.limits import server_config
 
         self.app = app
-        self.server = uvicorn.Server(server_config(app, HOST, 0, app.state.options))   # as `serve`
+        self.server = uvicorn.Server(server_config(app, HOST, 0, app.state.options))  # as `serve`
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         wait_until(lambda: self.server.started)
@@ -37,13 +39,16 @@ class LiveServer:
 
 @pytest.fixture
 def serve(tiny_bundle):
-    """serve(**ServerOptions fields) -> LiveServer over the tiny bundle's Generator; stopped after the test."""
+    """serve(**ServerOptions fields) -> LiveServer over the tiny bundle's Generator; stopped after
+    the test."""
     from dflash_edge.serve.app import ServerOptions, build_app
 
     started = []
 
     def start(**options):
-        started.append(LiveServer(build_app(tiny_bundle("qwen3", 8).generator, ServerOptions(**options))))
+        started.append(
+            LiveServer(build_app(tiny_bundle("qwen3", 8).generator, ServerOptions(**options)))
+        )
         return started[-1]
 
     yield start

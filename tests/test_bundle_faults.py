@@ -1,8 +1,10 @@
-"""A truncated or bit-flipped file in every position class of a bundle is refused at load (issue 16, tier 1).
+"""A truncated or bit-flipped file in every position class of a bundle is refused at load (issue 16,
+tier 1).
 
-Classes: graph (`*.onnx`), external data (`*.onnx.data`), tokenizer (`tokenizer.json`, its config) and the
-manifest itself; positions: first, middle and last byte; two bits (low and high) per position.
-"""
+Classes: graph (`*.onnx`), external data (`*.onnx.data`), tokenizer (`tokenizer.json`, its config)
+and the manifest itself; positions: first, middle and last byte; two bits (low and high) per
+position."""
+
 import shutil
 
 import pytest
@@ -10,9 +12,17 @@ import pytest
 from dflash_edge.runtime.bundle import BundleError, read_bundle
 from dflash_edge.runtime.errors import DflashEdgeError
 
-
-FILES = ["target.onnx", "target.onnx.data", "target_fused.onnx", "drafter.onnx", "drafter.onnx.data", "shared.onnx.data", "tokenizer.json",
-         "tokenizer_config.json", "manifest.json"]
+FILES = [
+    "target.onnx",
+    "target.onnx.data",
+    "target_fused.onnx",
+    "drafter.onnx",
+    "drafter.onnx.data",
+    "shared.onnx.data",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "manifest.json",
+]
 WHERE = {"first": lambda n: 0, "middle": lambda n: n // 2, "last": lambda n: n - 1}
 
 
@@ -37,7 +47,7 @@ def damage(bundle_copy):
     yield apply
     for path, data in saved.items():
         path.write_bytes(data)
-    read_bundle(bundle_copy)                                   # the intact bundle loads: the damage was the cause
+    read_bundle(bundle_copy)  # the intact bundle loads: the damage was the cause
 
 
 def _refused(path):
@@ -55,7 +65,7 @@ def _refused(path):
 def test_bit_flip_is_refused(damage, name, where, bit):
     def flip(data):
         i = WHERE[where](len(data))
-        return data[:i] + bytes([data[i] ^ bit]) + data[i + 1:]
+        return data[:i] + bytes([data[i] ^ bit]) + data[i + 1 :]
 
     _refused(damage(name, flip))
 
@@ -63,10 +73,12 @@ def test_bit_flip_is_refused(damage, name, where, bit):
 @pytest.mark.parametrize("keep", [0.0, 0.5, 0.98])
 @pytest.mark.parametrize("name", FILES)
 def test_truncation_is_refused(damage, name, keep):
-    _refused(damage(name, lambda data: data[:int(len(data) * keep)] if keep < 0.9 else data[:-2]))
+    _refused(damage(name, lambda data: data[: int(len(data) * keep)] if keep < 0.9 else data[:-2]))
 
 
 def test_every_file_class_is_checksummed(bundle_copy):
     m = read_bundle(bundle_copy).manifest
-    summed = {e["path"] for g in m["graphs"].values() for e in g["files"]} | {e["path"] for e in m["tokenizer"]["checksums"]}
+    summed = {e["path"] for g in m["graphs"].values() for e in g["files"]} | {
+        e["path"] for e in m["tokenizer"]["checksums"]
+    }
     assert summed == set(FILES) - {"manifest.json"} and len(m["checksum"]) == 64

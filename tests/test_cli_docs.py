@@ -1,4 +1,5 @@
 """docs/cli.md is the verbs' own `--help`, regenerated and compared (tier 1)."""
+
 import re
 import sys
 from pathlib import Path

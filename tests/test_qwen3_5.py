@@ -1,29 +1,56 @@
-"""Qwen3.5 hybrid targets (issue 26): our torch reference (models/linear_attention.py) against transformers' own
-Qwen3.5 on tiny random checkpoints in the published layouts; rollback of the recurrent state (tier 1)."""
+"""Qwen3.5 hybrid targets (issue 26): our torch reference (models/linear_attention.py) against
+transformers' own Qwen3.5 on tiny random checkpoints in the published layouts; rollback of the
+recurrent state (tier 1)."""
+
 import json
 
 import pytest
 import torch
 
 from dflash_edge.models.config import TargetConfig
-from dflash_edge.models.linear_attention import (HybridModel, delta_rule_chunked, delta_rule_steps, load_hybrid,
-                                                 rollback)
 from dflash_edge.models.families.qwen3_5 import HybridConfig, tensors
+from dflash_edge.models.linear_attention import (
+    HybridModel,
+    delta_rule_chunked,
+    delta_rule_steps,
+    load_hybrid,
+    rollback,
+)
 from dflash_edge.runtime.errors import ModelFormatError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-TEXT = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=8,
-            linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4, max_position_embeddings=512,
-            rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                "partial_rotary_factor": 0.5})
-VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=4,
-              num_position_embeddings=16)
+TEXT = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+)
+VISION = dict(
+    depth=1,
+    hidden_size=16,
+    intermediate_size=32,
+    num_heads=2,
+    out_hidden_size=32,
+    patch_size=4,
+    num_position_embeddings=16,
+)
 
 
 def _randomise(model):
-    """transformers zero-/one-inits norms and the delta-rule gates: randomise them so every weight matters."""
+    """transformers zero-/one-inits norms and the delta-rule gates: randomise them so every weight
+    matters."""
     torch.manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -38,13 +65,17 @@ def _randomise(model):
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory):
-    """layout -> (transformers model, checkpoint dir): the image-text layout and the text-only one."""
+    """layout -> (transformers model, checkpoint dir): the image-text layout and the text-only
+    one."""
     import transformers
 
     root = tmp_path_factory.mktemp("qwen3_5")
     torch.manual_seed(0)
-    multi = _randomise(transformers.Qwen3_5ForConditionalGeneration(
-        transformers.Qwen3_5Config(text_config=TEXT, vision_config=VISION)))
+    multi = _randomise(
+        transformers.Qwen3_5ForConditionalGeneration(
+            transformers.Qwen3_5Config(text_config=TEXT, vision_config=VISION)
+        )
+    )
     text = _randomise(transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**TEXT)))
     out = {}
     for name, model in (("qwen3_5", multi), ("qwen3_5_text", text)):
@@ -75,7 +106,7 @@ def test_config_and_names_follow_the_published_layout(published, layout):
 def test_prefill_logits_equal_transformers(published, layout):
     model, path = published[layout]
     ours = load_hybrid(path)
-    ids = [(13 * i + 5) % 96 for i in range(70)]                     # > one 64-token chunk of the delta rule
+    ids = [(13 * i + 5) % 96 for i in range(70)]  # > one 64-token chunk of the delta rule
     with torch.no_grad():
         logits, _, _ = ours.step(torch.tensor(ids), ours.new_state())
     torch.testing.assert_close(logits, _hf_logits(model, ids), atol=2e-4, rtol=1e-4)
@@ -88,33 +119,43 @@ def test_token_by_token_decode_with_state_equals_transformers(published):
     ours = load_hybrid(path)
     ids = [(7 * i + 3) % 96 for i in range(9)]
     cache = DynamicCache(config=model.config.text_config)
-    want = [_hf_logits(model, ids[:5], cache)[-1]] + [_hf_logits(model, [t], cache)[-1] for t in ids[5:]]
+    want = [_hf_logits(model, ids[:5], cache)[-1]] + [
+        _hf_logits(model, [t], cache)[-1] for t in ids[5:]
+    ]
     with torch.no_grad():
-        logits, state, _ = ours.step(torch.tensor(ids[:5]), ours.new_state())      # chunked prefill
+        logits, state, _ = ours.step(torch.tensor(ids[:5]), ours.new_state())  # chunked prefill
         got = [logits[-1]]
-        for t in ids[5:]:                                                         # decode, state carried
+        for t in ids[5:]:  # decode, state carried
             logits, state, _ = ours.step(torch.tensor([t]), state, per_position=True)
             got.append(logits[-1])
     torch.testing.assert_close(torch.stack(got), torch.stack(want), atol=2e-4, rtol=1e-4)
-    assert state.length == len(ids) and state.rec[0].shape == (4, 8, 8) and state.conv[0].shape == (64, 3)
+    assert (
+        state.length == len(ids)
+        and state.rec[0].shape == (4, 8, 8)
+        and state.conv[0].shape == (64, 3)
+    )
 
 
 def test_chunked_delta_rule_equals_token_by_token():
     g = torch.Generator().manual_seed(3)
     t, h, dk, dv = 21, 3, 5, 4
-    q, k = (torch.nn.functional.normalize(torch.randn(t, h, dk, generator=g), dim=-1) for _ in range(2))
+    q, k = (
+        torch.nn.functional.normalize(torch.randn(t, h, dk, generator=g), dim=-1) for _ in range(2)
+    )
     v = torch.randn(t, h, dv, generator=g)
     decay, beta = -torch.rand(t, h, generator=g), torch.rand(t, h, generator=g)
     state = torch.randn(h, dk, dv, generator=g)
     steps, states = delta_rule_steps(q, k, v, decay, beta, state)
-    chunked, last = delta_rule_chunked(q, k, v, decay, beta, state, chunk=8)   # 3 chunks, the last short
+    chunked, last = delta_rule_chunked(
+        q, k, v, decay, beta, state, chunk=8
+    )  # 3 chunks, the last short
     torch.testing.assert_close(chunked, steps, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(last, states[-1], atol=1e-5, rtol=1e-5)
 
 
 def test_rollback_after_a_verify_equals_re_running(published):
-    """A verify of k tokens keeps per-position states; the state after a+1 of them is read back, not recomputed,
-    and equals running only those a+1 tokens (then the next step's logits agree too)."""
+    """A verify of k tokens keeps per-position states; the state after a+1 of them is read back, not
+    recomputed, and equals running only those a+1 tokens (then the next step's logits agree too)."""
     _, path = published["qwen3_5"]
     ours = load_hybrid(path)
     prompt, block = [4, 9, 33, 71, 2, 15], [50, 8, 61, 23, 40]
@@ -125,12 +166,15 @@ def test_rollback_after_a_verify_equals_re_running(published):
             restored = rollback(after, trail, kept)
             _, rerun, _ = ours.step(torch.tensor(block[:kept]), before)
             assert restored.length == rerun.length == len(prompt) + kept
-            for mine, theirs in zip(restored.rec + restored.conv + restored.keys,
-                                    rerun.rec + rerun.conv + rerun.keys):
+            for mine, theirs in zip(
+                restored.rec + restored.conv + restored.keys, rerun.rec + rerun.conv + rerun.keys
+            ):
                 if mine is not None:
                     torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
             nxt = torch.tensor([77])
-            torch.testing.assert_close(ours.step(nxt, restored)[0], ours.step(nxt, rerun)[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                ours.step(nxt, restored)[0], ours.step(nxt, rerun)[0], atol=1e-5, rtol=1e-5
+            )
         with pytest.raises(ValueError, match="keeps 1..5"):
             rollback(after, trail, 6)
 
@@ -138,7 +182,10 @@ def test_rollback_after_a_verify_equals_re_running(published):
 def test_bad_hybrid_configs_are_named(published):
     raw = json.loads((published["qwen3_5"][1] / "config.json").read_text())
     text = raw["text_config"]
-    with pytest.raises(ModelFormatError, match=r"linear_num_value_heads=5 is not a multiple of linear_num_key_heads=2"):
+    with pytest.raises(
+        ModelFormatError,
+        match=r"linear_num_value_heads=5 is not a multiple of linear_num_key_heads=2",
+    ):
         HybridConfig.from_dict({**raw, "text_config": {**text, "linear_num_value_heads": 5}})
     with pytest.raises(ModelFormatError, match=r"unknown layer type\(s\) \['mamba'\]"):
         HybridConfig.from_dict({**raw, "text_config": {**text, "layer_types": ["mamba"] * 4}})
@@ -148,7 +195,8 @@ def test_bad_hybrid_configs_are_named(published):
 
 
 class _HybridGraph:
-    """export/hybrid_target.py's graph in onnxruntime, with the carry a runtime would keep between calls."""
+    """export/hybrid_target.py's graph in onnxruntime, with the carry a runtime would keep between
+    calls."""
 
     def __init__(self, cfg, path, tmp_path, capture=(1,)):
         import numpy as np
@@ -158,19 +206,31 @@ class _HybridGraph:
         from dflash_edge.export.weight_store import WeightStore
         from dflash_edge.models.checkpoint import Checkpoint
 
-        onnx_path = build_hybrid_target(cfg, Checkpoint.open(path), capture, WeightStore(tmp_path), tmp_path / "h.onnx")
+        onnx_path = build_hybrid_target(
+            cfg, Checkpoint.open(path), capture, WeightStore(tmp_path), tmp_path / "h.onnx"
+        )
         self.session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
         self.names = [o.name for o in self.session.get_outputs()]
-        lin, hv, dk, dv = len(cfg.linear_layers), cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
-            cfg.linear_value_head_dim
-        kv = np.zeros((0, cfg.num_hidden_layers - lin, cfg.num_key_value_heads, cfg.head_dim), np.float32)
-        self.feeds = {"past_key": kv, "past_value": kv, "kept": np.array([0], np.int64),
-                      "conv_base": np.zeros((lin, cfg.conv_dim, cfg.linear_conv_kernel_dim - 1), np.float32),
-                      "rec_base": np.zeros((lin, hv, dk, dv), np.float32),
-                      "prev_qkv": np.zeros((0, lin, cfg.conv_dim), np.float32),
-                      "prev_k": np.zeros((0, lin, hv, dk), np.float32),
-                      "prev_u": np.zeros((0, lin, hv, dv), np.float32),
-                      "prev_decay": np.zeros((0, lin, hv), np.float32)}
+        lin, hv, dk, dv = (
+            len(cfg.linear_layers),
+            cfg.linear_num_value_heads,
+            cfg.linear_key_head_dim,
+            cfg.linear_value_head_dim,
+        )
+        kv = np.zeros(
+            (0, cfg.num_hidden_layers - lin, cfg.num_key_value_heads, cfg.head_dim), np.float32
+        )
+        self.feeds = {
+            "past_key": kv,
+            "past_value": kv,
+            "kept": np.array([0], np.int64),
+            "conv_base": np.zeros((lin, cfg.conv_dim, cfg.linear_conv_kernel_dim - 1), np.float32),
+            "rec_base": np.zeros((lin, hv, dk, dv), np.float32),
+            "prev_qkv": np.zeros((0, lin, cfg.conv_dim), np.float32),
+            "prev_k": np.zeros((0, lin, hv, dk), np.float32),
+            "prev_u": np.zeros((0, lin, hv, dv), np.float32),
+            "prev_decay": np.zeros((0, lin, hv), np.float32),
+        }
         self.length, self.last = 0, 0
 
     def run(self, ids, kept=None):
@@ -178,23 +238,45 @@ class _HybridGraph:
         import numpy as np
 
         kept = self.last if kept is None else kept
-        start = self.length - self.last + kept                       # K/V rows after the kept tokens
-        f = {**self.feeds, "kept": np.array([kept], np.int64), "past_key": self.feeds["past_key"][:start],
-             "past_value": self.feeds["past_value"][:start]}
-        out = dict(zip(self.names, self.session.run(None, {"input_ids": np.array([ids], np.int64),
-                                                           "start": np.array([start], np.int64), **f})))
-        self.feeds = {"past_key": np.concatenate([f["past_key"], out["new_key"]]),
-                      "past_value": np.concatenate([f["past_value"], out["new_value"]]),
-                      "conv_base": out["conv_start"], "rec_base": out["rec_start"], "prev_qkv": out["qkv"],
-                      "prev_k": out["delta_k"], "prev_u": out["delta_u"], "prev_decay": out["decay"]}
+        start = self.length - self.last + kept  # K/V rows after the kept tokens
+        f = {
+            **self.feeds,
+            "kept": np.array([kept], np.int64),
+            "past_key": self.feeds["past_key"][:start],
+            "past_value": self.feeds["past_value"][:start],
+        }
+        out = dict(
+            zip(
+                self.names,
+                self.session.run(
+                    None,
+                    {
+                        "input_ids": np.array([ids], np.int64),
+                        "start": np.array([start], np.int64),
+                        **f,
+                    },
+                ),
+            )
+        )
+        self.feeds = {
+            "past_key": np.concatenate([f["past_key"], out["new_key"]]),
+            "past_value": np.concatenate([f["past_value"], out["new_value"]]),
+            "conv_base": out["conv_start"],
+            "rec_base": out["rec_start"],
+            "prev_qkv": out["qkv"],
+            "prev_k": out["delta_k"],
+            "prev_u": out["delta_u"],
+            "prev_decay": out["decay"],
+        }
         self.length, self.last = start + len(ids), len(ids)
         return out
 
 
 def test_hybrid_target_graph_equals_the_reference(published, tmp_path):
-    """export/hybrid_target.py (standard ops) in onnxruntime against HybridModel.step: a prefill, a verify of 5
-    tokens, then a call keeping 2 of them: the graph's rebuilt starting states equal the reference's states after
-    exactly those tokens, and every call's logits equal the reference's from the same state."""
+    """export/hybrid_target.py (standard ops) in onnxruntime against HybridModel.step: a prefill, a
+    verify of 5 tokens, then a call keeping 2 of them: the graph's rebuilt starting states equal the
+    reference's states after exactly those tokens, and every call's logits equal the reference's
+    from the same state."""
     import numpy as np
 
     _, path = published["qwen3_5"]
@@ -205,26 +287,37 @@ def test_hybrid_target_graph_equals_the_reference(published, tmp_path):
     with torch.no_grad():
         prompt, block = [4, 9, 33, 71, 2, 15, 60], [50, 8, 61, 23, 40]
         want, before, _ = ours.step(torch.tensor(prompt), ours.new_state())
-        np.testing.assert_allclose(graph.run(prompt)["logits"][0], want.numpy(), atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(
+            graph.run(prompt)["logits"][0], want.numpy(), atol=1e-4, rtol=1e-4
+        )
         want, after, trail = ours.step(torch.tensor(block), before, per_position=True)
         out = graph.run(block)
         np.testing.assert_allclose(out["logits"][0], want.numpy(), atol=1e-4, rtol=1e-4)
-        np.testing.assert_allclose(out["rec_start"], torch.stack([before.rec[i] for i in lin]).numpy(), atol=1e-5)
-        kept = rollback(after, trail, 2)                                  # accept 1 draft + the bonus row
+        np.testing.assert_allclose(
+            out["rec_start"], torch.stack([before.rec[i] for i in lin]).numpy(), atol=1e-5
+        )
+        kept = rollback(after, trail, 2)  # accept 1 draft + the bonus row
         want, _, _ = ours.step(torch.tensor([77, 5]), kept)
         out = graph.run([77, 5], kept=2)
-        np.testing.assert_allclose(out["rec_start"], torch.stack([kept.rec[i] for i in lin]).numpy(), atol=1e-5)
-        np.testing.assert_allclose(out["conv_start"], torch.stack([kept.conv[i] for i in lin]).numpy(), atol=2e-5)
+        np.testing.assert_allclose(
+            out["rec_start"], torch.stack([kept.rec[i] for i in lin]).numpy(), atol=1e-5
+        )
+        np.testing.assert_allclose(
+            out["conv_start"], torch.stack([kept.conv[i] for i in lin]).numpy(), atol=2e-5
+        )
         np.testing.assert_allclose(out["logits"][0], want.numpy(), atol=1e-4, rtol=1e-4)
 
 
 def test_greedy_tokens_equal_transformers_generate(published, tmp_path):
-    """~300-token prompt: transformers' own greedy tokens from our torch reference (chunked prefill, then token by
-    token with the states carried) and from the exported hybrid graph (verify-shaped calls of 1 token)."""
+    """~300-token prompt: transformers' own greedy tokens from our torch reference (chunked prefill,
+    then token by token with the states carried) and from the exported hybrid graph (verify-shaped
+    calls of 1 token)."""
     model, path = published["qwen3_5"]
     prompt = [(31 * i + 7) % 96 for i in range(300)]
     with torch.no_grad():
-        want = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, 300:].tolist()
+        want = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[
+            0, 300:
+        ].tolist()
     ours = load_hybrid(path)
     got, state = [], ours.new_state()
     ids = torch.tensor(prompt)
@@ -235,8 +328,8 @@ def test_greedy_tokens_equal_transformers_generate(published, tmp_path):
             ids = torch.tensor(got[-1:])
     assert got == want
     graph = _HybridGraph(ours.config, path, tmp_path)
-    for i in range(0, 300, 60):                                      # 60-token prefill chunks, then decode
-        out = graph.run(prompt[i:i + 60])
+    for i in range(0, 300, 60):  # 60-token prefill chunks, then decode
+        out = graph.run(prompt[i : i + 60])
     tokens = [int(out["next_ids"][0, -1])]
     for _ in range(11):
         tokens.append(int(graph.run(tokens[-1:])["next_ids"][0, -1]))
@@ -245,13 +338,14 @@ def test_greedy_tokens_equal_transformers_generate(published, tmp_path):
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_text"])
 def hybrid_bundle(published, tmp_path_factory, request):
-    """(transformers model, Generator): a published layout exported (target_hybrid + a random 2-layer drafter,
-    block 4, prefill chunks of 8) and loaded by the runtime."""
+    """(transformers model, Generator): a published layout exported (target_hybrid + a random
+    2-layer drafter, block 4, prefill chunks of 8) and loaded by the runtime."""
     import shutil
 
     from dflash_edge.export.exporter import ExportOptions, export_bundle
     from dflash_edge.models.drafter import DraftConfig, new_drafter, save_drafter
     from dflash_edge.runtime import Generator
+
     from fixtures_bundle import add_tiny_tokenizer
 
     model, path = published[request.param]
@@ -259,39 +353,61 @@ def hybrid_bundle(published, tmp_path_factory, request):
     ckpt = root / "target"
     shutil.copytree(path, ckpt)
     add_tiny_tokenizer(ckpt)
-    cfg = DraftConfig.for_target(TargetConfig.from_json(ckpt).dense_view(), num_layers=2, block_size=4,
-                                 mask_token_id=5)
+    cfg = DraftConfig.for_target(
+        TargetConfig.from_json(ckpt).dense_view(), num_layers=2, block_size=4, mask_token_id=5
+    )
     save_drafter(new_drafter(cfg, seed=4), root / "drafter")
-    out = export_bundle(ExportOptions(out=root / "bundle", target=str(ckpt), draft=str(root / "drafter"), block_size=4,
-                                      max_context=400, prefill_chunk=8, force=True), progress=False)
+    out = export_bundle(
+        ExportOptions(
+            out=root / "bundle",
+            target=str(ckpt),
+            draft=str(root / "drafter"),
+            block_size=4,
+            max_context=400,
+            prefill_chunk=8,
+            force=True,
+        ),
+        progress=False,
+    )
     return model, Generator.load(out)
 
 
 @pytest.mark.parametrize("length", [5, 300])
-def test_generator_on_a_hybrid_bundle_gives_transformers_greedy_tokens(hybrid_bundle, length, oracle):
-    """Exported and run by the runtime: transformers' own greedy tokens, decoding plainly, drafting every step (the
-    random drafter's misses: the recurrent state rolls back to the bonus token) and with drafts that are right at
-    random (partial accepts of 1-3 tokens). Prompts of 5 (one short chunk) and 300 tokens (37 chunks + a short one:
-    no position runs twice)."""
+def test_generator_on_a_hybrid_bundle_gives_transformers_greedy_tokens(
+    hybrid_bundle, length, oracle
+):
+    """Exported and run by the runtime: transformers' own greedy tokens, decoding plainly, drafting
+    every step (the random drafter's misses: the recurrent state rolls back to the bonus token) and
+    with drafts that are right at random (partial accepts of 1-3 tokens). Prompts of 5 (one short
+    chunk) and 300 tokens (37 chunks + a short one: no position runs twice)."""
     model, gen = hybrid_bundle
     assert gen.target_graph == "target_hybrid" and not gen.target.RERUN_OK
     assert set(gen.bundle.manifest["graphs"]) == {"target_hybrid", "drafter"}
     assert gen.bundle.model["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
     prompt = [(31 * i + 7) % 96 for i in range(length)]
     with torch.no_grad():
-        want = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, length:].tolist()
+        want = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[
+            0, length:
+        ].tolist()
     for draft in ("none", "drafter"):
-        assert gen.generate_ids(prompt, 24, draft=draft, verify_len=3 if draft != "none" else None).token_ids == want
+        assert (
+            gen.generate_ids(
+                prompt, 24, draft=draft, verify_len=3 if draft != "none" else None
+            ).token_ids
+            == want
+        )
     oracle(gen, prompt + want, 0.6, seed=length)
     res = gen.generate_ids(prompt, 24, draft="drafter", verify_len=3)
     assert res.token_ids == want
-    assert 1.5 < res.stats.mean_acceptance_length < 4           # partial accepts, not all-or-nothing
+    assert 1.5 < res.stats.mean_acceptance_length < 4  # partial accepts, not all-or-nothing
     sampled = gen.generate_ids(prompt, 24, draft="none", temperature=0.9, seed=7).token_ids
-    oracle(gen, prompt + sampled, 0.6, seed=length + 1)                 # sampling: each token keyed by position
+    oracle(gen, prompt + sampled, 0.6, seed=length + 1)  # sampling: each token keyed by position
     res = gen.generate_ids(prompt, 24, draft="drafter", verify_len=3, temperature=0.9, seed=7)
     assert res.token_ids == sampled and res.stats.mean_acceptance_length > 1.5
-    for bad in (0, 99):                                          # more than the last call ran, or none of it
-        with pytest.raises(ValueError, match=rf"keep\({bad}\): the last call ran \d+ tokens; keep 1\.\.\d+"):
+    for bad in (0, 99):  # more than the last call ran, or none of it
+        with pytest.raises(
+            ValueError, match=rf"keep\({bad}\): the last call ran \d+ tokens; keep 1\.\.\d+"
+        ):
             gen.target.keep(bad)
 
 
@@ -311,21 +427,44 @@ def test_hybrid_export_refuses_what_its_graph_cannot_carry():
 
 
 def test_int4_hybrid_bundle_is_lossless(published, tmp_path, oracle):
-    """The hybrid target written at int4 as its weights are read (export/weight_format.py: projections, the
-    shared embedding / head in blocks): drafting, with partial accepts through the recurrent state, changes no
-    token of its own plain decoding."""
+    """The hybrid target written at int4 as its weights are read (export/weight_format.py:
+    projections, the shared embedding / head in blocks): drafting, with partial accepts through the
+    recurrent state, changes no token of its own plain decoding."""
     import shutil
 
     from dflash_edge.cli import main
     from dflash_edge.runtime import Generator
+
     from fixtures_bundle import add_tiny_tokenizer
 
     ckpt = tmp_path / "target"
     shutil.copytree(published["qwen3_5"][1], ckpt)
     add_tiny_tokenizer(ckpt)
-    out = tmp_path / "b"            # the CLI: --kv-cache auto asks int8 of an int4 target, which a hybrid lacks
-    assert main(["export", "--out", str(out), "--target", str(ckpt), "--draft", "random", "--block-size", "4",
-                 "--max-context", "400", "--prefill-chunk", "8", "--precision", "int4"]) == 0
+    out = (
+        tmp_path / "b"
+    )  # the CLI: --kv-cache auto asks int8 of an int4 target, which a hybrid lacks
+    assert (
+        main(
+            [
+                "export",
+                "--out",
+                str(out),
+                "--target",
+                str(ckpt),
+                "--draft",
+                "random",
+                "--block-size",
+                "4",
+                "--max-context",
+                "400",
+                "--prefill-chunk",
+                "8",
+                "--precision",
+                "int4",
+            ]
+        )
+        == 0
+    )
     entry = json.loads((out / "manifest.json").read_text())["graphs"]["target_hybrid"]
     assert entry["precision"] == "int4" and entry["quantization"]["weights_by_source"]["rtn"] > 0
     gen = Generator.load(out)
@@ -336,7 +475,6 @@ def test_int4_hybrid_bundle_is_lossless(published, tmp_path, oracle):
     assert res.token_ids == plain and res.stats.mean_acceptance_length > 1.5
 
 
-
 def test_hybrid_target_is_parity_checked_at_export(published, tmp_path, monkeypatch):
     """Export compares target_hybrid (and the drafter on its features) with models/
     linear_attention.py on the weights as stored: int4 blocks with fp32 activations hold the fp32
@@ -345,13 +483,22 @@ def test_hybrid_target_is_parity_checked_at_export(published, tmp_path, monkeypa
 
     from dflash_edge.export import parity
     from dflash_edge.export.exporter import ExportOptions, export_bundle
+
     from fixtures_bundle import add_tiny_tokenizer
 
     ckpt = tmp_path / "target"
     shutil.copytree(published["qwen3_5"][1], ckpt)
     add_tiny_tokenizer(ckpt)
-    opts = ExportOptions(out=tmp_path / "b", target=str(ckpt), draft="random", block_size=4,
-                         max_context=400, prefill_chunk=8, precision="int4", accuracy_level=0)
+    opts = ExportOptions(
+        out=tmp_path / "b",
+        target=str(ckpt),
+        draft="random",
+        block_size=4,
+        max_context=400,
+        prefill_chunk=8,
+        precision="int4",
+        accuracy_level=0,
+    )
     out = export_bundle(opts, progress=False)
     report = json.loads((out / "manifest.json").read_text())["source"]["parity"]
     assert report["target_hybrid.logits.max_abs_diff"] <= 1e-3

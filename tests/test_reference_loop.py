@@ -1,14 +1,20 @@
-"""The torch reference loop is lossless: greedy identity, sampling identity and distribution (tier 1)."""
+"""The torch reference loop is lossless: greedy identity, sampling identity and distribution (tier
+1)."""
+
 import pytest
 
-from dflash_edge.models import reference_loop
+from dflash_edge.models import load_target, reference_loop
 from dflash_edge.models.drafter import DraftConfig, new_drafter
-from dflash_edge.models import load_target
-from dflash_edge.models.reference_loop import GenerationConfig, speculative_generate, target_generate
+from dflash_edge.models.reference_loop import (
+    GenerationConfig,
+    speculative_generate,
+    target_generate,
+)
 from dflash_edge.runtime.errors import ContextOverflowError
 from dflash_edge.runtime.sampling import SamplingParams
-from tiny import check_two_token_distribution
+
 from runtime_cases import SAMPLERS
+from tiny import check_two_token_distribution
 
 PROMPTS = [[5, 17, 33, 2 + 40, 8], [90, 1, 64, 12, 77, 3, 3, 19, 45, 60, 11], [7]]
 
@@ -25,7 +31,7 @@ def test_greedy_identity_random_drafter(tiny_checkpoints, variant, block):
     drafter = _drafter(target, block)
     for prompt in PROMPTS:
         ref = target_generate(target, prompt, GenerationConfig(max_new_tokens=40))
-        stop = ref.token_ids[17]                         # a stop token the output is known to reach
+        stop = ref.token_ids[17]  # a stop token the output is known to reach
         gen = GenerationConfig(max_new_tokens=40, stop_token_ids=(stop,))
         want = target_generate(target, prompt, gen)
         got = speculative_generate(target, drafter, prompt, gen)
@@ -45,16 +51,22 @@ def test_greedy_identity_with_long_acceptances(tiny_target, oracle, block, hit):
         want = target_generate(tiny_target, prompt, gen)
         got = speculative_generate(tiny_target, drafter, prompt, gen)
         assert got.token_ids == want.token_ids
-        assert max(got.acceptance_lengths) > 1 and all(1 <= a <= block for a in got.acceptance_lengths)
+        assert max(got.acceptance_lengths) > 1 and all(
+            1 <= a <= block for a in got.acceptance_lengths
+        )
         if hit == 1.0:
             assert all(a == block for a in got.acceptance_lengths[:-1])
 
 
 def test_budget_ends_inside_a_block(tiny_target, oracle):
     drafter = _drafter(tiny_target, 8)
-    ref = target_generate(tiny_target, PROMPTS[0], GenerationConfig(max_new_tokens=50, stop_token_ids=()))
+    ref = target_generate(
+        tiny_target, PROMPTS[0], GenerationConfig(max_new_tokens=50, stop_token_ids=())
+    )
     oracle(reference_loop, PROMPTS[0] + ref.token_ids, 1.0)
-    got = speculative_generate(tiny_target, drafter, PROMPTS[0], GenerationConfig(max_new_tokens=13, stop_token_ids=()))
+    got = speculative_generate(
+        tiny_target, drafter, PROMPTS[0], GenerationConfig(max_new_tokens=13, stop_token_ids=())
+    )
     assert got.token_ids == ref.token_ids[:13] and got.finish_reason == "length"
 
 
@@ -69,19 +81,26 @@ def test_sampling_same_seed_same_tokens(tiny_target, oracle, sampling):
 
 
 def test_sampling_distribution_matches_target(tiny_target):
-    """Joint distribution of the first two sampled tokens over many seeds vs the exact target one."""
+    """Joint distribution of the first two sampled tokens over many seeds vs the exact target
+    one."""
     drafter = _drafter(tiny_target, 4)
 
     def sample_pair(seed):
-        gen = GenerationConfig(max_new_tokens=2, sampling=SamplingParams(1.0, top_k=5, seed=seed), stop_token_ids=())
+        gen = GenerationConfig(
+            max_new_tokens=2, sampling=SamplingParams(1.0, top_k=5, seed=seed), stop_token_ids=()
+        )
         return speculative_generate(tiny_target, drafter, PROMPTS[0], gen).token_ids
 
     check_two_token_distribution(tiny_target, PROMPTS[0], sample_pair)
 
 
 def test_prompt_longer_than_context_names_the_limit(tiny_target):
-    with pytest.raises(ContextOverflowError, match="the prompt has 20 tokens but the context holds 16"):
-        speculative_generate(tiny_target, _drafter(tiny_target, 4), list(range(20)), GenerationConfig(max_context=16))
+    with pytest.raises(
+        ContextOverflowError, match="the prompt has 20 tokens but the context holds 16"
+    ):
+        speculative_generate(
+            tiny_target, _drafter(tiny_target, 4), list(range(20)), GenerationConfig(max_context=16)
+        )
 
 
 def test_generation_stops_cleanly_at_context_end(tiny_target):
@@ -94,4 +113,6 @@ def test_generation_stops_cleanly_at_context_end(tiny_target):
 
 def test_block_size_below_two_is_refused(tiny_target):
     with pytest.raises(ValueError, match="block_size 1 < 2"):
-        speculative_generate(tiny_target, _drafter(tiny_target, 4), PROMPTS[0], GenerationConfig(block_size=1))
+        speculative_generate(
+            tiny_target, _drafter(tiny_target, 4), PROMPTS[0], GenerationConfig(block_size=1)
+        )

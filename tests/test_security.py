@@ -1,6 +1,7 @@
 """Untrusted artefacts (issue 34; tier 1, plus the default model's tokenizer): a hostile chat
 template runs nothing, a bundle or checkpoint naming a file outside its folder is refused by name,
 absurd manifest sizes are refused before anything is allocated. docs/security.md lists the cases."""
+
 import json
 import os
 import re
@@ -12,8 +13,15 @@ import pytest
 from dflash_edge.cli import main
 from dflash_edge.models.checkpoint import INDEX, Checkpoint
 from dflash_edge.runtime import bundle as bundle_mod
-from dflash_edge.runtime.bundle import (MANIFEST, BundleError, PathEscapeError, file_entry,
-                                        kv_cache_bytes, read_bundle, write_manifest)
+from dflash_edge.runtime.bundle import (
+    MANIFEST,
+    BundleError,
+    PathEscapeError,
+    file_entry,
+    kv_cache_bytes,
+    read_bundle,
+    write_manifest,
+)
 from dflash_edge.runtime.errors import ModelFormatError, UnsafeTemplateError
 from dflash_edge.runtime.generator import Generator
 from dflash_edge.runtime.onnx_scan import OnnxScanError, external_locations
@@ -21,7 +29,7 @@ from dflash_edge.runtime.tokenizer import ChatTokenizer
 from dflash_edge.runtime.tuning import TunedFileError
 
 POPEN = "lipsum.__globals__.os.popen('touch MARKER')"
-ATTACKS = [                           # each runs `touch MARKER` in a plain jinja2.Environment
+ATTACKS = [  # each runs `touch MARKER` in a plain jinja2.Environment
     "{{ cycler.__init__.__globals__.os.popen('touch MARKER').read() }}",
     "{{ joiner.__init__.__globals__['os'].system('touch MARKER') }}",
     "{{ ''.__class__.__mro__[1].__subclasses__() }}{{ " + POPEN + " }}",
@@ -29,19 +37,30 @@ ATTACKS = [                           # each runs `touch MARKER` in a plain jinj
     "{{ cycler | attr('__init__') | attr('__globals__') }}{{ " + POPEN + " }}",
     "{% set ns = namespace() %}{% set ns.__class__ = 1 %}{{ " + POPEN + " }}",
 ]
-CHAT = [{"role": "system", "content": "Answer in one word."},
-        {"role": "user", "content": "Capital of France?"}]
+CHAT = [
+    {"role": "system", "content": "Answer in one word."},
+    {"role": "user", "content": "Capital of France?"},
+]
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": CITY,
-                                           "description": "Weather in a city, °C"}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": CITY,
+            "description": "Weather in a city, °C",
+        },
+    }
+]
 DATA = Path(__file__).parent / "data"
-QWEN_STYLE = (DATA / "qwen2_5_chat_template.jinja").read_text()   # system, tools, tool calls
-HELPERS = (      # helpers real templates use, with arguments jinja2's own tojson renders otherwise
+QWEN_STYLE = (DATA / "qwen2_5_chat_template.jinja").read_text()  # system, tools, tool calls
+HELPERS = (  # helpers real templates use, with arguments jinja2's own tojson renders otherwise
     "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
     "{{ m | tojson(indent=2) }}{{ m | tojson(separators=(',', ':'), ensure_ascii=True) }}"
     "{% continue %}{% endfor %}"
     "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}"
-    "{{ ns.n }}{{ tools | tojson(sort_keys=True) }}{{ '<&>' | tojson }}")
+    "{{ ns.n }}{{ tools | tojson(sort_keys=True) }}{{ '<&>' | tojson }}"
+)
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -58,8 +77,10 @@ def _rehash(root: Path) -> None:
     """The manifest's sha256 entries and checksum recomputed (a hostile publisher writes them)."""
     manifest = json.loads((root / MANIFEST).read_text())
     for graph in manifest["graphs"].values():
-        graph["files"] = [file_entry(root, f["path"]) if (root / f["path"]).is_file() else f
-                          for f in graph["files"]]
+        graph["files"] = [
+            file_entry(root, f["path"]) if (root / f["path"]).is_file() else f
+            for f in graph["files"]
+        ]
     tok = manifest["tokenizer"]
     tok["checksums"] = [file_entry(root, e["path"]) for e in tok.get("checksums", [])]
     write_manifest(root, {k: v for k, v in manifest.items() if k != "checksum"})
@@ -91,30 +112,44 @@ def test_hostile_template_in_checkpoint_runs_nothing(tiny_checkpoints, tmp_path)
     ckpt, marker = _copy(Path(tiny_checkpoints["qwen3"][1]), tmp_path / "ckpt"), tmp_path / "pwned"
     (ckpt / "tokenizer_config.json").unlink()
     attack = ATTACKS[0].replace("MARKER", str(marker))
-    (ckpt / "chat_template.jinja").write_text(attack)                  # newer transformers' layout
+    (ckpt / "chat_template.jinja").write_text(attack)  # newer transformers' layout
     with pytest.raises(UnsafeTemplateError, match="chat_template.jinja"):
         ChatTokenizer.from_dir(ckpt).encode_chat(CHAT)
     with pytest.raises(UnsafeTemplateError):
-        export_bundle(ExportOptions(out=tmp_path / "out", target=str(ckpt), block_size=4,
-                                    max_context=64, prefill_chunk=8, draft="random"),
-                      progress=False)
+        export_bundle(
+            ExportOptions(
+                out=tmp_path / "out",
+                target=str(ckpt),
+                block_size=4,
+                max_context=64,
+                prefill_chunk=8,
+                draft="random",
+            ),
+            progress=False,
+        )
     assert not marker.exists() and not (tmp_path / "out").exists()
 
 
 @pytest.mark.tier2
-@pytest.mark.parametrize("template, tools", [(None, None), (QWEN_STYLE, None), (QWEN_STYLE, TOOLS)],
-                         ids=["smollm2", "qwen-style", "qwen-style-tools"])
+@pytest.mark.parametrize(
+    "template, tools",
+    [(None, None), (QWEN_STYLE, None), (QWEN_STYLE, TOOLS)],
+    ids=["smollm2", "qwen-style", "qwen-style-tools"],
+)
 def test_templates_keep_their_ids(smollm2_dir, tmp_path, template, tools):
     """The sandbox changes nothing a real template renders: transformers' ids, exactly."""
     transformers = pytest.importorskip("transformers")
     folder = _copy(Path(smollm2_dir), tmp_path / "tok")
     if template is not None:
         _set_template(folder, template)
-    chat = CHAT + [{"role": "assistant", "content": "Paris, é 🙂"},
-                   {"role": "user", "content": "Why?"}]
+    chat = CHAT + [
+        {"role": "assistant", "content": "Paris, é 🙂"},
+        {"role": "user", "content": "Why?"},
+    ]
     ref = transformers.AutoTokenizer.from_pretrained(folder)
-    want = ref.apply_chat_template(chat, tools=tools, tokenize=True, add_generation_prompt=True,
-                                   return_dict=False)
+    want = ref.apply_chat_template(
+        chat, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
+    )
     ours = ChatTokenizer.from_dir(folder)
     text = ref.apply_chat_template(chat, tools=tools, tokenize=False, add_generation_prompt=True)
     assert ours.render_chat(chat, tools=tools) == text
@@ -127,7 +162,8 @@ def test_helpers_render_as_transformers_does(smollm2_dir, tmp_path):
     folder = _copy(Path(smollm2_dir), tmp_path / "tok")
     _set_template(folder, HELPERS)
     want = transformers.AutoTokenizer.from_pretrained(folder).apply_chat_template(
-        CHAT, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+        CHAT, tools=TOOLS, tokenize=False, add_generation_prompt=True
+    )
     assert ChatTokenizer.from_dir(folder).render_chat(CHAT, tools=TOOLS) == want
 
 
@@ -141,15 +177,22 @@ def test_template_errors_name_the_file(bundle_copy):
 
 
 # ---- 2. paths ------------------------------------------------------------------------------
-ESCAPES = ["../outside.data", "/etc/passwd", "sub/../../outside.data", "C:\\Windows\\x", "..\\x",
-           ""]
-KEYS = {   # manifest key -> how to put a path there
+ESCAPES = [
+    "../outside.data",
+    "/etc/passwd",
+    "sub/../../outside.data",
+    "C:\\Windows\\x",
+    "..\\x",
+    "",
+]
+KEYS = {  # manifest key -> how to put a path there
     "graphs.drafter.files[1].path": lambda m, p: m["graphs"]["drafter"]["files"][1].update(path=p),
     "tokenizer.file": lambda m, p: m["tokenizer"].update(file=p),
     "tokenizer.checksums[0].path": lambda m, p: m["tokenizer"]["checksums"][0].update(path=p),
     "shared_weights.tensors[0].file": lambda m, p: m["shared_weights"]["tensors"][0].update(file=p),
-    "engines.target.fp16.file.path":
-        lambda m, p: m.update(engines={"target": {"fp16": {"file": {"path": p}}}}),
+    "engines.target.fp16.file.path": lambda m, p: m.update(
+        engines={"target": {"fp16": {"file": {"path": p}}}}
+    ),
     "quality.path": lambda m, p: m.update(quality={"path": p, "bytes": 1, "sha256": "0" * 64}),
 }
 
@@ -165,8 +208,9 @@ def test_manifest_paths_stay_inside(bundle_copy, key, escape):
             read_bundle(bundle_copy, verify=verify)
 
 
-@pytest.mark.parametrize("name", ["target.onnx.data", "tokenizer.json", "tuned.json",
-                                  "chat_template.jinja"])
+@pytest.mark.parametrize(
+    "name", ["target.onnx.data", "tokenizer.json", "tuned.json", "chat_template.jinja"]
+)
 def test_symlink_out_of_the_bundle(bundle_copy, tmp_path, name):
     """A symlink to a byte-identical file outside: the sha256 fields agree, the path is refused."""
     outside = tmp_path / "elsewhere" / name
@@ -208,8 +252,9 @@ def _relocate(graph: Path, old: str, new: str) -> None:
     onnx.save(model, str(graph))
 
 
-@pytest.mark.parametrize("location", ["../drafter.onnx.data", "stolen.data",
-                                      "/ABS/drafter.onnx.data"])
+@pytest.mark.parametrize(
+    "location", ["../drafter.onnx.data", "stolen.data", "/ABS/drafter.onnx.data"]
+)
 def test_external_data_outside_the_manifest(bundle_copy, tmp_path, location):
     """A graph whose external data is not among its listed files (onnxruntime 1.17 reads ../x)."""
     location = location.replace("/ABS", str(tmp_path))
@@ -228,8 +273,9 @@ def test_scan_finds_what_onnx_finds(tiny_bundle):
     root = tiny_bundle("qwen3", 8).path
     for graph in root.glob("*.onnx"):
         model = onnx.load(str(graph), load_external_data=False)
-        want = {e.value for t in model.graph.initializer for e in t.external_data
-                if e.key == "location"}
+        want = {
+            e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"
+        }
         assert want and external_locations(graph) == want
 
 
@@ -242,8 +288,9 @@ def test_scan_of_damaged_graphs(tiny_bundle, tmp_path):
     path = tmp_path / "g.onnx"
 
     @settings(max_examples=200, deadline=None)
-    @given(cut=st.integers(0, len(data)),
-           flips=st.lists(st.integers(0, len(data) * 8 - 1), max_size=8))
+    @given(
+        cut=st.integers(0, len(data)), flips=st.lists(st.integers(0, len(data) * 8 - 1), max_size=8)
+    )
     def run(cut, flips):
         raw = bytearray(data)
         for bit in flips:
@@ -264,8 +311,9 @@ def _checkpoint_with_index(tiny_checkpoints, root: Path, shard: str) -> Path:
     return ckpt
 
 
-@pytest.mark.parametrize("shard", ["../model.safetensors", "/ABS/model.safetensors",
-                                   "a/../../model.safetensors"])
+@pytest.mark.parametrize(
+    "shard", ["../model.safetensors", "/ABS/model.safetensors", "a/../../model.safetensors"]
+)
 def test_shard_index_stays_inside(tiny_checkpoints, tmp_path, shard):
     shard = shard.replace("/ABS", str(tmp_path))
     ckpt = _checkpoint_with_index(tiny_checkpoints, tmp_path / "ckpt", shard)
@@ -277,8 +325,9 @@ def test_shard_index_stays_inside(tiny_checkpoints, tmp_path, shard):
 def test_shard_symlinks_hf_cache_layout(tiny_checkpoints, tmp_path):
     """A Hugging Face cache snapshot links its files to ../../blobs (fine); out of the repo: no."""
     repo = tmp_path / "models--org--tiny"
-    snap = _checkpoint_with_index(tiny_checkpoints, repo / "snapshots" / "abc",
-                                  "model-00001.safetensors")
+    snap = _checkpoint_with_index(
+        tiny_checkpoints, repo / "snapshots" / "abc", "model-00001.safetensors"
+    )
     (repo / "blobs").mkdir()
     shutil.move(snap / "model.safetensors", repo / "blobs" / "f00d")
     os.symlink("../../blobs/f00d", snap / "model-00001.safetensors")
@@ -291,10 +340,19 @@ def test_shard_symlinks_hf_cache_layout(tiny_checkpoints, tmp_path):
 
 
 # ---- 3. sizes ------------------------------------------------------------------------------
-SIZES = [("max_context", 2**62), ("max_context", -1), ("block_size", 0), ("prefill_chunk", "8"),
-         ("max_context", 1.5), ("block_size", True), ("model.num_layers", 2**40),
-         ("model.head_dim", -(2**63)),
-         ("model.vocab_size", None), ("kv_cache.slack", -1), ("kv_cache.dtype", ["float32"])]
+SIZES = [
+    ("max_context", 2**62),
+    ("max_context", -1),
+    ("block_size", 0),
+    ("prefill_chunk", "8"),
+    ("max_context", 1.5),
+    ("block_size", True),
+    ("model.num_layers", 2**40),
+    ("model.head_dim", -(2**63)),
+    ("model.vocab_size", None),
+    ("kv_cache.slack", -1),
+    ("kv_cache.dtype", ["float32"]),
+]
 
 
 @pytest.mark.parametrize("key, value", SIZES)

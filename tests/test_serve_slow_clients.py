@@ -4,6 +4,7 @@ A live server with a short --request-timeout-s: request heads and bodies trickle
 are cut off (closed, or 408) while /health answers; idle connections beyond --max-connections give
 way to new ones. No assertion on elapsed time: the timeouts here only bound a hang.
 """
+
 import json
 import select
 import socket
@@ -16,7 +17,7 @@ pytest.importorskip("uvicorn")
 
 from live_server import HOST, serve, wait_until  # noqa: E402,F401  (serve: a fixture)
 
-HANG_S = 30.0                                       # a bound against hangs, never a speed check
+HANG_S = 30.0  # a bound against hangs, never a speed check
 
 
 def trickle(sock: socket.socket, data: bytes, started: threading.Event, gap_s=0.02) -> bytes:
@@ -66,17 +67,17 @@ def in_background(target, *args):
 
 def test_trickled_request_head_is_cut_off_while_health_answers(serve):
     s = serve(request_timeout_s=1.0)
-    head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 4000     # under h11's 16 KiB cap
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 4000  # under h11's 16 KiB cap
     started = [threading.Event() for _ in range(3)]
     socks = [socket.create_connection((HOST, s.port), timeout=HANG_S) for _ in started]
     runs = [in_background(trickle, sock, head, event) for sock, event in zip(socks, started)]
     try:
         assert all(event.wait(HANG_S) for event in started)
-        health = httpx.get(f"{s.url}/health", timeout=HANG_S)                 # while they trickle
+        health = httpx.get(f"{s.url}/health", timeout=HANG_S)  # while they trickle
         assert health.json()["status"] == "ok"
         for thread, out in runs:
             thread.join(HANG_S)
-            assert out["result"] == b""        # closed without an answer: its head never came whole
+            assert out["result"] == b""  # closed without an answer: its head never came whole
     finally:
         for sock in socks:
             sock.close()
@@ -87,18 +88,20 @@ def test_trickled_request_head_is_cut_off_while_health_answers(serve):
 def test_trickled_body_gets_408_and_the_connection_closes(serve, framing):
     s = serve(request_timeout_s=1.0)
     size = "Content-Length: 100000" if framing == "content-length" else "Transfer-Encoding: chunked"
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"{size}\r\n\r\n")
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"{size}\r\n\r\n"
+    )
     body = b"x" * 100_000 if framing == "content-length" else b"1\r\nx\r\n" * 20_000
     started = threading.Event()
     with socket.create_connection((HOST, s.port), timeout=HANG_S) as sock:
         sock.sendall(head.encode())
         thread, out = in_background(trickle, sock, body, started)
         assert started.wait(HANG_S)
-        health = httpx.get(f"{s.url}/health", timeout=HANG_S)                 # while it trickles
+        health = httpx.get(f"{s.url}/health", timeout=HANG_S)  # while it trickles
         assert health.json()["running"] == 0
         thread.join(HANG_S)
-    reply = out["result"]                      # read until the server closed the connection
+    reply = out["result"]  # read until the server closed the connection
     status_line, _, rest = reply.partition(b"\r\n")
     assert status_line.startswith(b"HTTP/1.1 408"), reply[:300]
     error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
@@ -106,12 +109,12 @@ def test_trickled_body_gets_408_and_the_connection_closes(serve, framing):
 
 
 def test_idle_connections_beyond_the_cap_give_way_to_health(serve):
-    s = serve(max_connections=4, request_timeout_s=HANG_S)    # long: only the cap closes anything
+    s = serve(max_connections=4, request_timeout_s=HANG_S)  # long: only the cap closes anything
     idle = []
     try:
         for _ in range(10):
             idle.append(socket.create_connection((HOST, s.port), timeout=HANG_S))
-            idle[-1].send(b"GET /health HTTP/1.1\r\n")          # a head begun, never finished
+            idle[-1].send(b"GET /health HTTP/1.1\r\n")  # a head begun, never finished
         assert httpx.get(f"{s.url}/health", timeout=HANG_S).json()["status"] == "ok"
         # 10 + /health's connection, 4 held: the 7 oldest closed
         wait_until(lambda: sum(map(is_closed, idle)) >= 7, HANG_S)
@@ -123,15 +126,17 @@ def test_idle_connections_beyond_the_cap_give_way_to_health(serve):
 
 def test_when_every_connection_serves_a_request_a_new_one_gets_503(serve):
     s = serve(max_connections=2, request_timeout_s=HANG_S)
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 1000\r\n\r\n{")       # bodies unfinished: both requests in progress
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n{"
+    )  # bodies unfinished: both requests in progress
     busy = [socket.create_connection((HOST, s.port), timeout=HANG_S) for _ in range(2)]
     try:
         for sock in busy:
             sock.sendall(head)
         r = httpx.get(f"{s.url}/health", timeout=HANG_S)
         assert r.status_code == 503 and "--max-connections" in r.text
-        assert not any(is_closed(sock) for sock in busy)        # the requests in progress were kept
+        assert not any(is_closed(sock) for sock in busy)  # the requests in progress were kept
     finally:
         for sock in busy:
             sock.close()
@@ -180,8 +185,20 @@ def test_serve_on_all_addresses_warns_once_and_passes_limits(tiny_bundle, capsys
     monkeypatch.delenv("DFLASH_EDGE_API_KEY", raising=False)
     if key:
         monkeypatch.setenv("DFLASH_EDGE_API_KEY", key)
-    args = ["serve", str(tiny_bundle("qwen3", 8).path), "--host", "0.0.0.0", "--port", "0",
-            "--threads", "1", "--request-timeout-s", "7.5", "--max-connections", "9"]
+    args = [
+        "serve",
+        str(tiny_bundle("qwen3", 8).path),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--threads",
+        "1",
+        "--request-timeout-s",
+        "7.5",
+        "--max-connections",
+        "9",
+    ]
     assert main(args) == 0
     warnings = [ln for ln in capsys.readouterr().err.splitlines() if "WARNING" in ln]
     if key:
@@ -197,8 +214,11 @@ def test_limits_are_checked_by_the_one_rule(tmp_path, capsys):
     from dflash_edge.runtime.validate import InvalidArgumentError
     from dflash_edge.serve.app import ServerOptions
 
-    for field, bad in (("request_timeout_s", 0), ("request_timeout_s", float("nan")),
-                       ("max_connections", 1)):
+    for field, bad in (
+        ("request_timeout_s", 0),
+        ("request_timeout_s", float("nan")),
+        ("max_connections", 1),
+    ):
         with pytest.raises(InvalidArgumentError, match=f"{field}="):
             ServerOptions(**{field: bad})
     assert main(["serve", str(tmp_path / "no-bundle"), "--request-timeout-s", "-1"]) == 2

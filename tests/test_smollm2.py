@@ -1,15 +1,23 @@
 """Tier 2: the real default model (SmolLM2-135M-Instruct) end to end in the torch reference."""
+
 import pytest
 import torch
 
-from dflash_edge.models.reference_loop import GenerationConfig, speculative_generate, target_generate
+from dflash_edge.models.reference_loop import (
+    GenerationConfig,
+    speculative_generate,
+    target_generate,
+)
 from dflash_edge.models.resolve_drafter import random_drafter
 from dflash_edge.runtime.tokenizer import ChatTokenizer
 
 pytestmark = pytest.mark.tier2
 
-PROMPTS = ["Why is the sky blue?", "Write a Python function that reverses a string.",
-           "List three uses of a paperclip."]
+PROMPTS = [
+    "Why is the sky blue?",
+    "Write a Python function that reverses a string.",
+    "List three uses of a paperclip.",
+]
 
 
 def test_logits_match_transformers(smollm2_dir, smollm2):
@@ -35,7 +43,7 @@ def test_chat_answer_is_sensible(smollm2_dir, smollm2):
 def test_speculative_equals_target_greedy(smollm2_dir, smollm2):
     tok = ChatTokenizer.from_dir(smollm2_dir)
     drafter = random_drafter(smollm2, tok, num_layers=1, block_size=16)
-    gen = GenerationConfig(max_new_tokens=64, stop_token_ids=())   # all 64 tokens, no early stop
+    gen = GenerationConfig(max_new_tokens=64, stop_token_ids=())  # all 64 tokens, no early stop
     for prompt in PROMPTS:
         ids = tok.encode_chat([{"role": "user", "content": prompt}])
         want = target_generate(smollm2, ids, gen)

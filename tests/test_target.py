@@ -1,4 +1,5 @@
 """Reference targets vs transformers, cache behaviour, and bad checkpoints (tier 1)."""
+
 import json
 import shutil
 
@@ -8,6 +9,7 @@ import torch
 from dflash_edge.models import load_target
 from dflash_edge.models.families import available
 from dflash_edge.runtime.errors import ContextOverflowError, CorruptFileError, ModelFormatError
+
 from tiny import FAMILY_EXTRAS
 
 
@@ -15,12 +17,16 @@ from tiny import FAMILY_EXTRAS
 def test_logits_and_hidden_match_transformers(tiny_checkpoints, variant):
     hf, path = tiny_checkpoints[variant]
     ours = load_target(path)
-    ids = torch.randint(0, hf.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        0, hf.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(1)
+    )
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
         out = ours(ids, ours.new_cache(64), capture=(0, 3))
     assert (ref.logits - out.logits).abs().max().item() <= 1e-3
-    want = torch.cat([ref.hidden_states[1], ref.hidden_states[4]], dim=-1)  # HF index = layer id + 1
+    want = torch.cat(
+        [ref.hidden_states[1], ref.hidden_states[4]], dim=-1
+    )  # HF index = layer id + 1
     assert (want - out.hidden).abs().max().item() <= 1e-3
 
 
@@ -40,7 +46,7 @@ def test_rollback_is_a_pointer_move(tiny_target):
     buffer = cache.k.data_ptr()
     with torch.no_grad():
         tiny_target(ids[:, :10], cache)
-        tiny_target(torch.randint(0, 96, (1, 8)), cache)   # a rejected block
+        tiny_target(torch.randint(0, 96, (1, 8)), cache)  # a rejected block
         cache.crop(10)
         again = tiny_target(ids[:, 10:], cache).logits
         ref = tiny_target(ids, tiny_target.new_cache(32)).logits[:, 10:]
@@ -64,8 +70,9 @@ def test_unknown_model_type_lists_supported(tiny_checkpoints, tmp_path):
     cfg = json.loads((path / "config.json").read_text())
     cfg["model_type"] = "mamba"
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelFormatError, match="'mamba' is not supported; supported: "
-                       + ", ".join(available())):
+    with pytest.raises(
+        ModelFormatError, match="'mamba' is not supported; supported: " + ", ".join(available())
+    ):
         load_target(path)
 
 

@@ -8,6 +8,7 @@ every weight by about the learning rate, so through raw features the outlier cha
 sees unit-scale inputs, and the effective weight (what inference and the z-lab file hold) is the
 plain `fc.weight`, so the saved format does not change.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,8 +31,9 @@ class InputScale(nn.Module):
 
 
 def feature_rows(samples, max_rows: int) -> torch.Tensor:
-    """fp32 features [>= max_rows or all, n_ids*H] of the first samples (first token skipped: massive
-    activations); stops reading (the shards are memory-mapped) once `max_rows` rows are in."""
+    """fp32 features [>= max_rows or all, n_ids*H] of the first samples (first token skipped:
+    massive activations); stops reading (the shards are memory-mapped) once `max_rows` rows are
+    in."""
     rows, total = [], 0
     for s in samples:
         f = s.features[1:]

@@ -1,14 +1,16 @@
-"""Which float type this CPU multiplies fastest (bf16 wins only with AMX / AVX512-BF16), and the device.
+"""Which float type this CPU multiplies fastest (bf16 wins only with AMX / AVX512-BF16), and the
+device.
 
 On an AVX2-only CPU torch's bf16 matmul is ~50x slower than fp32 (1 vs 60 GFLOPS measured on a
-2-core EPYC); on a Sapphire Rapids it is ~3x faster. A 20 ms probe decides instead of a CPU-flag table.
-"""
+2-core EPYC); on a Sapphire Rapids it is ~3x faster. A 20 ms probe decides instead of a CPU-flag
+table."""
+
 from __future__ import annotations
 
 import functools
 import time
 
-from dflash_edge.runtime.errors import DflashEdgeError
+from ..runtime.errors import DflashEdgeError
 
 
 class DeviceError(DflashEdgeError, ValueError):
@@ -35,7 +37,8 @@ def fast_bf16() -> bool:
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> str:
-    """'auto' -> 'bfloat16' where it is faster (always on a GPU), else 'float32'; other names pass through."""
+    """'auto' -> 'bfloat16' where it is faster (always on a GPU), else 'float32'; other names pass
+    through."""
     if name != "auto":
         return name
     return "bfloat16" if not str(device).startswith("cpu") or fast_bf16() else "float32"
@@ -48,8 +51,10 @@ def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise DeviceError(f"--device {name}: this torch ({torch.__version__}) sees no CUDA GPU; "
-                         "use --device cpu (or auto), or install a CUDA build of torch")
+        raise DeviceError(
+            f"--device {name}: this torch ({torch.__version__}) sees no CUDA GPU; "
+            "use --device cpu (or auto), or install a CUDA build of torch"
+        )
     if name != "cpu" and not name.startswith("cuda"):
         raise DeviceError(f"unknown device {name!r}; choose cpu, cuda, cuda:N or auto")
     return name

@@ -3,6 +3,7 @@
 The embedding and LM head are the target's, frozen. The LM head runs in bf16 (it is ~90% of the
 FLOPs; bf16 matmuls are 3-4x faster on CPUs with AMX/AVX512-BF16) and only on labelled positions.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,9 +17,9 @@ from .dataset import IGNORE, BlockBatch
 
 @dataclass
 class LossOutput:
-    loss: torch.Tensor            # scalar, weighted mean CE
-    correct: torch.Tensor         # [B-1] greedy-correct count per block position 1..B-1
-    counted: torch.Tensor         # [B-1] positions scored per block position
+    loss: torch.Tensor  # scalar, weighted mean CE
+    correct: torch.Tensor  # [B-1] greedy-correct count per block position 1..B-1
+    counted: torch.Tensor  # [B-1] positions scored per block position
 
 
 def decay_weights(block: int, gamma: float) -> torch.Tensor:
@@ -32,10 +33,10 @@ def decay_weights(block: int, gamma: float) -> torch.Tensor:
 def block_hidden(drafter, embed: torch.nn.Embedding, batch: BlockBatch) -> torch.Tensor:
     """Normed drafter output [b, K*B, H] for every block of the batch (one pass, block mask)."""
     cfg = drafter.config
-    ctx = drafter.hidden_norm(drafter.fc(batch.ctx_feats.to(drafter.fc.weight.dtype)))    # [b, C, H]
-    x = embed(batch.block_ids).float()                                                    # [b, K*B, H]
-    rope_q = drafter.rope(batch.block_pos)                                                # [b, K*B, D] x2
-    rope_kv = drafter.rope(torch.cat([batch.ctx_pos, batch.block_pos], dim=1))            # [b, C + K*B, D] x2
+    ctx = drafter.hidden_norm(drafter.fc(batch.ctx_feats.to(drafter.fc.weight.dtype)))  # [b, C, H]
+    x = embed(batch.block_ids).float()  # [b, K*B, H]
+    rope_q = drafter.rope(batch.block_pos)  # [b, K*B, D] x2
+    rope_kv = drafter.rope(torch.cat([batch.ctx_pos, batch.block_pos], dim=1))  # [b, C + K*B, D] x2
     b, mask = x.shape[0], batch.additive_mask(x.dtype)
     empty = x.new_zeros(b, cfg.num_key_value_heads, 0, cfg.head_dim)
     for layer in drafter.layers:
@@ -50,11 +51,14 @@ class DraftHead:
     With a reduced vocabulary the softmax runs over `vocab` only (the frequent tokens of the
     training responses) and labels outside it are skipped; inference still uses the full head.
     """
-    weight: torch.Tensor                  # [V', H]
+
+    weight: torch.Tensor  # [V', H]
     to_local: torch.Tensor | None = None  # [V] full id -> row of `weight`, -1 if absent
 
     @classmethod
-    def build(cls, full_weight: torch.Tensor, dtype, vocab: torch.Tensor | None = None) -> "DraftHead":
+    def build(
+        cls, full_weight: torch.Tensor, dtype, vocab: torch.Tensor | None = None
+    ) -> "DraftHead":
         w = full_weight.detach()
         if vocab is None:
             return cls(w.to(dtype))
@@ -71,54 +75,77 @@ def frequent_tokens(token_lists, size: int, always=()) -> torch.Tensor:
     """The `size` most frequent token ids of `token_lists` (plus `always`, e.g. eos), sorted."""
     counts = torch.bincount(torch.cat(list(token_lists)))
     top = counts.argsort(descending=True)[:size]
-    return torch.unique(torch.cat([top[counts[top] > 0], torch.tensor(list(always), dtype=torch.long)]))
+    return torch.unique(
+        torch.cat([top[counts[top] > 0], torch.tensor(list(always), dtype=torch.long)])
+    )
 
 
-def keep_positions(labels: torch.Tensor, block: int, gamma: float, gen: torch.Generator | None) -> torch.Tensor:
+def keep_positions(
+    labels: torch.Tensor, block: int, gamma: float, gen: torch.Generator | None
+) -> torch.Tensor:
     """Bool [b*K*B]: labelled positions kept for the LM head.
 
     With a generator, position k is kept with probability exp(-(k-1)/gamma) and the loss is a plain
-    mean over kept positions: the same expected gradient as the decay-weighted loss, with the LM head
-    (most of the cost: 49k vocabulary) run on ~30% of the positions. Without one, all are kept.
+    mean over kept positions: the same expected gradient as the decay-weighted loss, with the LM
+    head (most of the cost: 49k vocabulary) run on ~30% of the positions. Without one, all are kept.
     """
     sel = labels != IGNORE
     if gen is None:
         return sel
-    w = decay_weights(block, gamma).repeat(labels.numel() // block)                     # [b*K*B]
+    w = decay_weights(block, gamma).repeat(labels.numel() // block)  # [b*K*B]
     return sel & (torch.rand(labels.numel(), generator=gen) < w).to(sel.device)
 
 
-def dflash_loss(drafter, embed, head: DraftHead, batch: BlockBatch, gamma: float,
-                gen: torch.Generator | None = None) -> LossOutput:
-    """Decay-weighted CE over block positions (sampled by weight when `gen` is given), plus acceptance stats."""
+def dflash_loss(
+    drafter,
+    embed,
+    head: DraftHead,
+    batch: BlockBatch,
+    gamma: float,
+    gen: torch.Generator | None = None,
+) -> LossOutput:
+    """Decay-weighted CE over block positions (sampled by weight when `gen` is given), plus
+    acceptance stats."""
     B = batch.block_size
-    hidden = block_hidden(drafter, embed, batch)                                          # [b, K*B, H]
-    labels = batch.labels.reshape(-1)                                                     # [b*K*B]
+    hidden = block_hidden(drafter, embed, batch)  # [b, K*B, H]
+    labels = batch.labels.reshape(-1)  # [b*K*B]
     local = head.local_labels(labels.clamp(min=0))
-    sel = keep_positions(labels, B, gamma, gen) & (local >= 0)                            # kept, inside the head
-    logits = hidden.reshape(-1, hidden.shape[-1])[sel].to(head.weight.dtype) @ head.weight.T  # [n, V']
+    sel = keep_positions(labels, B, gamma, gen) & (local >= 0)  # kept, inside the head
+    logits = (
+        hidden.reshape(-1, hidden.shape[-1])[sel].to(head.weight.dtype) @ head.weight.T
+    )  # [n, V']
     if batch.soft_ids is None:
-        ce = F.cross_entropy(logits.float(), local[sel], reduction="none")                # [n]
+        ce = F.cross_entropy(logits.float(), local[sel], reduction="none")  # [n]
     else:
-        ce = soft_cross_entropy(logits, head, batch.soft_ids.reshape(-1, batch.soft_ids.shape[-1])[sel],
-                                batch.soft_p.reshape(-1, batch.soft_p.shape[-1])[sel])
-    w = torch.ones_like(ce) if gen is not None else decay_weights(B, gamma).to(ce.device).repeat(labels.numel() // B)[sel]
+        ce = soft_cross_entropy(
+            logits,
+            head,
+            batch.soft_ids.reshape(-1, batch.soft_ids.shape[-1])[sel],
+            batch.soft_p.reshape(-1, batch.soft_p.shape[-1])[sel],
+        )
+    w = (
+        torch.ones_like(ce)
+        if gen is not None
+        else decay_weights(B, gamma).to(ce.device).repeat(labels.numel() // B)[sel]
+    )
     loss = (ce * w).sum() / w.sum().clamp(min=1e-9)
     with torch.no_grad():
         hit = torch.zeros(labels.numel(), device=labels.device)
         hit[sel] = (logits.argmax(-1) == local[sel]).float()
-        counted = sel.view(-1, B)[:, 1:].sum(0).cpu()                                     # [B-1]
+        counted = sel.view(-1, B)[:, 1:].sum(0).cpu()  # [B-1]
         correct = hit.view(-1, B)[:, 1:].sum(0).cpu()
     return LossOutput(loss, correct, counted)
 
 
-def soft_cross_entropy(logits: torch.Tensor, head: DraftHead, ids: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """[n] cross-entropy of the drafter's softmax against the target's top-k distribution (`ids`, `p`
-    [n, k]); ids outside a reduced head are dropped and the rest renormalised."""
+def soft_cross_entropy(
+    logits: torch.Tensor, head: DraftHead, ids: torch.Tensor, p: torch.Tensor
+) -> torch.Tensor:
+    """[n] cross-entropy of the drafter's softmax against the target's top-k distribution (`ids`,
+    `p` [n, k]); ids outside a reduced head are dropped and the rest renormalised."""
     local = head.local_labels(ids)
     p = p * (local >= 0)
     p = p / p.sum(-1, keepdim=True).clamp(min=1e-9)
-    logq = torch.log_softmax(logits.float(), dim=-1).gather(-1, local.clamp(min=0))     # [n, k]
+    logq = torch.log_softmax(logits.float(), dim=-1).gather(-1, local.clamp(min=0))  # [n, k]
     return -(p * logq).sum(-1)
 
 

@@ -2,27 +2,30 @@
 
 Sources: the Python standard library's docstrings and source (via `inspect`), the man pages' NAME
 lines (/usr/share/man), and templated instructions filled from small word lists. Six categories
-(chat, code, math, writing, knowledge, lists), deduplicated, split into train / held-out *by prompt*.
+(chat, code, math, writing, knowledge, lists), deduplicated, split into train / held-out *by
+prompt*.
 
 >>> train, heldout = build_prompts(PromptSpec(num_train=200, num_heldout=60))   # doctest: +SKIP
 >>> heldout[0]                                                                  # doctest: +SKIP
 {'prompt': 'List 5 ways to save water at home.', 'category': 'lists'}
 """
+
 from __future__ import annotations
 
 import gzip
+import importlib
+import inspect
 import json
 import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_edge.data import prompt_set_path
-
+from ..data import prompt_set_path
 from . import wordlists as W
 
 CATEGORIES = ("chat", "code", "math", "writing", "knowledge", "lists")
-HELDOUT_FILE = prompt_set_path("heldout")          # package data (dflash_edge.data)
+HELDOUT_FILE = prompt_set_path("heldout")  # package data (dflash_edge.data)
 
 
 @dataclass
@@ -36,7 +39,6 @@ class PromptSpec:
 # ---------------------------------------------------------------- installed sources
 def _stdlib_public_members():
     """(module name, member name, object) for the public members of the stdlib modules we read."""
-    import importlib
 
     for mod_name in W.STDLIB_MODULES:
         try:
@@ -50,7 +52,6 @@ def _stdlib_public_members():
 
 def stdlib_docs(limit: int = 4000) -> list[tuple[str, str]]:
     """(qualified name, first docstring sentence) of public stdlib functions/classes."""
-    import inspect
 
     out = []
     for mod_name, name, obj in _stdlib_public_members():
@@ -64,7 +65,6 @@ def stdlib_docs(limit: int = 4000) -> list[tuple[str, str]]:
 
 def stdlib_snippets(limit: int = 400, lines: int = 8) -> list[str]:
     """Short function bodies from the stdlib's Python source."""
-    import inspect
 
     out = []
     for mod_name, _, obj in _stdlib_public_members():
@@ -112,22 +112,35 @@ def gen_code(rng: random.Random, docs, snippets) -> str:
         return rng.choice(W.CODE_DOC_TEMPLATES).format(name=name, doc=doc[0].lower() + doc[1:])
     if kind < 0.55 and snippets:
         return rng.choice(W.CODE_SNIPPET_TEMPLATES).format(code=rng.choice(snippets))
-    return rng.choice(W.CODE_TASKS).format(lang=rng.choice(W.LANGUAGES), thing=rng.choice(W.CODE_THINGS),
-                                           n=rng.randint(2, 20))
+    return rng.choice(W.CODE_TASKS).format(
+        lang=rng.choice(W.LANGUAGES), thing=rng.choice(W.CODE_THINGS), n=rng.randint(2, 20)
+    )
 
 
 def gen_math(rng: random.Random) -> str:
     a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(100, 999)
     return rng.choice(W.MATH_TEMPLATES).format(
-        a=a, b=b, c=c, p=rng.choice([5, 10, 15, 20, 25, 30, 40, 50, 75]), item=rng.choice(W.ITEMS),
-        name=rng.choice(W.NAMES), unit=rng.choice(W.UNITS), shape=rng.choice(W.SHAPES), d=round(rng.uniform(1, 50), 1))
+        a=a,
+        b=b,
+        c=c,
+        p=rng.choice([5, 10, 15, 20, 25, 30, 40, 50, 75]),
+        item=rng.choice(W.ITEMS),
+        name=rng.choice(W.NAMES),
+        unit=rng.choice(W.UNITS),
+        shape=rng.choice(W.SHAPES),
+        d=round(rng.uniform(1, 50), 1),
+    )
 
 
 def gen_writing(rng: random.Random, docs) -> str:
     if rng.random() < 0.15 and docs:
-        return f"Rewrite this sentence in plain, friendly English: \"{rng.choice(docs)[1]}.\""
-    return rng.choice(W.WRITING_TEMPLATES).format(form=rng.choice(W.FORMS), subject=rng.choice(W.SUBJECTS),
-                                                  audience=rng.choice(W.AUDIENCES), tone=rng.choice(W.TONES))
+        return f'Rewrite this sentence in plain, friendly English: "{rng.choice(docs)[1]}."'
+    return rng.choice(W.WRITING_TEMPLATES).format(
+        form=rng.choice(W.FORMS),
+        subject=rng.choice(W.SUBJECTS),
+        audience=rng.choice(W.AUDIENCES),
+        tone=rng.choice(W.TONES),
+    )
 
 
 def gen_knowledge(rng: random.Random, mans, docs) -> str:
@@ -137,33 +150,51 @@ def gen_knowledge(rng: random.Random, mans, docs) -> str:
         return rng.choice(W.MAN_TEMPLATES).format(cmd=cmd, desc=desc)
     if kind < 0.4:
         return f"What is the Python `{rng.choice(W.STDLIB_MODULES)}` module used for?"
-    return rng.choice(W.KNOWLEDGE_TEMPLATES).format(topic=rng.choice(W.TOPICS), audience=rng.choice(W.AUDIENCES))
+    return rng.choice(W.KNOWLEDGE_TEMPLATES).format(
+        topic=rng.choice(W.TOPICS), audience=rng.choice(W.AUDIENCES)
+    )
 
 
 def gen_lists(rng: random.Random) -> str:
-    return rng.choice(W.LIST_TEMPLATES).format(n=rng.randint(3, 10), things=rng.choice(W.LIST_THINGS),
-                                               activity=rng.choice(W.ACTIVITIES), topic=rng.choice(W.TOPICS))
+    return rng.choice(W.LIST_TEMPLATES).format(
+        n=rng.randint(3, 10),
+        things=rng.choice(W.LIST_THINGS),
+        activity=rng.choice(W.ACTIVITIES),
+        topic=rng.choice(W.TOPICS),
+    )
 
 
 def gen_chat(rng: random.Random) -> str:
-    return rng.choice(W.CHAT_TEMPLATES).format(emotion=rng.choice(W.EMOTIONS), situation=rng.choice(W.SITUATIONS),
-                                               activity=rng.choice(W.ACTIVITIES), subject=rng.choice(W.SUBJECTS),
-                                               name=rng.choice(W.NAMES))
+    return rng.choice(W.CHAT_TEMPLATES).format(
+        emotion=rng.choice(W.EMOTIONS),
+        situation=rng.choice(W.SITUATIONS),
+        activity=rng.choice(W.ACTIVITIES),
+        subject=rng.choice(W.SUBJECTS),
+        name=rng.choice(W.NAMES),
+    )
 
 
 # ---------------------------------------------------------------- corpus
 def build_prompts(spec: PromptSpec) -> tuple[list[dict], list[dict]]:
-    """(train, heldout) lists of {"prompt", "category"}; balanced across categories, no duplicates."""
+    """(train, heldout) lists of {"prompt", "category"}; balanced across categories, no
+    duplicates."""
     rng = random.Random(spec.seed)
     docs, snippets, mans = stdlib_docs(), stdlib_snippets(), man_pages(spec.man_dir)
-    makers = {"chat": lambda: gen_chat(rng), "code": lambda: gen_code(rng, docs, snippets),
-              "math": lambda: gen_math(rng), "writing": lambda: gen_writing(rng, docs),
-              "knowledge": lambda: gen_knowledge(rng, mans, docs), "lists": lambda: gen_lists(rng)}
+    makers = {
+        "chat": lambda: gen_chat(rng),
+        "code": lambda: gen_code(rng, docs, snippets),
+        "math": lambda: gen_math(rng),
+        "writing": lambda: gen_writing(rng, docs),
+        "knowledge": lambda: gen_knowledge(rng, mans, docs),
+        "lists": lambda: gen_lists(rng),
+    }
     per_cat = -(-(spec.num_train + spec.num_heldout) // len(CATEGORIES))
     seen: set[str] = set()
     pools = {cat: _unique(make, per_cat, seen) for cat, make in makers.items()}
     held_per_cat = -(-spec.num_heldout // len(CATEGORIES))
-    heldout = [{"prompt": p, "category": c} for c, pool in pools.items() for p in pool[:held_per_cat]]
+    heldout = [
+        {"prompt": p, "category": c} for c, pool in pools.items() for p in pool[:held_per_cat]
+    ]
     train = [{"prompt": p, "category": c} for c, pool in pools.items() for p in pool[held_per_cat:]]
     rng.shuffle(train)
     return train[: spec.num_train], heldout
@@ -185,13 +216,19 @@ def _unique(make, count: int, seen: set[str], tries: int = 50) -> list[str]:
 def write_jsonl(rows: list[dict], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8"
+    )
     return path
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
     """Rows of a prompts file; each needs a `prompt` (and optionally a `category`)."""
-    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for line in Path(path).read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
     bad = [i for i, r in enumerate(rows) if not isinstance(r.get("prompt"), str)]
     if bad:
         raise ValueError(f"{path}: line(s) {bad[:5]} lack a string 'prompt' field")

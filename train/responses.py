@@ -6,8 +6,10 @@ decoded with `TargetModel.step` (per-row positions and masks, one preallocated K
 The target's features at `capture` layers are kept (fp16) for every token but the last: training
 then never re-runs the 30-layer target (they come free with generation).
 
->>> write_shards(target, tok, prompts, "/tmp/resp", GenSpec(capture=(1, 8, 14, 20, 27)))  # doctest: +SKIP
+>>> spec = GenSpec(capture=(1, 8, 14, 20, 27))  # doctest: +SKIP
+>>> write_shards(target, tok, prompts, "/tmp/resp", spec)  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import os
@@ -22,35 +24,40 @@ class GenSpec:
     capture: tuple[int, ...] = ()
     max_new_tokens: int = 128
     batch_size: int = 32
-    sampled_fraction: float = 0.1     # rows decoded with temperature sampling (the rest greedy)
+    sampled_fraction: float = 0.1  # rows decoded with temperature sampling (the rest greedy)
     temperature: float = 0.7
     seed: int = 0
-    dtype: str = "bfloat16"           # target precision while generating (bf16: ~3x faster on AMX CPUs)
+    dtype: str = "bfloat16"  # target precision while generating (bf16: ~3x faster on AMX CPUs)
 
 
 @dataclass
 class Sample:
-    tokens: torch.Tensor              # [N] int64: prompt + response (response ends with eos if it stopped)
+    tokens: torch.Tensor  # [N] int64: prompt + response (response ends with eos if it stopped)
     prompt_len: int
-    features: torch.Tensor            # [N - 1, n_ids * H] fp16: target features of tokens 0..N-2
-    index: int = -1                   # row of the prompt list
-    soft_ids: torch.Tensor | None = None   # [N - 1, k] int32: the target's top-k next tokens (soft_targets.py)
+    features: torch.Tensor  # [N - 1, n_ids * H] fp16: target features of tokens 0..N-2
+    index: int = -1  # row of the prompt list
+    soft_ids: torch.Tensor | None = (
+        None  # [N - 1, k] int32: the target's top-k next tokens (soft_targets.py)
+    )
     soft_logp: torch.Tensor | None = None  # [N - 1, k] fp16: their log-probabilities
 
 
 @dataclass
 class _Batch:
     """Decoding state of one left-padded batch."""
-    tokens: torch.Tensor              # [b, S] all tokens so far (left-padded)
-    valid: torch.Tensor               # [b, S_max] bool: True for real (non-pad) positions
-    lengths: torch.Tensor             # [b] real tokens so far per row
-    keys: list[torch.Tensor]          # per layer [b, Hkv, S_max, D]
+
+    tokens: torch.Tensor  # [b, S] all tokens so far (left-padded)
+    valid: torch.Tensor  # [b, S_max] bool: True for real (non-pad) positions
+    lengths: torch.Tensor  # [b] real tokens so far per row
+    keys: list[torch.Tensor]  # per layer [b, Hkv, S_max, D]
     values: list[torch.Tensor]
-    feats: list[torch.Tensor] = field(default_factory=list)   # per step [b, T, n_ids*H]
+    feats: list[torch.Tensor] = field(default_factory=list)  # per step [b, T, n_ids*H]
 
 
 def _additive(keep: torch.Tensor, dtype) -> torch.Tensor:
-    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+        ~keep, torch.finfo(dtype).min
+    )
 
 
 def _prefill(target, prompts: list[list[int]], spec: GenSpec) -> tuple[_Batch, torch.Tensor]:
@@ -61,17 +68,29 @@ def _prefill(target, prompts: list[list[int]], spec: GenSpec) -> tuple[_Batch, t
     tokens = torch.zeros(b, P, dtype=torch.long)
     valid = torch.zeros(b, s_max, dtype=torch.bool)
     for r, p in enumerate(prompts):
-        tokens[r, P - len(p):] = torch.tensor(p)
-        valid[r, P - len(p):P] = True
-    positions = (torch.arange(P)[None] - (P - lengths)[:, None]).clamp(min=0)           # [b, P]
+        tokens[r, P - len(p) :] = torch.tensor(p)
+        valid[r, P - len(p) : P] = True
+    positions = (torch.arange(P)[None] - (P - lengths)[:, None]).clamp(min=0)  # [b, P]
     causal = torch.ones(P, P, dtype=torch.bool).tril()
-    keep = (causal[None] & valid[:, None, :P]) | torch.eye(P, dtype=torch.bool)[None]    # [b, P, P]
-    tokens, valid, lengths, positions, keep = (t.to(dev) for t in (tokens, valid, lengths, positions, keep))
+    keep = (causal[None] & valid[:, None, :P]) | torch.eye(P, dtype=torch.bool)[None]  # [b, P, P]
+    tokens, valid, lengths, positions, keep = (
+        t.to(dev) for t in (tokens, valid, lengths, positions, keep)
+    )
     empty = torch.zeros(b, cfg.num_key_value_heads, 0, cfg.head_dim, dtype=dtype, device=dev)
     n = cfg.num_hidden_layers
-    logits, hidden, new_k, new_v = target.step(tokens, positions, [empty] * n, [empty] * n,
-                                               _additive(keep, dtype), spec.capture, last_logits_only=True)
-    keys = [torch.zeros(b, cfg.num_key_value_heads, s_max, cfg.head_dim, dtype=dtype, device=dev) for _ in range(n)]
+    logits, hidden, new_k, new_v = target.step(
+        tokens,
+        positions,
+        [empty] * n,
+        [empty] * n,
+        _additive(keep, dtype),
+        spec.capture,
+        last_logits_only=True,
+    )
+    keys = [
+        torch.zeros(b, cfg.num_key_value_heads, s_max, cfg.head_dim, dtype=dtype, device=dev)
+        for _ in range(n)
+    ]
     values = [torch.zeros_like(k) for k in keys]
     for buf, new in zip(keys + values, new_k + new_v):
         buf[:, :, :P] = new
@@ -81,31 +100,45 @@ def _prefill(target, prompts: list[list[int]], spec: GenSpec) -> tuple[_Batch, t
 def _decode_step(target, st: _Batch, next_tok: torch.Tensor, spec: GenSpec) -> torch.Tensor:
     """Feed one token per row; returns the next logits [b, V]."""
     S = st.tokens.shape[1]
-    st.tokens = torch.cat([st.tokens, next_tok[:, None]], dim=1)                        # [b, S + 1]
+    st.tokens = torch.cat([st.tokens, next_tok[:, None]], dim=1)  # [b, S + 1]
     st.valid[:, S] = True
-    positions = st.lengths[:, None].clone()                                              # [b, 1]
+    positions = st.lengths[:, None].clone()  # [b, 1]
     st.lengths += 1
-    mask = _additive(st.valid[:, None, :S + 1], st.keys[0].dtype)                        # [b, 1, S + 1]
-    logits, hidden, new_k, new_v = target.step(next_tok[:, None], positions, [k[:, :, :S] for k in st.keys],
-                                               [v[:, :, :S] for v in st.values], mask, spec.capture)
+    mask = _additive(st.valid[:, None, : S + 1], st.keys[0].dtype)  # [b, 1, S + 1]
+    logits, hidden, new_k, new_v = target.step(
+        next_tok[:, None],
+        positions,
+        [k[:, :, :S] for k in st.keys],
+        [v[:, :, :S] for v in st.values],
+        mask,
+        spec.capture,
+    )
     for buf, new in zip(st.keys + st.values, new_k + new_v):
-        buf[:, :, S:S + 1] = new
+        buf[:, :, S : S + 1] = new
     st.feats.append(hidden.half())
     return logits[:, -1]
 
 
-def _choose(logits: torch.Tensor, sampled: torch.Tensor, spec: GenSpec, gen: torch.Generator) -> torch.Tensor:
-    """Next token per row [b], on the CPU (sampling draws from the CPU generator `gen`: same on any device)."""
-    tok = logits.argmax(-1).cpu()                                                        # [b]
+def _choose(
+    logits: torch.Tensor, sampled: torch.Tensor, spec: GenSpec, gen: torch.Generator
+) -> torch.Tensor:
+    """Next token per row [b], on the CPU (sampling draws from the CPU generator `gen`: same on any
+    device)."""
+    tok = logits.argmax(-1).cpu()  # [b]
     if sampled.any():
-        probs = torch.softmax(logits[sampled.to(logits.device)].float() / spec.temperature, dim=-1).cpu()
+        probs = torch.softmax(
+            logits[sampled.to(logits.device)].float() / spec.temperature, dim=-1
+        ).cpu()
         tok[sampled] = torch.multinomial(probs, 1, generator=gen)[:, 0]
     return tok
 
 
 @torch.no_grad()
-def generate_batch(target, prompts: list[list[int]], spec: GenSpec, gen: torch.Generator) -> list[Sample]:
-    """Decode every prompt (greedy, or sampled for a `sampled_fraction` of rows) until eos or the budget."""
+def generate_batch(
+    target, prompts: list[list[int]], spec: GenSpec, gen: torch.Generator
+) -> list[Sample]:
+    """Decode every prompt (greedy, or sampled for a `sampled_fraction` of rows) until eos or the
+    budget."""
     eos = set(target.config.eos_token_id)
     sampled = torch.rand(len(prompts), generator=gen) < spec.sampled_fraction
     st, logits = _prefill(target, prompts, spec)
@@ -123,7 +156,7 @@ def generate_batch(target, prompts: list[list[int]], spec: GenSpec, gen: torch.G
 
 
 def _unpad(st: _Batch, prompts: list[list[int]], P: int, eos: set[int]) -> list[Sample]:
-    feats = torch.cat(st.feats, dim=1).cpu()                                             # [b, S - 1, n_ids*H]
+    feats = torch.cat(st.feats, dim=1).cpu()  # [b, S - 1, n_ids*H]
     tokens = st.tokens.cpu()
     out = []
     for r, p in enumerate(prompts):
@@ -131,7 +164,7 @@ def _unpad(st: _Batch, prompts: list[list[int]], P: int, eos: set[int]) -> list[
         stop = next((i + 1 for i, x in enumerate(resp) if x in eos), len(resp))
         toks = torch.tensor(p + resp[:stop])
         start = P - len(p)
-        out.append(Sample(toks, len(p), feats[r, start:start + len(toks) - 1].clone()))
+        out.append(Sample(toks, len(p), feats[r, start : start + len(toks) - 1].clone()))
     return out
 
 
@@ -143,38 +176,51 @@ def plan_batches(prompt_ids: list[list[int]], batch_size: int, seed: int = 0) ->
     sample of the corpus, so training can start on the shards that exist.
     """
     order = sorted(range(len(prompt_ids)), key=lambda i: (len(prompt_ids[i]), i))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     perm = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed)).tolist()
     return [batches[i] for i in perm]
 
 
 def save_shard(samples: list[Sample], path: Path) -> None:
     """All samples of a batch in one file, written atomically."""
-    blob = {"tokens": torch.cat([s.tokens for s in samples]),
-            "lengths": torch.tensor([len(s.tokens) for s in samples]),
-            "prompt_lens": torch.tensor([s.prompt_len for s in samples]),
-            "index": torch.tensor([s.index for s in samples]),
-            "features": torch.cat([s.features for s in samples])}
+    blob = {
+        "tokens": torch.cat([s.tokens for s in samples]),
+        "lengths": torch.tensor([len(s.tokens) for s in samples]),
+        "prompt_lens": torch.tensor([s.prompt_len for s in samples]),
+        "index": torch.tensor([s.index for s in samples]),
+        "features": torch.cat([s.features for s in samples]),
+    }
     tmp = path.with_suffix(".tmp")
     torch.save(blob, tmp)
     os.replace(tmp, path)
 
 
 def load_shard(path: Path) -> list[Sample]:
-    blob = torch.load(path, mmap=True)  # features stay on disk (page cache) until a batch touches them
+    blob = torch.load(
+        path, mmap=True
+    )  # features stay on disk (page cache) until a batch touches them
     out, t0, f0 = [], 0, 0
-    for n, p, i in zip(blob["lengths"].tolist(), blob["prompt_lens"].tolist(), blob["index"].tolist()):
-        out.append(Sample(blob["tokens"][t0:t0 + n], p, blob["features"][f0:f0 + n - 1], i))
+    for n, p, i in zip(
+        blob["lengths"].tolist(), blob["prompt_lens"].tolist(), blob["index"].tolist()
+    ):
+        out.append(Sample(blob["tokens"][t0 : t0 + n], p, blob["features"][f0 : f0 + n - 1], i))
         t0, f0 = t0 + n, f0 + n - 1
     return out
 
 
-def write_shards(target, prompt_ids: list[list[int]], out_dir: str | Path, spec: GenSpec, progress=None,
-                 limit: int = 0) -> list[Path]:
-    """Generate every missing shard under `out_dir` (the first `limit` only, if > 0); return their paths.
+def write_shards(
+    target,
+    prompt_ids: list[list[int]],
+    out_dir: str | Path,
+    spec: GenSpec,
+    progress=None,
+    limit: int = 0,
+) -> list[Path]:
+    """Generate every missing shard under `out_dir` (the first `limit` only, if > 0); return their
+    paths.
 
-    Resumable; the batch plan does not depend on `limit`, so a larger limit later extends the same data.
-    """
+    Resumable; the batch plan does not depend on `limit`, so a larger limit later extends the same
+    data."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     batches = plan_batches(prompt_ids, spec.batch_size, spec.seed)

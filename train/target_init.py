@@ -13,6 +13,7 @@ captured feature gives it the target's attention and MLP weights to start from:
   features, so attention logits keep their scale;
 * the final norm is the target's.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,11 +21,16 @@ import torch
 from .conditioning import feature_rows
 
 
-def copied_layer_ids(num_target_layers: int, deepest_capture: int, num_draft_layers: int) -> list[int]:
+def copied_layer_ids(
+    num_target_layers: int, deepest_capture: int, num_draft_layers: int
+) -> list[int]:
     """Target layers copied into the drafter: the ones right above the deepest captured feature."""
     start = min(deepest_capture + 1, num_target_layers - num_draft_layers)
     if start < 0:
-        raise ValueError(f"a {num_draft_layers}-layer drafter cannot copy layers of a {num_target_layers}-layer target")
+        raise ValueError(
+            f"a {num_draft_layers}-layer drafter cannot copy layers of a "
+            f"{num_target_layers}-layer target"
+        )
     return list(range(start, start + num_draft_layers))
 
 
@@ -42,9 +48,15 @@ def init_from_target(drafter, target, samples, max_rows: int = 4096) -> list[int
     copied = copied_layer_ids(cfg.num_target_layers, max(ids), cfg.num_hidden_layers)
     src_layers = target.model.layers
     H = cfg.hidden_size
-    rescale_qk = hasattr(drafter.layers[0].self_attn, "q_norm") and not hasattr(src_layers[0].self_attn, "q_norm")
+    rescale_qk = hasattr(drafter.layers[0].self_attn, "q_norm") and not hasattr(
+        src_layers[0].self_attn, "q_norm"
+    )
     dev = target.lm_head.weight.device
-    feats = feature_rows(samples, max_rows)[:max_rows, slot * H:(slot + 1) * H].to(dev) if rescale_qk else None
+    feats = (
+        feature_rows(samples, max_rows)[:max_rows, slot * H : (slot + 1) * H].to(dev)
+        if rescale_qk
+        else None
+    )
     for layer, tid in zip(drafter.layers, copied):
         src = src_layers[tid]
         own = layer.state_dict()
@@ -56,7 +68,7 @@ def init_from_target(drafter, target, samples, max_rows: int = 4096) -> list[int
             layer.self_attn.q_norm.weight.fill_(_head_rms(src.self_attn.q_proj(h), cfg.head_dim))
             layer.self_attn.k_norm.weight.fill_(_head_rms(src.self_attn.k_proj(h), cfg.head_dim))
     fc = torch.zeros_like(drafter.fc.weight)
-    fc[:, slot * H:(slot + 1) * H] = torch.eye(H)
+    fc[:, slot * H : (slot + 1) * H] = torch.eye(H)
     drafter.fc.weight.copy_(fc)
     drafter.hidden_norm.weight.copy_(src_layers[copied[0]].input_layernorm.weight)
     drafter.norm.weight.copy_(target.model.norm.weight)

@@ -4,8 +4,10 @@ The batch of step s is drawn from a generator seeded with (seed, s), so a resume
 same data as an uninterrupted one (and worker processes can build batches ahead, in any order).
 A time budget (`max_minutes`) ends a run early, with the learning-rate decay squeezed to fit.
 
->>> drafter = train_drafter(target, samples, TrainConfig(steps=400), ckpt_dir="/tmp/ck")  # doctest: +SKIP
+>>> cfg = TrainConfig(steps=400)  # doctest: +SKIP
+>>> drafter = train_drafter(target, samples, cfg, ckpt_dir="/tmp/ck")  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import os
@@ -16,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .dataset import make_batch, sample_anchors
+from .hardware import resolve_dtype
 from .objective import DraftHead, dflash_loss, estimated_tau, lr_at
 
 
@@ -31,13 +34,17 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     ckpt_minutes: float = 3.0
-    head_dtype: str = "auto"           # LM head precision in the loss: bf16 where faster (hardware.py), else fp32
-    sample_positions: bool = True      # keep position k with prob. exp(-(k-1)/gamma) instead of weighting
-    ctx_window: int = 0                # >0: blocks see only this many context positions before their anchor ...
-    ctx_window_steps: int = 0          # ... for the first N steps (a curriculum), then the whole context
-    device: str = "cpu"                # where the drafter trains ("cuda": the target must already be there)
-    loader_workers: int = 0            # >0: processes building batches ahead (a GPU outruns one CPU thread)
-    max_minutes: float = 0.0           # >0: stop after this long (this process), LR decay fitted to it
+    head_dtype: str = (
+        "auto"  # LM head precision in the loss: bf16 where faster (hardware.py), else fp32
+    )
+    sample_positions: bool = (
+        True  # keep position k with prob. exp(-(k-1)/gamma) instead of weighting
+    )
+    ctx_window: int = 0  # >0: blocks see only this many context positions before their anchor ...
+    ctx_window_steps: int = 0  # ... for the first N steps (a curriculum), then the whole context
+    device: str = "cpu"  # where the drafter trains ("cuda": the target must already be there)
+    loader_workers: int = 0  # >0: processes building batches ahead (a GPU outruns one CPU thread)
+    max_minutes: float = 0.0  # >0: stop after this long (this process), LR decay fitted to it
 
 
 class RunningStats:
@@ -66,7 +73,13 @@ class _StepBatches:
     """Map-style dataset: item i is the batch of step `start + i` (for a DataLoader's workers)."""
 
     def __init__(self, samples, cfg: TrainConfig, start: int, block: int, mask_id: int):
-        self.samples, self.cfg, self.start, self.block, self.mask_id = samples, cfg, start, block, mask_id
+        self.samples, self.cfg, self.start, self.block, self.mask_id = (
+            samples,
+            cfg,
+            start,
+            block,
+            mask_id,
+        )
 
     def __len__(self) -> int:
         return max(self.cfg.steps - self.start, 0)
@@ -76,37 +89,67 @@ class _StepBatches:
 
 
 def step_batches(samples, cfg: TrainConfig, start: int, block: int, mask_id: int):
-    """The batches of steps start..steps-1, in order: built inline, or ahead by `cfg.loader_workers` processes."""
+    """The batches of steps start..steps-1, in order: built inline, or ahead by `cfg.loader_workers`
+    processes."""
     data = _StepBatches(samples, cfg, start, block, mask_id)
     if cfg.loader_workers <= 0:
         return (data[i] for i in range(len(data)))
     from torch.utils.data import DataLoader
 
-    return iter(DataLoader(data, batch_size=None, shuffle=False, num_workers=cfg.loader_workers,
-                           pin_memory=cfg.device.startswith("cuda"), prefetch_factor=4))
+    return iter(
+        DataLoader(
+            data,
+            batch_size=None,
+            shuffle=False,
+            num_workers=cfg.loader_workers,
+            pin_memory=cfg.device.startswith("cuda"),
+            prefetch_factor=4,
+        )
+    )
 
 
 def save_checkpoint(path: Path, drafter, opt, step: int, cfg: TrainConfig) -> None:
     tmp = path.with_suffix(".tmp")
-    torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                "draft_config": drafter.config.to_dict(), "train_config": asdict(cfg)}, tmp)
+    torch.save(
+        {
+            "drafter": drafter.state_dict(),
+            "optimizer": opt.state_dict(),
+            "step": step,
+            "draft_config": drafter.config.to_dict(),
+            "train_config": asdict(cfg),
+        },
+        tmp,
+    )
     os.replace(tmp, path)
 
 
 def load_checkpoint(path: Path, drafter, opt) -> int:
-    """Restore drafter + optimizer from `path` (onto the drafter's device); returns the next step."""
+    """Restore drafter + optimizer from `path` (onto the drafter's device); returns the next
+    step."""
     blob = torch.load(path, weights_only=False, map_location=next(drafter.parameters()).device)
     if blob["draft_config"] != drafter.config.to_dict():
-        raise ValueError(f"{path} was trained with another drafter config ({blob['draft_config']}); "
-                         f"resume with the same --layers/--block-size or use a new --work-dir")
+        raise ValueError(
+            f"{path} was trained with another drafter config ({blob['draft_config']}); "
+            f"resume with the same --layers/--block-size or use a new --work-dir"
+        )
     drafter.load_state_dict(blob["drafter"])
     opt.load_state_dict(blob["optimizer"])
     return int(blob["step"])
 
 
-def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Path | None = None,
-                  resume: bool = False, on_eval=None, eval_every: int = 0, vocab: torch.Tensor | None = None):
-    """Train `drafter` in place on `samples` (list of responses.Sample); returns the per-step losses.
+def train_drafter(
+    target,
+    drafter,
+    samples,
+    cfg: TrainConfig,
+    ckpt_dir: str | Path | None = None,
+    resume: bool = False,
+    on_eval=None,
+    eval_every: int = 0,
+    vocab: torch.Tensor | None = None,
+):
+    """Train `drafter` in place on `samples` (list of responses.Sample); returns the per-step
+    losses.
 
     `on_eval(drafter, step)` (optional) is called every `eval_every` steps and at the end;
     `vocab` (optional) restricts the loss's softmax to those token ids (a reduced draft vocabulary).
@@ -116,15 +159,18 @@ def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Pa
     target.requires_grad_(False)  # frozen: no gradient buffers for the 49k-row embedding
     device = torch.device(cfg.device)
     if target.lm_head.weight.device != device:
-        raise ValueError(f"the target is on {target.lm_head.weight.device} but training runs on {device}: "
-                         f"move it first (target.to({cfg.device!r}))")
+        raise ValueError(
+            f"the target is on {target.lm_head.weight.device} but training runs on {device}: "
+            f"move it first (target.to({cfg.device!r}))"
+        )
     drafter.to(device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # the drafter's fp32 matmuls on tensor cores
     embed = target.model.embed_tokens
-    from .hardware import resolve_dtype
 
-    head = DraftHead.build(target.lm_head.weight, getattr(torch, resolve_dtype(cfg.head_dtype, cfg.device)), vocab)
+    head = DraftHead.build(
+        target.lm_head.weight, getattr(torch, resolve_dtype(cfg.head_dtype, cfg.device)), vocab
+    )
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     ckpt = Path(ckpt_dir) / "last.pt" if ckpt_dir else None
@@ -140,11 +186,18 @@ def train_drafter(target, drafter, samples, cfg: TrainConfig, ckpt_dir: str | Pa
     for step, batch in enumerate(step_batches(samples, cfg, start, block, mask_id), start):
         spent = (time.monotonic() - began) / budget if budget else 0.0
         if spent >= 1.0:
-            bar.write(f"time budget of {cfg.max_minutes:g} min spent: stopping at step {step} of {cfg.steps}")
+            bar.write(
+                f"time budget of {cfg.max_minutes:g} min spent: stopping at step {step} of "
+                f"{cfg.steps}"
+            )
             break
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup, spent)
-        gen = torch.Generator().manual_seed(cfg.seed * 7_000_003 + step) if cfg.sample_positions else None
+        gen = (
+            torch.Generator().manual_seed(cfg.seed * 7_000_003 + step)
+            if cfg.sample_positions
+            else None
+        )
         out = dflash_loss(drafter, embed, head, batch.to(device), cfg.gamma, gen)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()

@@ -3,11 +3,12 @@
 Every module defines `target_writers(job: TargetJob) -> {graph name: writer(path)}`, in writing
 order, and `mlp_writers(cfg)`: per decoder layer, its MLP's writers (export/target_job.py).
 """
+
 from __future__ import annotations
 
 import importlib
 
-from dflash_edge.models.families import family
+from ...models.families import family
 
 INTERFACE = ("target_writers", "mlp_writers")
 

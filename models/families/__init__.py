@@ -6,12 +6,13 @@ are export/families/<model_type>.py. Adding a family is adding its files: nothin
 >>> family("qwen3").attention_spec(cfg).qk_norm      # doctest: +SKIP
 True
 """
+
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
 
-from dflash_edge.runtime.errors import ModelFormatError
+from ...runtime.errors import ModelFormatError
 
 # What every family module defines (tests/test_families.py checks each one):
 #   Config                 its config dataclass (TargetConfig or a subclass): Config.from_dict(raw)
@@ -25,8 +26,19 @@ from dflash_edge.runtime.errors import ModelFormatError
 #   manifest_fields(cfg)   the family's own keys of the bundle manifest's `model` section
 #   planner_dims(cfg)      devices.dims.ModelDims for the planner
 #   reference(cfg)         the torch reference model (imports torch)
-INTERFACE = ("Config", "GGUF", "attention_spec", "mlp_specs", "tensors", "check_tensors",
-             "text_prefix", "dense_view", "manifest_fields", "planner_dims", "reference")
+INTERFACE = (
+    "Config",
+    "GGUF",
+    "attention_spec",
+    "mlp_specs",
+    "tensors",
+    "check_tensors",
+    "text_prefix",
+    "dense_view",
+    "manifest_fields",
+    "planner_dims",
+    "reference",
+)
 
 
 def available() -> tuple[str, ...]:
@@ -38,8 +50,9 @@ def available() -> tuple[str, ...]:
 def family(model_type: str | None):
     """The family module of `model_type`; an unknown one is refused by name, listing the others."""
     if model_type not in available():
-        raise ModelFormatError(f"model_type {model_type!r} is not supported; "
-                               f"supported: {', '.join(available())}")
+        raise ModelFormatError(
+            f"model_type {model_type!r} is not supported; supported: {', '.join(available())}"
+        )
     return importlib.import_module(f"{__name__}.{model_type}")
 
 

@@ -1,13 +1,16 @@
-"""Install dflash-edge on an offline machine without pip: link our subpackages into SITE (pyproject's package-dir).
+"""Install dflash-edge on an offline machine without pip: link our subpackages into SITE
+(pyproject's package-dir).
 
     python3 scripts/gpu/install_offline.py SITE [WHEEL ...]      # then PYTHONPATH=SITE
 
-Pure-Python wheels given after SITE are unzipped into it too (e.g. the `gguf` wheel for `fetch --gguf`).
-"""
+Pure-Python wheels given after SITE are unzipped into it too (e.g. the `gguf` wheel for `fetch
+--gguf`)."""
+
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
+
+import tomllib
 
 
 def main(site: Path, wheels: list[str]) -> None:

@@ -1,18 +1,23 @@
-"""`dflash-edge` command line: one module per verb in this package (argument parsing, printing, chaining).
+"""`dflash-edge` command line: one module per verb in this package (argument parsing, printing,
+chaining).
 
-A subcommand is declared as data (name -> module of this package + help); the module is imported only
-when that subcommand runs, so `dflash-edge --help` is instant. Each module has `add_arguments(parser)`
-and `run(args)`; the work itself lives in the rooms below (export/, quantize/, runtime/, ...).
-"""
+A subcommand is declared as data (name -> module of this package + help); the module is imported
+only when that subcommand runs, so `dflash-edge --help` is instant. Each module has
+`add_arguments(parser)` and `run(args)`; the work itself lives in the rooms below (export/,
+quantize/, runtime/, ...)."""
+
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
+import re
 import sys
 import warnings
 
-from dflash_edge.devices.errors import DeviceError, MeterError
-from dflash_edge.runtime.errors import DflashEdgeError
+from ..devices.errors import DeviceError, MeterError
+from ..runtime.errors import DflashEdgeError
+from ..runtime.validate import CLI_LABELS, RULES, check
 
 # errors printed as one line (exit 2) instead of a traceback
 USER_ERRORS = (DflashEdgeError, DeviceError, MeterError)
@@ -38,33 +43,44 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv[:1] and argv[0] in COMMANDS else None
     try:
-        parser = _parser(command)          # imports the verb's module: a missing extra is named below, even for --help
+        parser = _parser(
+            command
+        )  # imports the verb's module: a missing extra is named below, even for --help
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
             return 0
-        with warnings.catch_warnings():    # clamped arguments: one line each, like errors
-            from dflash_edge.runtime.validate import ClampedArgumentWarning
+        with warnings.catch_warnings():  # clamped arguments: one line each, like errors
+            from ..runtime.validate import ClampedArgumentWarning
 
             warnings.simplefilter("always", ClampedArgumentWarning)
-            warnings.showwarning = _one_line_warnings(command, warnings.showwarning, ClampedArgumentWarning)
+            warnings.showwarning = _one_line_warnings(
+                command, warnings.showwarning, ClampedArgumentWarning
+            )
             _check_numbers(args)
             return importlib.import_module(args._module).run(args) or 0
     except USER_ERRORS as err:
         print(f"dflash-edge {command}: error: {err}", file=sys.stderr)
         return 2
-    except ModuleNotFoundError as err:             # a lighter install than the command needs: name the extra
+    except ModuleNotFoundError as err:  # a lighter install than the command needs: name the extra
         extra = _extra_providing(err.name or "", prefer=(command or "").replace("-", "_"))
         if extra is None:
             raise
-        print(f"dflash-edge {command}: error: this command needs the package {err.name!r}, which is not "
-              f"installed here; install the {extra!r} extra: pip install \"dflash-edge[{extra}]\"", file=sys.stderr)
+        print(
+            f"dflash-edge {command}: error: this command needs the package {err.name!r}, which is "
+            "not "
+            f'installed here; install the {extra!r} extra: pip install "dflash-edge[{extra}]"',
+            file=sys.stderr,
+        )
         return 2
 
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
-    """The parser with every subcommand listed; only `command`'s module is imported (for its arguments)."""
-    parser = argparse.ArgumentParser(prog="dflash-edge", description="DFlash speculative decoding for edge devices.")
+    """The parser with every subcommand listed; only `command`'s module is imported (for its
+    arguments)."""
+    parser = argparse.ArgumentParser(
+        prog="dflash-edge", description="DFlash speculative decoding for edge devices."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -75,19 +91,21 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
 
 
 def _one_line_warnings(command: str | None, show, category):
-    """warnings.showwarning that prints `category` as `dflash-edge CMD: warning: ...` and others as `show` does."""
+    """warnings.showwarning that prints `category` as `dflash-edge CMD: warning: ...` and others as
+    `show` does."""
+
     def one_line(message, cat, filename, lineno, file=None, line=None):
         if issubclass(cat, category):
             print(f"dflash-edge {command}: warning: {message}", file=sys.stderr)
         else:
             show(message, cat, filename, lineno, file, line)
+
     return one_line
 
 
 def _check_numbers(args) -> None:
-    """Every subcommand's numeric options with a rule in runtime/validate.py, checked (and normalised: a thread
-    count above the usable CPUs is lowered to them) before anything loads."""
-    from dflash_edge.runtime.validate import CLI_LABELS, RULES, check
+    """Every subcommand's numeric options with a rule in runtime/validate.py, checked (and
+    normalised: a thread count above the usable CPUs is lowered to them) before anything loads."""
 
     for name in RULES:
         if getattr(args, name, None) is not None:
@@ -95,28 +113,34 @@ def _check_numbers(args) -> None:
 
 
 def _extra_providing(module: str, prefer: str = "") -> str | None:
-    """The optional extra of our package metadata (pyproject) that installs `module`: `prefer` (the command's own
-    extra, e.g. train -> [export] -> torch) when it does, else the first that lists it; None if none does."""
-    import importlib.metadata
-    import re
+    """The optional extra of our package metadata (pyproject) that installs `module`: `prefer` (the
+    command's own extra, e.g. train -> [export] -> torch) when it does, else the first that lists
+    it; None if none does."""
 
     top = module.split(".")[0].lower()
     try:
         requires = importlib.metadata.requires("dflash-edge") or []
     except importlib.metadata.PackageNotFoundError:
         return None
-    direct: dict[str, list[str]] = {}                    # extra -> the requirements it lists (nested extras too)
+    direct: dict[str, list[str]] = {}  # extra -> the requirements it lists (nested extras too)
     for req in requires:
         m = re.match(r"\s*([A-Za-z0-9_.-]+)(\[[\w,-]+\])?.*extra\s*==\s*[\"']([\w-]+)[\"']", req)
         if m:
             name = m.group(1).lower().replace("-", "_")
-            nested = [f"[{e}]" for e in (m.group(2) or "[]")[1:-1].split(",") if e] if name == "dflash_edge" else []
+            nested = (
+                [f"[{e}]" for e in (m.group(2) or "[]")[1:-1].split(",") if e]
+                if name == "dflash_edge"
+                else []
+            )
             direct.setdefault(m.group(3), []).extend(nested or [name])
 
     def provides(extra: str, seen: frozenset = frozenset()) -> bool:
         items = direct.get(extra, [])
-        return top in items or any(provides(i[1:-1], seen | {extra}) for i in items
-                                   if i.startswith("[") and i[1:-1] not in seen)
+        return top in items or any(
+            provides(i[1:-1], seen | {extra})
+            for i in items
+            if i.startswith("[") and i[1:-1] not in seen
+        )
 
     if prefer in direct and provides(prefer):
         return prefer

@@ -3,19 +3,22 @@
 The front door only: a lazy public API (nothing heavy is imported until used) and the CLI.
 
     >>> import dflash_edge
-    >>> dflash_edge.export_bundle(dflash_edge.ExportOptions(out="bundle/"))  # as `export`  # doctest: +SKIP
+    >>> opts = dflash_edge.ExportOptions(out="bundle/")  # doctest: +SKIP
+    >>> dflash_edge.export_bundle(opts)  # as `export`  # doctest: +SKIP
     >>> gen = dflash_edge.Generator.load("bundle/")                             # doctest: +SKIP
     >>> gen.generate("Why is the sky blue?", max_new_tokens=64).text            # doctest: +SKIP
-    >>> ckpt = dflash_edge.fetch_default_model()          # SmolLM2-135M-Instruct, cached   # doctest: +SKIP
-    >>> target = dflash_edge.load_target(ckpt)            # torch reference model          # doctest: +SKIP
+    >>> ckpt = dflash_edge.fetch_default_model()  # SmolLM2-135M-Instruct, cached  # doctest: +SKIP
+    >>> target = dflash_edge.load_target(ckpt)  # torch reference model  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import importlib
 
 __version__ = "0.1.0"
 
-# public name -> "module:attribute"; modules are imported on first use so `import dflash_edge` stays instant.
+# public name -> "module:attribute"; modules are imported on first use so `import dflash_edge` stays
+# instant.
 _LAZY = {
     "Generator": "dflash_edge.runtime.generator:Generator",
     "GenerationOptions": "dflash_edge.runtime.validate:GenerationOptions",

@@ -1,11 +1,13 @@
-"""`bench --report DIR` and `bench --power`: report.json, report.md and PNG plots from one bench run.
+"""`bench --report DIR` and `bench --power`: report.json, report.md and PNG plots from one bench
+run.
 
-Plots (matplotlib, the optional `report` extra, imported only here): tokens/s plain vs speculative per
-category, the acceptance-length histogram, acceptance per block position, the step-time breakdown
-(draft, target, overhead per token) and, when a meter read, joules per token.
+Plots (matplotlib, the optional `report` extra, imported only here): tokens/s plain vs speculative
+per category, the acceptance-length histogram, acceptance per block position, the step-time
+breakdown (draft, target, overhead per token) and, when a meter read, joules per token.
 
 >>> write_report("out/", report, raw)        # doctest: +SKIP   (report: bench's dict with "rows")
 """
+
 from __future__ import annotations
 
 import json
@@ -16,27 +18,49 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from dflash_edge.runtime.errors import DflashEdgeError
-from dflash_edge.runtime.power import MeteredGenerator, open_power_meter
+from ..runtime.errors import DflashEdgeError
+from ..runtime.power import MeteredGenerator, open_power_meter
 
-PLOTS = ("tokens_per_s.png", "acceptance_hist.png", "acceptance_by_position.png", "step_breakdown.png")
+PLOTS = (
+    "tokens_per_s.png",
+    "acceptance_hist.png",
+    "acceptance_by_position.png",
+    "step_breakdown.png",
+)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--power", action="store_true", default=True,
-                   help="measure energy per token where a meter reads (default; null with the reason elsewhere)")
-    p.add_argument("--no-power", dest="power", action="store_false", help="do not read energy meters")
-    p.add_argument("--report", default=None, metavar="DIR",
-                   help="write report.json, report.md and PNG plots to DIR (needs matplotlib: the `report` extra)")
+    p.add_argument(
+        "--power",
+        action="store_true",
+        default=True,
+        help="measure energy per token where a meter reads (default; null with the reason "
+        "elsewhere)",
+    )
+    p.add_argument(
+        "--no-power", dest="power", action="store_false", help="do not read energy meters"
+    )
+    p.add_argument(
+        "--report",
+        default=None,
+        metavar="DIR",
+        help="write report.json, report.md and PNG plots to DIR (needs matplotlib: the `report` "
+        "extra)",
+    )
 
 
 def prepare(args, gen) -> MeteredGenerator:
-    """Check --report can be written before the bench runs; wrap `gen` so each arm's energy is metered."""
+    """Check --report can be written before the bench runs; wrap `gen` so each arm's energy is
+    metered."""
     if getattr(args, "report", None):
         _pyplot()
         out = Path(args.report)
-        if out.exists() and (not out.is_dir() or any(out.iterdir()) and not (out / "report.json").exists()):
-            raise DflashEdgeError(f"--report {out} exists and is not a bench report; pick an empty or new directory")
+        if out.exists() and (
+            not out.is_dir() or any(out.iterdir()) and not (out / "report.json").exists()
+        ):
+            raise DflashEdgeError(
+                f"--report {out} exists and is not a bench report; pick an empty or new directory"
+            )
     return MeteredGenerator(gen, *open_power_meter(getattr(args, "power", True)))
 
 
@@ -52,8 +76,10 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError as err:
-        raise DflashEdgeError("--report draws plots with matplotlib, which is not installed; "
-                              "pip install 'dflash-edge[report]'") from err
+        raise DflashEdgeError(
+            "--report draws plots with matplotlib, which is not installed; "
+            "pip install 'dflash-edge[report]'"
+        ) from err
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -65,9 +91,13 @@ def _arm(raw: list[dict], key: str) -> list:
 
 
 def analyse(report: dict, raw: list[dict]) -> dict:
-    """The report's figures: per-category tokens/s, acceptance histogram and per position, step breakdown."""
-    spec, plain = _arm(raw, "default"), _arm(raw, "plain")             # speculative = the default (adaptive) arm
-    drafted = _arm(raw, "always") or spec                               # the drafter's full blocks, where run
+    """The report's figures: per-category tokens/s, acceptance histogram and per position, step
+    breakdown."""
+    spec, plain = (
+        _arm(raw, "default"),
+        _arm(raw, "plain"),
+    )  # speculative = the default (adaptive) arm
+    drafted = _arm(raw, "always") or spec  # the drafter's full blocks, where run
     block = report.get("bundle", {}).get("block_size") or 16
     lengths = [n for s in drafted for n in s.acceptance_lengths]
     hist = Counter(lengths)
@@ -84,17 +114,26 @@ def analyse(report: dict, raw: list[dict]) -> dict:
         draft = sum(s.draft_run_s for s in stats)
         target = sum(s.decode_run_s for s in stats) - draft
         over = sum(s.decode_s - s.decode_run_s for s in stats)
-        return {k: round(1e3 * v / tokens, 3) for k, v in (("draft", draft), ("target", target), ("overhead", over))}
+        return {
+            k: round(1e3 * v / tokens, 3)
+            for k, v in (("draft", draft), ("target", target), ("overhead", over))
+        }
 
     return {
-        "per_category": {k: {"spec_tokens_per_s": round(statistics.median(v["spec"]), 2),
-                             "ar_tokens_per_s": round(statistics.median(v["ar"]), 2),
-                             "mean_acceptance_length": round(statistics.mean(v["tau"]), 3) if v["tau"] else None,
-                             "prompts": len(v["spec"])}
-                         for k, v in sorted(cats.items())},
+        "per_category": {
+            k: {
+                "spec_tokens_per_s": round(statistics.median(v["spec"]), 2),
+                "ar_tokens_per_s": round(statistics.median(v["ar"]), 2),
+                "mean_acceptance_length": round(statistics.mean(v["tau"]), 3) if v["tau"] else None,
+                "prompts": len(v["spec"]),
+            }
+            for k, v in sorted(cats.items())
+        },
         "acceptance_histogram": {str(n): hist.get(n, 0) for n in range(1, block + 1)},
-        "acceptance_by_position": {str(k): round(sum(n > k for n in lengths) / len(lengths), 4) if lengths else None
-                                   for k in range(1, block)},
+        "acceptance_by_position": {
+            str(k): round(sum(n > k for n in lengths) / len(lengths), 4) if lengths else None
+            for k in range(1, block)
+        },
         "ms_per_token": {"speculative": breakdown(spec), "plain": breakdown(plain)},
     }
 
@@ -113,10 +152,22 @@ def plot_all(out: Path, figures: dict, energy: dict | None) -> list[str]:
     fig, ax = plt.subplots(figsize=(6, 3.2))
     xs = range(len(cats))
     ax.bar([x - 0.2 for x in xs], [c["ar_tokens_per_s"] for c in cats.values()], 0.4, label="plain")
-    ax.bar([x + 0.2 for x in xs], [c["spec_tokens_per_s"] for c in cats.values()], 0.4, label="speculative")
+    ax.bar(
+        [x + 0.2 for x in xs],
+        [c["spec_tokens_per_s"] for c in cats.values()],
+        0.4,
+        label="speculative",
+    )
     ax.set_xticks(list(xs), list(cats), rotation=20)
     ax.set_ylabel("decode tokens/s (median)")
-    ax.set_ylim(0, 1.3 * max([c["ar_tokens_per_s"] for c in cats.values()] + [c["spec_tokens_per_s"] for c in cats.values()]))
+    ax.set_ylim(
+        0,
+        1.3
+        * max(
+            [c["ar_tokens_per_s"] for c in cats.values()]
+            + [c["spec_tokens_per_s"] for c in cats.values()]
+        ),
+    )
     ax.set_title("Decode speed per category")
     ax.legend(ncols=2)
     save(fig, PLOTS[0])
@@ -150,7 +201,9 @@ def plot_all(out: Path, figures: dict, energy: dict | None) -> list[str]:
     ax.legend()
     save(fig, PLOTS[3])
 
-    arms = [a for a, v in (energy or {}).items() if isinstance(v, dict) and v.get("energy_j_per_token")]
+    arms = [
+        a for a, v in (energy or {}).items() if isinstance(v, dict) and v.get("energy_j_per_token")
+    ]
     if arms:
         fig, ax = plt.subplots(figsize=(5, 3.2))
         ax.bar(arms, [energy[a]["energy_j_per_token"] for a in arms])
@@ -162,27 +215,48 @@ def plot_all(out: Path, figures: dict, energy: dict | None) -> list[str]:
 
 def markdown(report: dict, figures: dict, plots: list[str]) -> str:
     b, e = report.get("bundle", {}), report.get("energy") or {}
-    lines = ["# dflash-edge bench report", "",
-             f"Bundle `{b.get('path')}` (block {b.get('block_size')}), {report.get('prompts')} prompts, "
-             f"{report.get('max_new_tokens')} new tokens max, provider {report.get('provider')}, {report.get('created')}.",
-             f"Machine: {report.get('machine', {}).get('cpu')}, {report.get('machine', {}).get('cpus_usable')} CPUs.", "",
-             f"Speedup (median over prompts) **{report.get('speedup')}x**; plain {report.get('ar_tokens_per_s')} tok/s, "
-             f"speculative {report.get('spec_tokens_per_s')} tok/s; mean acceptance length "
-             f"{report.get('mean_acceptance_length')}; lossless {report.get('lossless')}; peak RSS "
-             f"{report.get('peak_rss_mb')} MB.", "",
-             "| category | prompts | plain tok/s | speculative tok/s | mean acceptance |", "|---|---|---|---|---|"]
+    lines = [
+        "# dflash-edge bench report",
+        "",
+        f"Bundle `{b.get('path')}` (block {b.get('block_size')}), {report.get('prompts')} prompts, "
+        f"{report.get('max_new_tokens')} new tokens max, provider {report.get('provider')}, "
+        f"{report.get('created')}.",
+        f"Machine: {report.get('machine', {}).get('cpu')}, "
+        f"{report.get('machine', {}).get('cpus_usable')} CPUs.",
+        "",
+        f"Speedup (median over prompts) **{report.get('speedup')}x**; plain "
+        f"{report.get('ar_tokens_per_s')} tok/s, "
+        f"speculative {report.get('spec_tokens_per_s')} tok/s; mean acceptance length "
+        f"{report.get('mean_acceptance_length')}; lossless {report.get('lossless')}; peak RSS "
+        f"{report.get('peak_rss_mb')} MB.",
+        "",
+        "| category | prompts | plain tok/s | speculative tok/s | mean acceptance |",
+        "|---|---|---|---|---|",
+    ]
     for name, c in figures["per_category"].items():
-        lines.append(f"| {name} | {c['prompts']} | {c['ar_tokens_per_s']} | {c['spec_tokens_per_s']} | "
-                     f"{c['mean_acceptance_length']} |")
-    lines += ["", "ms per generated token: " + "; ".join(
-        f"{arm}: " + ", ".join(f"{k} {v}" for k, v in parts.items()) for arm, parts in figures["ms_per_token"].items()),
-        "", "## Energy", ""]
+        lines.append(
+            f"| {name} | {c['prompts']} | {c['ar_tokens_per_s']} | {c['spec_tokens_per_s']} | "
+            f"{c['mean_acceptance_length']} |"
+        )
+    lines += [
+        "",
+        "ms per generated token: "
+        + "; ".join(
+            f"{arm}: " + ", ".join(f"{k} {v}" for k, v in parts.items())
+            for arm, parts in figures["ms_per_token"].items()
+        ),
+        "",
+        "## Energy",
+        "",
+    ]
     for arm, a in ((k, v) for k, v in e.items() if isinstance(v, dict)):
         if a.get("energy_j_per_token") is None:
             lines.append(f"- {arm}: not measured ({a.get('reason')})")
         else:
-            lines.append(f"- {arm}: {a['energy_j_per_token']} J/token, {a['avg_power_w']} W average "
-                         f"({e.get('meter')}: {e.get('scope')}; {e.get('covers')})")
+            lines.append(
+                f"- {arm}: {a['energy_j_per_token']} J/token, {a['avg_power_w']} W average "
+                f"({e.get('meter')}: {e.get('scope')}; {e.get('covers')})"
+            )
     lines += [""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 
@@ -195,7 +269,9 @@ def write_report(out: str | Path, report: dict, raw: list[dict]) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         plots = plot_all(tmp, figures, report.get("energy"))
-        (tmp / "report.json").write_text(json.dumps({**report, "figures": figures, "plots": plots}, indent=2) + "\n")
+        (tmp / "report.json").write_text(
+            json.dumps({**report, "figures": figures, "plots": plots}, indent=2) + "\n"
+        )
         (tmp / "report.md").write_text(markdown(report, figures, plots))
         os.chmod(tmp, 0o755)
         if out.exists():

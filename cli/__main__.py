@@ -1,4 +1,5 @@
 """`python -m dflash_edge.cli ARGS`: the same as the `dflash-edge` command."""
+
 import sys
 
 from . import main

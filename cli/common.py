@@ -1,0 +1,56 @@
+"""Options and helpers that several verbs share: thread flags, prompt sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..data import PROMPT_SETS, read_prompts
+from ..runtime.errors import DflashEdgeError
+
+
+def add_thread_args(p) -> None:
+    """`--threads` and `--no-spin`, the same on every command that loads a bundle (run, bench, tune,
+    serve)."""
+    p.add_argument(
+        "--threads", type=int, default=0, help="intra-op threads (0: one per usable CPU)"
+    )
+    p.add_argument(
+        "--no-spin",
+        dest="spin",
+        action="store_false",
+        help="intra-op threads sleep between ops instead of spinning (for cores shared with other "
+        "work)",
+    )
+
+
+def add_model_args(p, draft: bool = True) -> None:
+    """`--target` (and `--draft`): the checkpoint and drafter a verb reads, spelled alike on every
+    verb."""
+    p.add_argument(
+        "--target", default="default", help="checkpoint dir, or 'default' (SmolLM2-135M-Instruct)"
+    )
+    if draft:
+        p.add_argument(
+            "--draft",
+            default="default",
+            help="DFlash drafter dir, 'default' (the shipped one) or 'random'",
+        )
+
+
+def add_prompts_arg(p, default: str, what: str) -> None:
+
+    p.add_argument(
+        "--prompts",
+        default=None,
+        help=f"{what}: a JSONL file with a 'prompt' per line, or a shipped set "
+        f"({', '.join(sorted(PROMPT_SETS))}; default: {default})",
+    )
+
+
+def load_prompts(spec: str | Path | None, limit: int = 0, default: str = "bench") -> list[dict]:
+    """Rows {"id", "category", "prompt"} of a JSONL file or a shipped set (dflash_edge.data)."""
+
+    try:
+        return read_prompts(spec, limit, default)
+    except ValueError as err:
+        raise DflashEdgeError(str(err)) from err

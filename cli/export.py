@@ -1,0 +1,123 @@
+"""`dflash-edge export`: target + drafter -> bundle. Maps the arguments to `ExportOptions`; each
+choice ("auto" precision, KV cache, device plan, drafter precision) is export/choices.py's, so
+`export_bundle(ExportOptions(out=...))` writes the same bundle. Prints one line on the bundle's
+TensorRT readiness (engines/) after a successful export.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..engines.readiness import bundle_trt_readiness
+from ..export.choices import AUTO
+from ..export.device_plan import EXPORT_PRECISIONS
+from ..export.exporter import ExportOptions, export_bundle
+from ..export.kv_cache import KV_CACHES
+from .common import add_model_args
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--out", required=True, help="bundle directory to create")
+    add_model_args(p)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-context", type=int, default=2048)
+    p.add_argument("--prefill-chunk", type=int, default=64)
+    p.add_argument("--force", action="store_true", help="replace an existing bundle")
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=0,
+        help="draft only the N most frequent tokens (needs the drafter's draft_vocab.json; 0: all)",
+    )
+    p.add_argument(
+        "--no-verify", action="store_true", help="skip the onnxruntime-vs-torch parity check"
+    )
+    p.add_argument(
+        "--no-fused",
+        action="store_true",
+        help="write only the portable target graph (no GroupQueryAttention `target_fused` flavour)",
+    )
+    p.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="start even when the estimated peak memory exceeds what is available",
+    )
+    p.add_argument(
+        "--precision",
+        default=AUTO,
+        choices=(AUTO, *EXPORT_PRECISIONS),
+        help="the target's weights, written as each tensor is read: int4 / int8 blocks "
+        "(a GGUF source's own blocks exactly, others re-quantised), fp16, fp32; "
+        "default auto: int4 for a low-bit GGUF source or a mixture-of-experts "
+        "target, else fp32 (with --device: the plan's choice)",
+    )
+    p.add_argument(
+        "--draft-precision",
+        default=None,
+        choices=EXPORT_PRECISIONS,
+        help="the drafter's own layers (it borrows the target's embedding and head); default fp32 "
+        "(fp16 with an fp16 target: that bundle is fp16 throughout)",
+    )
+    p.add_argument(
+        "--kv-cache",
+        default=AUTO,
+        choices=(AUTO, *KV_CACHES),
+        help="the fused target's KV cache; auto: int8 for int4/int8 targets "
+        "(calibrated on the written graph), else fp32",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="plan for this device profile (`dflash-edge devices`): take the "
+        "precision and max context that fit, or refuse naming what would fit",
+    )
+
+
+def options_from(args) -> ExportOptions:
+    """The `ExportOptions` the arguments name (nothing decided here: export/choices.py decides)."""
+    return ExportOptions(
+        out=args.out,
+        target=args.target,
+        draft=args.draft,
+        block_size=args.block_size,
+        max_context=args.max_context,
+        prefill_chunk=args.prefill_chunk,
+        force=args.force,
+        verify=not args.no_verify,
+        draft_vocab=args.draft_vocab,
+        fused=not args.no_fused,
+        memory_check=not args.no_memory_check,
+        precision=args.precision,
+        draft_precision=args.draft_precision,
+        kv_cache=args.kv_cache,
+        device=args.device,
+    )
+
+
+def run(args) -> int:
+    out = export_bundle(options_from(args))
+    print(trt_readiness_line(out), file=sys.stderr)
+    return 0
+
+
+def trt_readiness_line(bundle: Path) -> str:
+    """One line: can TensorRT parse the bundle's portable graphs (engines.readiness), and if not,
+    what stops it."""
+
+    summary = bundle_trt_readiness(bundle)
+    head = f"TensorRT {summary['tensorrt_version']} readiness of {', '.join(summary['graphs'])}"
+    if summary["ok"]:
+        return f"{head}: ok (`dflash-edge build-engines {bundle}` on a GPU machine)"
+    problems = [f"{n}: {p}" for n, g in summary["graphs"].items() for p in g["problems"]]
+    low_bit = any("MatMulNBits" in p or "GatherBlockQuantized" in p for p in problems)
+    hint = (
+        (
+            "; int4/int8 graphs use onnxruntime's MatMulNBits blocks (the CPU runtime's): for "
+            "TensorRT export "
+            "with --precision fp16"
+        )
+        if low_bit
+        else ""
+    )
+    return f"{head}: not ready ({len(problems)} problem(s); the first, {problems[0]}){hint}"
