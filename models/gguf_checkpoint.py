@@ -25,6 +25,7 @@ from pathlib import Path
 from ..runtime.errors import ModelFormatError
 from ..runtime.publish import publish_dir
 from .fetch import cache_home
+from .gguf_check import check_gguf
 from .gguf_import import (
     GGUF_MAGIC,
     architecture,
@@ -42,23 +43,23 @@ from .gguf_import import (
 from .gguf_import import open_gguf as gguf_reader
 
 CONFIGS = "gguf"  # cache_home()/gguf/<stem>-<key>: the small files of each GGUF used as a target
-SOURCE = "SOURCE.json"
+SOURCE = "SOURCE.json"  # the folder's record: the file, its architecture, Q/K head counts
+FOLDER_VERSION = 1  # of what the folder holds (part of its name)
 
 
 def open_gguf(path) -> tuple["GgufCheckpoint", Path]:
     """(checkpoint over the file's tensors, folder of its config.json + tokenizer files); a bad
-    file raises one ModelFormatError / CorruptFileError naming the problem.
+    file raises one ModelFormatError / CorruptFileError naming the problem. The metadata is parsed
+    (gguf.GGUFReader) only when that folder is built; the tensor table always comes from the
+    bounded header walk (models/gguf_check.py).
 
     >>> ckpt, folder = open_gguf("model.gguf")  # doctest: +SKIP
     """
     path = Path(path).expanduser()
-    reader = gguf_reader(path)  # bounded header walk first (models/gguf_check.py)
-    arch = architecture(reader, path)
-    check_tensor_table(reader, arch, path)
-    folder = config_dir(path, reader, arch)
-    return GgufCheckpoint(
-        path, _tensor_table(reader, path), rotary_heads(reader, arch, path)
-    ), folder
+    folder = config_dir(path)
+    record = json.loads((folder / SOURCE).read_text(encoding="utf-8"))
+    table = _tensor_table(check_gguf(path).table, path)
+    return GgufCheckpoint(path, table, record["rotary_heads"]), folder
 
 
 def is_gguf(spec) -> bool:
@@ -75,16 +76,19 @@ def is_gguf(spec) -> bool:
         return f.read(len(GGUF_MAGIC)) == GGUF_MAGIC
 
 
-def config_dir(path: Path, reader=None, arch: str | None = None) -> Path:
+def config_dir(path: Path) -> Path:
     """The folder of `path`'s config.json, tokenizer.json, tokenizer_config.json and
-    generation_config.json (what `import_gguf` writes beside the weights), built once per file
-    version (path, size, mtime) in `cache_home()/gguf/`."""
+    generation_config.json (what `import_gguf` writes beside the weights) and SOURCE.json (the
+    architecture, the Q/K head counts), built once per file version (path, size, mtime) in
+    `cache_home()/gguf/`, after every check the importer makes."""
     path = Path(path).expanduser()
+    if not path.is_file():
+        raise ModelFormatError(f"GGUF file {path} does not exist; pass the path of a .gguf file.")
     out = _cache_folder(path)
-    if (out / "config.json").is_file():
+    if (out / SOURCE).is_file():
         return out
-    reader = reader if reader is not None else gguf_reader(path)
-    arch = arch or architecture(reader, path)
+    reader = gguf_reader(path)  # bounded header walk first (models/gguf_check.py)
+    arch = architecture(reader, path)
     check_tensor_table(reader, arch, path)
     shapes = {hf_tensor_name(t.name, path): _np_shape(t) for t in reader.tensors}
     config = build_config(reader, arch, shapes, path)
@@ -93,7 +97,12 @@ def config_dir(path: Path, reader=None, arch: str | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         write_config_files(tmp, reader, path, config, tokenizer)
-        record = {"gguf_file": str(path.resolve()), "weights": "read from the GGUF at export"}
+        record = {
+            "gguf_file": str(path.resolve()),
+            "weights": "read from the GGUF at export",
+            "architecture": arch,
+            "rotary_heads": rotary_heads(reader, arch, path),
+        }
         (tmp / SOURCE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         publish_dir(tmp, out)
     finally:
@@ -103,7 +112,7 @@ def config_dir(path: Path, reader=None, arch: str | None = None) -> Path:
 
 def _cache_folder(path: Path) -> Path:
     stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
+    key = f"{FOLDER_VERSION}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
     return cache_home() / CONFIGS / f"{path.stem}-{hashlib.sha256(key).hexdigest()[:16]}"
 
 
@@ -128,14 +137,19 @@ def _np_shape(t) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(t.shape.tolist()))
 
 
-def _tensor_table(reader, path: Path) -> dict[str, _Tensor]:
-    """HF name -> where its bytes are: all the checkpoint keeps of the reader (its parsed metadata
-    and memory map are dropped with it)."""
+def _tensor_table(table, path: Path) -> dict[str, _Tensor]:
+    """HF name -> where its bytes are (`table`: gguf_check's checked tensor records)."""
+    from gguf import GGMLQuantizationType
+
     return {
         hf_tensor_name(t.name, path): _Tensor(
-            t.name, t.tensor_type.name, _np_shape(t), int(t.data_offset), int(t.n_bytes)
+            t.name,
+            GGMLQuantizationType(t.qtype).name,
+            tuple(reversed(t.dims)),
+            t.offset,
+            t.nbytes,
         )
-        for t in reader.tensors
+        for t in table
     }
 
 
