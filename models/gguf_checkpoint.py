@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime.errors import ModelFormatError
+from ..runtime.errors import CorruptFileError, ModelFormatError
 from ..runtime.publish import publish_dir
 from .fetch import cache_home
 from .gguf_check import check_gguf
@@ -252,6 +252,10 @@ class GgufCheckpoint:
 
         count = (stop - start) * t.row_bytes
         raw = np.fromfile(self.root, np.uint8, count=count, offset=t.offset + start * t.row_bytes)
+        if raw.size != count:  # the file changed since its header was checked
+            raise CorruptFileError.at(
+                self.root, f"tensor {t.gguf_name!r} ends past the end of the file"
+            )
         return raw.reshape(stop - start, t.row_bytes)
 
 

@@ -137,3 +137,29 @@ def test_truncated_gguf_is_one_line_corrupt_file_error(home, tmp_path):
         _export(cut, tmp_path / "out", "int4")
     assert "\n" not in str(err.value) and "re-download" in str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_missing_or_foreign_gguf_target_is_named(home, tmp_path):
+    """A .gguf path that is not there, or not a GGUF, is refused in one line before any writing."""
+    from dflash_edge.runtime.errors import ModelFormatError
+
+    (tmp_path / "notes.gguf").write_text("not a model")
+    for name, words in (("absent.gguf", "does not exist"), ("notes.gguf", "not a GGUF file")):
+        with pytest.raises(ModelFormatError, match=words) as err:
+            _export(tmp_path / name, tmp_path / "out", "int4")
+        assert "\n" not in str(err.value)
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_file_cut_after_it_was_opened_is_named(home, tmp_path):
+    """Bytes read per tensor are checked again: a file truncated after its header was walked."""
+    from dflash_edge.models.gguf_checkpoint import open_gguf
+
+    path = tmp_path / "later.gguf"
+    path.write_bytes((home / "tiny.gguf").read_bytes())
+    ckpt, _ = open_gguf(path)
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 64)
+    last = max(ckpt.names(), key=lambda n: ckpt.tensors[n].offset)
+    with pytest.raises(CorruptFileError, match="re-download"):
+        ckpt.array(last)
