@@ -13,6 +13,8 @@ weights.
 
 Quantised tensors are dequantised to float32: the checkpoint holds exactly the weights llama.cpp
 would compute with, so it is the same model as the GGUF, not the (unquantised) upstream one.
+To export without that float32 copy, read the file in place (models/gguf_checkpoint.py, `export
+--target FILE.gguf`): the per-tensor helpers here serve both.
 """
 
 from __future__ import annotations
@@ -92,9 +94,9 @@ def import_gguf(gguf_path, out_dir, *, source: dict | None = None) -> Path:
 
         >>> import_gguf("tiny.gguf", "out/tiny", source={"license": "Apache-2.0"})  # doctest: +SKIP
     """
-    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     from safetensors.numpy import save_file
 
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     reader = open_gguf(gguf_path)
     arch = architecture(reader, gguf_path)
     tensors = read_tensors(reader, arch, gguf_path)
