@@ -20,6 +20,7 @@ from ..devices.planner import default_draft_precision
 from ..models.checkpoint import BLOCKS
 from ..models.config import TargetConfig
 from ..models.fetch import resolve_target
+from ..models.gguf_checkpoint import config_dir, is_gguf
 from ..runtime.errors import DflashEdgeError
 from ..runtime.tokenizer import ChatTokenizer
 from .device_plan import EXPORT_PRECISIONS, choose_for_device
@@ -30,7 +31,10 @@ SHORTEST_CHAT = [{"role": "user", "content": "Hi"}]
 
 
 def target_dir(target: str | None):
-    """The checkpoint folder `ExportOptions.target` names ("default" / None: the default model)."""
+    """The folder of config.json and the tokenizer that `ExportOptions.target` names ("default" /
+    None: the default model; a GGUF file: its small files, models/gguf_checkpoint.py)."""
+    if is_gguf(target):
+        return config_dir(target)
     return resolve_target(None if target in (None, "default") else target)
 
 
@@ -44,7 +48,7 @@ def resolve_choices(opts):
             opts.device, path, opts.draft, opts.block_size, context, wanted
         )
     if precision in (None, AUTO):
-        precision = auto_precision(path)
+        precision = auto_precision(path, low_bit_source=is_gguf(opts.target))
     draft = (
         opts.draft_precision
         if opts.draft_precision not in (None, AUTO)
@@ -60,11 +64,11 @@ def resolve_choices(opts):
     )
 
 
-def auto_precision(path) -> str:
-    """int4 for a checkpoint with exact low-bit blocks (a GGUF import) or a mixture of experts,
-    else fp32."""
+def auto_precision(path, low_bit_source: bool = False) -> str:
+    """int4 for a checkpoint with exact low-bit blocks (a GGUF, imported or read in place:
+    `low_bit_source`) or a mixture of experts, else fp32."""
     experts = getattr(TargetConfig.from_json(path), "num_experts", 0)
-    low_bit = (path / BLOCKS).is_file() or bool(experts)
+    low_bit = low_bit_source or (path / BLOCKS).is_file() or bool(experts)
     return "int4" if low_bit else "fp32"
 
 

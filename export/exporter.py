@@ -54,7 +54,7 @@ WRITTEN = ("fp32", "fp16", "int8", "int4")  # precisions the writer stores weigh
 @dataclass
 class ExportOptions:
     out: str | Path
-    target: str | None = "default"  # checkpoint dir or "default"
+    target: str | None = "default"  # checkpoint dir, a .gguf file (read in place) or "default"
     draft: str | None = "default"  # drafter dir, "default" (shipped) or "random"
     block_size: int = 16
     max_context: int = 2048
@@ -274,7 +274,7 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
         n: _graph_entry(tmp, n, _static_shapes(opts)[n], shared, formats[n], log) for n in paths
     }
     sources = {
-        "target": str(src.target_dir),
+        "target": str(src.target_ckpt.root),  # the checkpoint folder, or the GGUF file
         "drafter": src.draft_source,
         "export_options": _recorded_options(opts),
         "drafter_random_init": src.draft_source == "random",

@@ -25,6 +25,7 @@ from ..models.draft_config import DraftConfig
 from ..models.families import family
 from ..models.families.qwen3 import attention_spec
 from ..models.fetch import resolve_target
+from ..models.gguf_checkpoint import is_gguf, open_gguf
 from ..models.names import drafter_tensors
 from ..runtime.errors import ModelFormatError
 from .fits import check_fits, peak_weight_bytes
@@ -32,7 +33,7 @@ from .fits import check_fits, peak_weight_bytes
 
 @dataclass
 class Sources:
-    target_dir: Path
+    target_dir: Path  # config.json and tokenizer files (a GGUF's: a small folder in the cache)
     target_cfg: object  # models.config.TargetConfig
     target_ckpt: object  # models.checkpoint.Checkpoint
     draft_cfg: object  # draft_config.DraftConfig
@@ -47,9 +48,8 @@ def open_sources(opts, scratch: Path) -> Sources:
     written to `scratch`."""
     from ..runtime.tokenizer import ChatTokenizer
 
-    target_dir = resolve_target(None if opts.target in (None, "default") else opts.target)
+    target_dir, ckpt = open_target(opts.target)
     tc = TargetConfig.from_json(target_dir)
-    ckpt = Checkpoint.open(target_dir)
     ckpt.check_dtypes(tc.torch_dtype)
     if opts.memory_check:  # before any weight is read: say so now, with the estimate
         skip = ("lm_head.weight",) if tc.tie_word_embeddings else ()
@@ -81,6 +81,17 @@ def open_sources(opts, scratch: Path) -> Sources:
             None if source == "random" else source, opts.draft_vocab, tc.vocab_size
         )
     return Sources(target_dir, tc, ckpt, dc, dckpt, source, tok, vocab)
+
+
+def open_target(spec: str | None) -> tuple[Path, object]:
+    """(folder of config.json + tokenizer, checkpoint) of a target spec: a checkpoint folder, a
+    cached model's name, "default" / None, or a GGUF file read in place (models/gguf_checkpoint.py:
+    its tensors streamed from the file, only its small files written to the cache)."""
+    if is_gguf(spec):
+        ckpt, folder = open_gguf(spec)
+        return folder, ckpt
+    folder = resolve_target(None if spec in (None, "default") else spec)
+    return folder, Checkpoint.open(folder)
 
 
 class TextNames:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..runtime.errors import CorruptFileError
@@ -36,10 +36,22 @@ BYTES_PER_ITEM, FREE_ITEMS = 256, 4096
 
 
 @dataclass(frozen=True)
+class TensorInfo:
+    """One tensor record, checked: where its bytes lie in the file."""
+
+    name: str
+    dims: tuple[int, ...]  # GGUF order (innermost first)
+    qtype: int  # a GGMLQuantizationType value
+    offset: int  # absolute byte offset of its data
+    nbytes: int
+
+
+@dataclass(frozen=True)
 class GgufSummary:
     tensors: int
     items: int  # metadata array items, all arrays together
     data_end: int  # the end of the last tensor's data (bytes)
+    table: tuple[TensorInfo, ...] = ()  # every tensor, in file order
 
 
 def check_gguf(path: Path) -> GgufSummary:
@@ -121,7 +133,9 @@ def _walk(cur: _Cursor) -> GgufSummary:
     alignment = _metadata(cur, n_kv)
     tensors = [_tensor_info(cur, i) for i in range(n_tensors)]
     data_start = -(-cur.pos // alignment) * alignment
-    return GgufSummary(n_tensors, cur.items, _check_data(cur, tensors, data_start))
+    end = _check_data(cur, tensors, data_start)
+    table = tuple(replace(t, offset=data_start + t.offset) for t in tensors)
+    return GgufSummary(n_tensors, cur.items, end, table)
 
 
 def _metadata(cur: _Cursor, n_kv: int) -> int:
@@ -170,11 +184,12 @@ def _skip_array(cur: _Cursor, depth: int, what: str) -> None:
         _skip_value(cur, itype, depth + 1, what)
 
 
-def _tensor_info(cur: _Cursor, i: int) -> tuple[str, int, int]:
-    """(name, offset, bytes) of tensor record `i`, its dims and type checked."""
+def _tensor_info(cur: _Cursor, i: int) -> TensorInfo:
+    """Tensor record `i` (its offset still relative to the data section), dims and type checked."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    name = cur.string(f"tensor #{i}'s name")[:80]
+    full = cur.string(f"tensor #{i}'s name")
+    name = full[:80]  # in messages
     n_dims = cur.uint("I", f"tensor {name!r}'s dim count")
     if n_dims > MAX_DIMS:
         raise corrupt(cur.path, f"tensor {name!r} declares {n_dims} dims (GGUF allows {MAX_DIMS})")
@@ -194,13 +209,14 @@ def _tensor_info(cur: _Cursor, i: int) -> tuple[str, int, int]:
     n = 1
     for d in dims:  # Python ints: an overflow stays visible
         n *= d
-    return name, offset, n // block * type_size
+    return TensorInfo(full, tuple(dims), qtype, offset, n // block * type_size)
 
 
-def _check_data(cur: _Cursor, tensors: list[tuple[str, int, int]], start: int) -> int:
+def _check_data(cur: _Cursor, tensors: list[TensorInfo], start: int) -> int:
     """Every tensor's bytes lie inside the file; returns where the last one ends."""
     size, end = len(cur.buf), start
-    for name, offset, nbytes in tensors:
+    for t in tensors:
+        name, offset, nbytes = t.name[:80], t.offset, t.nbytes
         if start + offset + nbytes > size:
             raise corrupt(
                 cur.path,

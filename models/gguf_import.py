@@ -13,6 +13,8 @@ weights.
 
 Quantised tensors are dequantised to float32: the checkpoint holds exactly the weights llama.cpp
 would compute with, so it is the same model as the GGUF, not the (unquantised) upstream one.
+To export without that float32 copy, read the file in place (models/gguf_checkpoint.py, `export
+--target FILE.gguf`): the per-tensor helpers here serve both.
 """
 
 from __future__ import annotations
@@ -92,17 +94,20 @@ def import_gguf(gguf_path, out_dir, *, source: dict | None = None) -> Path:
 
         >>> import_gguf("tiny.gguf", "out/tiny", source={"license": "Apache-2.0"})  # doctest: +SKIP
     """
+    from safetensors.numpy import save_file
+
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     reader = open_gguf(gguf_path)
     arch = architecture(reader, gguf_path)
     tensors = read_tensors(reader, arch, gguf_path)
     blocks = read_blocks(reader, arch, gguf_path)
-    config = build_config(reader, arch, tensors, gguf_path)
+    config = build_config(reader, arch, {n: w.shape for n, w in tensors.items()}, gguf_path)
     tokenizer = build_tokenizer(reader, gguf_path)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        _write_checkpoint(tmp, reader, gguf_path, config, tensors, tokenizer)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_config_files(tmp, reader, gguf_path, config, tokenizer)
         write_blocks(tmp / BLOCKS_FILE, *blocks)
         _write_json(tmp / "SOURCE.json", _source_record(reader, gguf_path, source))
         publish_dir(tmp, out_dir)
@@ -150,52 +155,78 @@ def read_tensors(reader, arch: str, path: Path) -> dict:
     >>> read_tensors(reader, "llama", path)["model.embed_tokens.weight"].shape  # doctest: +SKIP
     (49152, 576)
     """
-    import numpy as np
-    from gguf.quants import dequantize
-
-    spec = gguf_archs()[arch]
-    present = {t.name for t in reader.tensors}
-    _check_tensor_names(present, _expected_gguf_names(reader, arch, spec, path), path)
-    n_heads = _count(reader, f"{arch}.attention.head_count", path)
-    n_kv = _count(reader, f"{arch}.attention.head_count_kv", path, default=n_heads)
-    out = {}
-    for t in reader.tensors:
-        # the reader already gives row-major numpy shapes ([out, in]), GGUF's reversed order undone
-        w = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        if spec.rotary_permuted and t.name.endswith(".attn_q.weight"):
-            w = unpermute_rotary(w, n_heads, path)
-        elif spec.rotary_permuted and t.name.endswith(".attn_k.weight"):
-            w = unpermute_rotary(w, n_kv, path)
-        out[hf_tensor_name(t.name, path)] = w
-    return out
+    check_tensor_table(reader, arch, path)
+    heads = rotary_heads(reader, arch, path)
+    # the reader already gives row-major numpy shapes ([out, in]), GGUF's reversed order undone
+    return {
+        hf_tensor_name(t.name, path): float_weight(t.data, t.tensor_type.name, t.name, heads, path)
+        for t in reader.tensors
+    }
 
 
 def read_blocks(reader, arch: str, path: Path) -> tuple[dict, dict]:
     """({HF name: NBitsWeight} for every 2-D low-bit tensor with an exact mapping, {HF name: GGUF
     type} for the low-bit ones without one); Q/K rows un-permuted like the float weights."""
-    import numpy as np
+    from .gguf_blocks import TYPES
 
-    from .gguf_blocks import TYPES, nbits_operands
-
-    spec = gguf_archs()[arch]
-    n_heads = _count(reader, f"{arch}.attention.head_count", path)
-    n_kv = _count(reader, f"{arch}.attention.head_count_kv", path, default=n_heads)
-    heads = {".attn_q.weight": n_heads, ".attn_k.weight": n_kv}
+    heads = rotary_heads(reader, arch, path)
     exact, unmapped = {}, {}
     for t in reader.tensors:
         qtype = t.tensor_type.name
-        if qtype in FLOAT_TYPES or len(t.shape) != 2:
+        if not is_low_bit(qtype, t.data.shape):
             continue
         name = hf_tensor_name(t.name, path)
         if qtype not in TYPES:
             unmapped[name] = qtype
             continue
-        w = nbits_operands(t.data, t.tensor_type, name=name)
-        suffix = next((s for s in heads if t.name.endswith(s)), None)
-        if spec.rotary_permuted and suffix:
-            w = w.rows(unpermute_rotary(np.arange(w.n), heads[suffix], path))
-        exact[name] = w
+        exact[name] = block_weight(t.data, qtype, t.name, heads, path)
     return exact, unmapped
+
+
+def is_low_bit(qtype: str, shape) -> bool:
+    """A 2-D tensor of a GGUF block type (what MatMulNBits could take exactly)."""
+    return qtype not in FLOAT_TYPES and len(shape) == 2
+
+
+def rotary_heads(reader, arch: str, path: Path) -> dict[str, int]:
+    """{GGUF name suffix: head count} of the tensors whose rows llama.cpp permuted (Q and K of a
+    `rotary_permuted` architecture); {} when it permutes none."""
+    if not gguf_archs()[arch].rotary_permuted:
+        return {}
+    n_heads = _count(reader, f"{arch}.attention.head_count", path)
+    n_kv = _count(reader, f"{arch}.attention.head_count_kv", path, default=n_heads)
+    return {".attn_q.weight": n_heads, ".attn_k.weight": n_kv}
+
+
+def hf_row_order(gguf_name: str, rows: int, heads: dict, path: Path | str = "<gguf>"):
+    """The GGUF rows of a tensor in HF order (None: the same order): row i of the HF weight is
+    GGUF row order[i]."""
+    import numpy as np
+
+    suffix = next((s for s in heads if gguf_name.endswith(s)), None)
+    return None if suffix is None else unpermute_rotary(np.arange(rows), heads[suffix], path)
+
+
+def float_weight(data, qtype: str, gguf_name: str, heads: dict, path: Path | str = "<gguf>"):
+    """One tensor (GGUFReader's `data`, or its raw bytes [rows, bytes per row]) dequantised to
+    float32, Q/K rows un-permuted (`heads`: `rotary_heads`)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    w = np.ascontiguousarray(dequantize(data, GGMLQuantizationType[qtype]), dtype=np.float32)
+    order = hf_row_order(gguf_name, w.shape[0], heads, path) if w.ndim == 2 else None
+    return w if order is None else w[order]
+
+
+def block_weight(data, qtype: str, gguf_name: str, heads: dict, path: Path | str = "<gguf>"):
+    """One low-bit tensor's exact MatMulNBits operands (models/gguf_blocks.py), Q/K rows
+    un-permuted like the float weights; UnsupportedQuantType for a type without a mapping."""
+    from .gguf_blocks import nbits_operands
+
+    w = nbits_operands(data, qtype, name=hf_tensor_name(gguf_name, path))
+    order = hf_row_order(gguf_name, w.n, heads, path)
+    return w if order is None else w.rows(order)
 
 
 def write_blocks(path: Path, exact: dict, unmapped: dict) -> None:
@@ -238,6 +269,14 @@ def hf_tensor_name(gguf_name: str, path: Path | str = "<gguf>") -> str:
     )
 
 
+def check_tensor_table(reader, arch: str, path: Path) -> None:
+    """Every tensor the architecture needs is present and every tensor has an HF name; else one
+    ModelFormatError naming them."""
+    present = {t.name for t in reader.tensors}
+    expected = _expected_gguf_names(reader, arch, gguf_archs()[arch], path)
+    _check_tensor_names(present, expected, path)
+
+
 def _expected_gguf_names(reader, arch: str, spec: ArchSpec, path: Path) -> set[str]:
     n_layers = _count(reader, f"{arch}.block_count", path, limit=len(reader.tensors))
     per_layer = [
@@ -278,9 +317,9 @@ def _some(names: list[str], n: int = 5) -> str:
     return ", ".join(names[:n]) + (f" (+{len(names) - n} more)" if len(names) > n else "")
 
 
-def build_config(reader, arch: str, tensors: dict, path: Path) -> dict:
+def build_config(reader, arch: str, shapes: dict, path: Path) -> dict:
     """The HF `config.json` dict for this file (fields named as transformers' config classes name
-    them)."""
+    them); `shapes`: {HF tensor name: shape}."""
     spec = gguf_archs()[arch]
 
     def key(name, default=...):
@@ -288,7 +327,7 @@ def build_config(reader, arch: str, tensors: dict, path: Path) -> dict:
 
     hidden, n_heads = key("embedding_length"), key("attention.head_count")
     head_dim = key("attention.key_length", default=hidden // n_heads)
-    q_rows = tensors["model.layers.0.self_attn.q_proj.weight"].shape[0]
+    q_rows = shapes["model.layers.0.self_attn.q_proj.weight"][0]
     if q_rows != n_heads * head_dim:
         raise ModelFormatError(
             f"{path}: attn_q has {q_rows} rows but {arch}.attention.head_count={n_heads} x "
@@ -298,7 +337,7 @@ def build_config(reader, arch: str, tensors: dict, path: Path) -> dict:
     return {
         "architectures": [spec.hf_class],
         "model_type": spec.model_type,
-        "vocab_size": int(tensors["model.embed_tokens.weight"].shape[0]),
+        "vocab_size": int(shapes["model.embed_tokens.weight"][0]),
         "hidden_size": hidden,
         "intermediate_size": key("feed_forward_length"),
         "num_hidden_layers": key("block_count"),
@@ -310,7 +349,7 @@ def build_config(reader, arch: str, tensors: dict, path: Path) -> dict:
         "rope_theta": _f32(key("rope.freq_base", default=10000.0)),
         "rope_scaling": _rope_scaling(reader, arch, path),
         "max_position_embeddings": key("context_length"),
-        "tie_word_embeddings": "lm_head.weight" not in tensors,
+        "tie_word_embeddings": "lm_head.weight" not in shapes,
         "attention_bias": spec.qkv_bias,
         "mlp_bias": False,
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id", path, default=None),
@@ -447,16 +486,13 @@ def _generation_config(reader, config: dict, path: Path) -> dict:
     }
 
 
-def _write_checkpoint(
-    tmp: Path, reader, path: Path, config: dict, tensors: dict, tokenizer
-) -> None:
-    from safetensors.numpy import save_file
-
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(tmp / "config.json", config)
-    tokenizer.save(str(tmp / "tokenizer.json"))
-    _write_json(tmp / "tokenizer_config.json", _tokenizer_config(reader, config, path))
-    _write_json(tmp / "generation_config.json", _generation_config(reader, config, path))
+def write_config_files(folder: Path, reader, path: Path, config: dict, tokenizer) -> None:
+    """config.json, tokenizer.json, tokenizer_config.json and generation_config.json into
+    `folder`: everything of a checkpoint but its weights."""
+    _write_json(folder / "config.json", config)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    _write_json(folder / "tokenizer_config.json", _tokenizer_config(reader, config, path))
+    _write_json(folder / "generation_config.json", _generation_config(reader, config, path))
 
 
 def _source_record(reader, gguf_path: Path, source: dict | None) -> dict:

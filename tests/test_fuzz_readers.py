@@ -83,7 +83,7 @@ def _import_gguf(path: Path) -> None:
     arch = architecture(reader, path)
     tensors = read_tensors(reader, arch, path)
     read_blocks(reader, arch, path)
-    build_config(reader, arch, tensors, path)
+    build_config(reader, arch, {n: w.shape for n, w in tensors.items()}, path)
     build_tokenizer(reader, path)
 
 
