@@ -25,6 +25,7 @@ from ..models.draft_config import DraftConfig
 from ..models.families import family
 from ..models.families.qwen3 import attention_spec
 from ..models.fetch import resolve_target
+from ..models.locate import drafter_folder
 from ..models.names import drafter_tensors
 from ..runtime.errors import ModelFormatError
 from .fits import check_fits, peak_weight_bytes
@@ -78,7 +79,7 @@ def open_sources(opts, scratch: Path) -> Sources:
         from ..models.draft_vocab import load_draft_vocab
 
         vocab = load_draft_vocab(
-            None if source == "random" else source, opts.draft_vocab, tc.vocab_size
+            None if source == "random" else draft_dir, opts.draft_vocab, tc.vocab_size
         )
     return Sources(target_dir, tc, ckpt, dc, dckpt, source, tok, vocab)
 
@@ -121,8 +122,8 @@ def _not_text(ckpt) -> tuple[str, ...]:
 
 
 def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple[Path, str]:
-    """(z-lab drafter folder, source label) for `spec`: a folder, 'default' (shipped) or 'random'
-    (written to `scratch`)."""
+    """(z-lab drafter folder, source label) for `spec`: a folder or hub id, 'default' (shipped) or
+    'random' (written to `scratch`)."""
     target_cfg = family(target_cfg.model_type).dense_view(target_cfg)  # a drafter's dims are dense
     if spec in (None, "default"):
         from ..models.resolve_drafter import default_drafter_path
@@ -139,7 +140,7 @@ def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple
         return save_drafter(
             random_drafter_for(target_cfg, tokenizer), Path(scratch) / "random-drafter"
         ), "random"
-    return Path(spec).expanduser(), str(spec)
+    return drafter_folder(spec), str(spec)
 
 
 def open_drafter(path: Path, target_cfg):

@@ -25,6 +25,7 @@ from pathlib import Path
 from ..runtime.errors import DflashEdgeError, ModelFormatError
 from .checkpoint import BLOCKS
 from .gguf_import import import_gguf, sha256_file
+from .locate import checkpoint_for, locate
 
 DEFAULT_MODEL = {
     "name": "smollm2-135m-instruct",
@@ -170,23 +171,26 @@ def _read_source(ckpt: Path) -> dict:
 def resolve_target(spec: str | None) -> Path:
     """A target checkpoint directory from a CLI/API spec.
 
-    `None` or "default" -> the default model (fetched on first use); a directory holding
-    `config.json`; or the name of a model already imported into the cache.
+    `None` or "default" -> the default model (fetched on first use); the name of a model already
+    imported into the cache; a directory holding `config.json`; a `.gguf` file (imported once,
+    `locate.checkpoint_for`); or a hub id `org/name[:QUANT][@REVISION]` (models/locate.py).
 
         >>> resolve_target("default").name  # doctest: +SKIP
         'smollm2-135m-instruct'
     """
     if spec is None or spec == "default":
         return fetch_default_model()
-    path = Path(spec).expanduser()
+    cached = models_dir() / spec
+    if not Path(spec).expanduser().exists() and (cached / "config.json").is_file():
+        return cached
+    path = locate(spec, "target")
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return checkpoint_for(path, models_dir())
     if (path / "config.json").is_file():
         return path
-    cached = models_dir() / spec
-    if not path.exists() and (cached / "config.json").is_file():
-        return cached
-    what = "has no config.json" if path.is_dir() else "does not exist"
+    what = "has no config.json" if path.is_dir() else "is neither a folder nor a .gguf file"
     raise ModelFormatError(
-        f"target {spec!r} {what}; pass a Hugging Face checkpoint directory, or run `dflash-edge "
-        "fetch` "
-        "(default model) or `dflash-edge fetch --gguf FILE.gguf` to create one."
+        f"target {spec!r} {what}; pass a Hugging Face checkpoint directory, a .gguf file or a hub "
+        "id, or run `dflash-edge fetch` (default model) or `dflash-edge fetch --gguf FILE.gguf` "
+        "to create one."
     )
