@@ -23,9 +23,12 @@ from ..runtime.errors import ModelFormatError
 from ..runtime.publish import publish_dir
 from .checkpoint import Checkpoint
 from .config import TargetConfig
-from .draft_config import (
+from .draft_config import (  # noqa: F401  (re-exported: callers import them from here)
+    SMOLLM2_MASK_TOKEN,
+    ZLAB_MODEL_CLASS,
     DraftConfig,
-)  # noqa: F401
+    default_target_layer_ids,
+)
 from .families.qwen3 import attention_spec
 from .graphs import DrafterGraph, _split_layers, _stack_layers
 from .layers import DecoderLayer, RMSNorm, RotaryTable

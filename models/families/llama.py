@@ -1,7 +1,15 @@
 """Llama family (SmolLM2, Llama 3.x): optional bias on all four attention projections."""
 
-from ..dense_family import (
-    dense_view,  # noqa: F401
+from ..dense_family import (  # noqa: F401  (the family interface, re-exported)
+    Config,
+    check_tensors,
+    dense_view,
+    manifest_fields,
+    mlp_specs,
+    planner_dims,
+    reference,
+    tensors,
+    text_prefix,
 )
 from ..spec import ArchSpec, AttentionSpec
 

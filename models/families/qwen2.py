@@ -1,7 +1,15 @@
 """Qwen2 / Qwen2.5 family: q/k/v projections always carry a bias, o_proj never does."""
 
-from ..dense_family import (
-    dense_view,  # noqa: F401
+from ..dense_family import (  # noqa: F401  (the family interface, re-exported)
+    Config,
+    check_tensors,
+    dense_view,
+    manifest_fields,
+    mlp_specs,
+    planner_dims,
+    reference,
+    tensors,
+    text_prefix,
 )
 from ..spec import ArchSpec, AttentionSpec
 

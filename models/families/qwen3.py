@@ -1,7 +1,15 @@
 """Qwen3 family (and DFlash drafters): per-head RMSNorm on queries and keys before RoPE."""
 
-from ..dense_family import (
-    dense_view,  # noqa: F401
+from ..dense_family import (  # noqa: F401  (the family interface, re-exported)
+    Config,
+    check_tensors,
+    dense_view,
+    manifest_fields,
+    mlp_specs,
+    planner_dims,
+    reference,
+    tensors,
+    text_prefix,
 )
 from ..spec import ArchSpec, AttentionSpec
 

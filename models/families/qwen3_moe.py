@@ -22,8 +22,13 @@ from __future__ import annotations
 import re
 
 from ...runtime.errors import ModelFormatError
-from ..dense_family import (
-    tensors,  # noqa: F401
+from ..dense_family import (  # noqa: F401  (the dense parts of the interface, re-exported)
+    Config,
+    dense_view,
+    planner_dims,
+    reference,
+    tensors,
+    text_prefix,
 )
 from ..names import moe_tensors  # noqa: F401
 from ..spec import MoESpec
