@@ -8,7 +8,7 @@ Hub ids (resolved through huggingface_hub, imported only when one is named):
     org/name:QUANT@REVISION (llama.cpp's `-hf` spelling: `Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M`)
 
 The hub's own settings apply: its cache (`HF_HUB_CACHE`, `HF_HOME`), `HF_HUB_OFFLINE`, its token
-(`HF_TOKEN`, `huggingface-cli login`). Online, only the files the exporter reads are downloaded
+(`HF_TOKEN`, `hf auth login`). Online, only the files the exporter reads are downloaded
 (`SNAPSHOT_FILES`, or the one GGUF), with the hub's progress bars; offline or without a network,
 the cache alone answers. An existing path always wins over a hub id of the same spelling.
 
@@ -146,13 +146,13 @@ def hub_files(hub: HubId, what: str, patterns: tuple[str, ...] = SNAPSHOT_FILES)
     except errors.GatedRepoError as err:
         raise ModelFormatError(
             f"--{what} {hub}: the hub repo {hub.repo} is gated and no token with access was found; "
-            f"accept its terms on https://huggingface.co/{hub.repo}, then run `huggingface-cli "
+            f"accept its terms on https://huggingface.co/{hub.repo}, then run `hf auth "
             "login` or set HF_TOKEN"
         ) from err
     except errors.RepositoryNotFoundError as err:
         raise ModelFormatError(
             f"--{what} {hub}: the hub has no repo {hub.repo} this machine may read (a typo, or a "
-            "private repo without a token); check the id, or run `huggingface-cli login` or set "
+            "private repo without a token); check the id, or run `hf auth login` or set "
             "HF_TOKEN"
         ) from err
     except errors.RevisionNotFoundError as err:
@@ -165,7 +165,7 @@ def hub_files(hub: HubId, what: str, patterns: tuple[str, ...] = SNAPSHOT_FILES)
     except errors.HfHubHTTPError as err:
         raise ModelFormatError(
             f"--{what} {hub}: the hub refused the download ({_first_line(err)}); retry, or "
-            "download it with `huggingface-cli download` and pass the folder"
+            "download it with `hf download` and pass the folder"
         ) from err
 
 
@@ -212,7 +212,8 @@ def _repo_files(hub: HubId) -> list[str]:
 
     if not hub_offline():
         try:
-            return HfApi().list_repo_files(hub.repo, revision=hub.revision)
+            info = HfApi().model_info(hub.repo, revision=hub.revision)  # one request, no retries
+            return [s.rfilename for s in info.siblings or ()]
         except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError):
             raise
         except Exception:  # noqa: BLE001 (no network, hub down: the cache may still answer)
@@ -264,7 +265,8 @@ def not_cached(hub: HubId, what: str, err: Exception) -> ModelFormatError:
     cache, repo = hub_cache(), hub_cache() / repo_folder(hub.repo)
     why = "HF_HUB_OFFLINE is set" if hub_offline() else "the hub cannot be reached"
     rev = f" --revision {hub.revision}" if hub.revision else ""
-    fix = f"download it with `huggingface-cli download {hub.repo}{rev}`" + (
+    only = f" --include '*{hub.quant}*.gguf'" if hub.quant else ""
+    fix = f"download it with `hf download {hub.repo}{rev}{only}`" + (
         " or unset HF_HUB_OFFLINE" if hub_offline() else ""
     )
     if (repo / "snapshots").is_dir() and cached_snapshot(hub) is None:

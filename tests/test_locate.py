@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -139,7 +140,7 @@ def test_no_snapshot_while_offline_says_where_and_how(cache):
         fetch.resolve_target("org/absent")
     msg = str(err.value)
     assert "no snapshot of org/absent" in msg and str(cache) in msg and "\n" not in msg
-    assert "huggingface-cli download org/absent" in msg and "HF_HUB_OFFLINE" in msg
+    assert "hf download org/absent" in msg and "HF_HUB_OFFLINE" in msg
 
 
 def test_revision_not_in_cache_lists_cached_ones(cache):
@@ -163,8 +164,8 @@ def _hub_error(cls, status: int):
 @pytest.mark.parametrize(
     "name,status,words",
     [
-        ("GatedRepoError", 401, ("gated", "HF_TOKEN", "huggingface-cli login")),
-        ("RepositoryNotFoundError", 404, ("no repo org/secret", "HF_TOKEN", "huggingface-cli")),
+        ("GatedRepoError", 401, ("gated", "HF_TOKEN", "hf auth login")),
+        ("RepositoryNotFoundError", 404, ("no repo org/secret", "HF_TOKEN", "hf auth login")),
     ],
 )
 def test_gated_or_private_repo_without_token(cache, monkeypatch, name, status, words):
@@ -297,3 +298,31 @@ def test_quantize_and_devices_plan_take_hub_ids(cache):
     assert not _available("/no/such/folder")
     plan = ["devices", "plan", "--target", "org/tiny", "--draft", "org/tiny-dflash"]
     assert main(plan + ["--device", "rtx-4090-24gb", "--context", "256", "--json"]) == 0
+
+
+def test_online_gguf_repo_downloads_the_one_file(cache, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    path = tmp_path / "x.gguf"
+    write_tiny_gguf(path)
+    snapshot = add_to_cache(cache, "org/m-GGUF", {"m-Q8_0.gguf": path.read_bytes()})
+    calls = []
+
+    def download(repo, filename, **kwargs):
+        calls.append((repo, filename, kwargs))
+        return str(snapshot / filename)
+
+    names = ["README.md", "m-Q4_K_M.gguf", "m-Q8_0.gguf", "mmproj-m-Q8_0.gguf"]
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    info = SimpleNamespace(siblings=[SimpleNamespace(rfilename=n) for n in names])
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", lambda self, *a, **k: info)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    ckpt = fetch.resolve_target("org/m-GGUF:Q8_0@v1")
+    assert json.loads((ckpt / "SOURCE.json").read_text())["gguf_file"] == "m-Q8_0.gguf"
+    ((repo, filename, kw),) = calls
+    assert (repo, filename, kw["revision"], kw["local_files_only"]) == (
+        "org/m-GGUF",
+        "m-Q8_0.gguf",
+        "v1",
+        False,
+    )
