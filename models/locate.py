@@ -294,16 +294,20 @@ def _cached_revisions(repo: Path) -> list[str]:
 
 def checkpoint_for(gguf: Path, home: Path) -> Path:
     """The checkpoint folder under `home` imported from the GGUF file `gguf` (models/gguf_import),
-    reusing an earlier import of the same file (same size and mtime, else same sha256).
+    reusing an earlier import of the same file (same path, size and mtime, else same sha256).
 
     The one place a GGUF becomes a folder for --target: a streamed GGUF source replaces it."""
     gguf = Path(gguf).expanduser()
     if not gguf.is_file():
         raise ModelFormatError(f"GGUF file {gguf} does not exist; pass the path of a .gguf file")
     st = gguf.stat()
-    stamp = {"gguf_size": st.st_size, "gguf_mtime_ns": st.st_mtime_ns}
+    stamp = {
+        "gguf_path": str(gguf.resolve()),
+        "gguf_size": st.st_size,
+        "gguf_mtime_ns": st.st_mtime_ns,
+    }
     same = home / gguf.stem
-    if _source(same).get("gguf_file") == gguf.name and _stamped(same, stamp):
+    if _stamped(same, stamp):  # the same file, untouched since it was imported
         return same
     digest = sha256_file(gguf)
     for out in (same, home / f"{gguf.stem}-{digest[:12]}"):

@@ -225,6 +225,10 @@ def test_gguf_path_is_imported_once(cache, tmp_path, monkeypatch):
     os.utime(path, ns=(0, 0))
     assert fetch.resolve_target(str(path)) == first  # touched, same bytes: by sha256
     assert json.loads((first / "SOURCE.json").read_text())["gguf_mtime_ns"] == 0
+    copy = tmp_path / "elsewhere" / path.name
+    copy.parent.mkdir()
+    copy.write_bytes(path.read_bytes())
+    assert fetch.resolve_target(str(copy)) == first  # a copy of the same bytes
 
     monkeypatch.undo()
     monkeypatch.setenv("DFLASH_EDGE_HOME", str(tmp_path / "home"))
