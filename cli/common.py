@@ -27,13 +27,17 @@ def add_model_args(p, draft: bool = True) -> None:
     """`--target` (and `--draft`): the checkpoint and drafter a verb reads, spelled alike on every
     verb."""
     p.add_argument(
-        "--target", default="default", help="checkpoint dir, or 'default' (SmolLM2-135M-Instruct)"
+        "--target",
+        default="default",
+        help="checkpoint dir, .gguf file, hub id org/name[@REV] (org/name:QUANT for a GGUF repo; "
+        "HF cache, HF_HUB_OFFLINE honoured), or 'default' (SmolLM2-135M-Instruct)",
     )
     if draft:
         p.add_argument(
             "--draft",
             default="default",
-            help="DFlash drafter dir, 'default' (the shipped one) or 'random'",
+            help="DFlash drafter dir or hub id org/name[@REV], 'default' (the shipped one) or "
+            "'random'",
         )
 
 

@@ -27,6 +27,9 @@ from ..devices.planner import (
 )
 from ..devices.profiles import get_profile, load_profiles
 from ..models import planner_dims
+from ..models.fetch import target_files
+from ..models.gguf_checkpoint import config_dir, is_gguf
+from ..models.locate import config_folder, drafter_folder
 from ..runtime.bundle import read_bundle
 
 DEFAULT_TAU = 2.0
@@ -41,10 +44,13 @@ def add_arguments(p) -> None:
         "--model",
         help="a preset: smollm2-135m, qwen3-4b, qwen3-8b, llama-3.1-8b, qwen3-coder-30b-a3b",
     )
-    q.add_argument("--target", help="a Hugging Face checkpoint directory (its config.json)")
+    q.add_argument(
+        "--target", help="a checkpoint dir, .gguf file or hub id org/name[@REV] (its config.json)"
+    )
     q.add_argument(
         "--draft",
-        help="with --target: the DFlash drafter's directory (default: the z-lab recipe, 5 layers)",
+        help="with --target: the DFlash drafter's folder or hub id (default: the z-lab recipe, "
+        "5 layers)",
     )
     q.add_argument("--device", help="profile name (default: the detected device)")
     q.add_argument(
@@ -127,13 +133,26 @@ def request_from_args(args) -> PlanRequest:
     )
 
 
-def checkpoint_dims(target_dir: str, draft_dir: str | None) -> tuple[ModelDims, DraftDims]:
-    target = planner_dims(_read_json(Path(target_dir) / "config.json"))
-    if draft_dir:
+def checkpoint_dims(target_spec: str, draft_spec: str | None) -> tuple[ModelDims, DraftDims]:
+    """Dims from the config.json of a target (folder, .gguf or hub id) and optional drafter."""
+    target = planner_dims(_read_json(_model_dir(target_spec, "target") / "config.json"))
+    if draft_spec:
+        draft_dir = _model_dir(draft_spec, "draft")
         return target, draft_dims_from_config(
-            _read_json(Path(draft_dir) / "config.json"), f"{draft_dir}/config.json"
+            _read_json(draft_dir / "config.json"), f"{draft_dir}/config.json"
         )
     return target, recipe_drafter(target)
+
+
+def _model_dir(spec: str, what: str) -> Path:
+    """The folder holding the config.json of `spec`: a hub id fetches that file alone."""
+    folder = config_folder(spec, what)
+    if folder is not None:
+        return folder
+    if what != "target":
+        return drafter_folder(spec)
+    path = target_files(spec)  # a GGUF: its small files only, never an import of its weights
+    return config_dir(path) if is_gguf(path) else path
 
 
 def _read_json(path: Path) -> dict:

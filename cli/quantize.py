@@ -25,12 +25,13 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--target-checkpoint",
         default=None,
-        help="the target checkpoint, when the one the bundle records is not here",
+        help="the target checkpoint (dir, .gguf or hub id), when the one the bundle records is "
+        "not here",
     )
     p.add_argument(
         "--draft-checkpoint",
         default=None,
-        help="the drafter checkpoint, when the one the bundle records is not here",
+        help="the drafter checkpoint (dir or hub id), when the one the bundle records is not here",
     )
     add_kv_cache_argument(p)
     add_settings_arguments(p)

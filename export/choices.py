@@ -19,7 +19,7 @@ import dataclasses
 from ..devices.planner import default_draft_precision
 from ..models.checkpoint import BLOCKS
 from ..models.config import TargetConfig
-from ..models.fetch import resolve_target
+from ..models.fetch import target_files
 from ..models.gguf_checkpoint import config_dir, is_gguf
 from ..runtime.errors import DflashEdgeError
 from ..runtime.tokenizer import ChatTokenizer
@@ -33,9 +33,8 @@ SHORTEST_CHAT = [{"role": "user", "content": "Hi"}]
 def target_dir(target: str | None):
     """The folder of config.json and the tokenizer that `ExportOptions.target` names ("default" /
     None: the default model; a GGUF file: its small files, models/gguf_checkpoint.py)."""
-    if is_gguf(target):
-        return config_dir(target)
-    return resolve_target(None if target in (None, "default") else target)
+    path = target_files(target)
+    return config_dir(path) if is_gguf(path) else path
 
 
 def resolve_choices(opts):
@@ -48,7 +47,7 @@ def resolve_choices(opts):
             opts.device, path, opts.draft, opts.block_size, context, wanted
         )
     if precision in (None, AUTO):
-        precision = auto_precision(path, low_bit_source=is_gguf(opts.target))
+        precision = auto_precision(path, low_bit_source=is_gguf(target_files(opts.target)))
     draft = (
         opts.draft_precision
         if opts.draft_precision not in (None, AUTO)

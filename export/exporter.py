@@ -54,7 +54,7 @@ WRITTEN = ("fp32", "fp16", "int8", "int4")  # precisions the writer stores weigh
 @dataclass
 class ExportOptions:
     out: str | Path
-    target: str | None = "default"  # checkpoint dir, a .gguf file (read in place) or "default"
+    target: str | None = "default"  # checkpoint dir, .gguf file (read in place), hub id, "default"
     draft: str | None = "default"  # drafter dir, "default" (shipped) or "random"
     block_size: int = 16
     max_context: int = 2048

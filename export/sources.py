@@ -24,8 +24,9 @@ from ..models.config import TargetConfig
 from ..models.draft_config import DraftConfig
 from ..models.families import family
 from ..models.families.qwen3 import attention_spec
-from ..models.fetch import resolve_target
+from ..models.fetch import target_files
 from ..models.gguf_checkpoint import is_gguf, open_gguf
+from ..models.locate import drafter_folder
 from ..models.names import drafter_tensors
 from ..runtime.errors import ModelFormatError
 from .fits import check_fits, peak_weight_bytes
@@ -78,7 +79,7 @@ def open_sources(opts, scratch: Path) -> Sources:
         from ..models.draft_vocab import load_draft_vocab
 
         vocab = load_draft_vocab(
-            None if source == "random" else source, opts.draft_vocab, tc.vocab_size
+            None if source == "random" else draft_dir, opts.draft_vocab, tc.vocab_size
         )
     return Sources(target_dir, tc, ckpt, dc, dckpt, source, tok, vocab)
 
@@ -87,11 +88,11 @@ def open_target(spec: str | None) -> tuple[Path, object]:
     """(folder of config.json + tokenizer, checkpoint) of a target spec: a checkpoint folder, a
     cached model's name, "default" / None, or a GGUF file read in place (models/gguf_checkpoint.py:
     its tensors streamed from the file, only its small files written to the cache)."""
-    if is_gguf(spec):
-        ckpt, folder = open_gguf(spec)
+    path = target_files(spec)
+    if is_gguf(path):
+        ckpt, folder = open_gguf(path)
         return folder, ckpt
-    folder = resolve_target(None if spec in (None, "default") else spec)
-    return folder, Checkpoint.open(folder)
+    return path, Checkpoint.open(path)
 
 
 class TextNames:
@@ -132,8 +133,8 @@ def _not_text(ckpt) -> tuple[str, ...]:
 
 
 def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple[Path, str]:
-    """(z-lab drafter folder, source label) for `spec`: a folder, 'default' (shipped) or 'random'
-    (written to `scratch`)."""
+    """(z-lab drafter folder, source label) for `spec`: a folder or hub id, 'default' (shipped) or
+    'random' (written to `scratch`)."""
     target_cfg = family(target_cfg.model_type).dense_view(target_cfg)  # a drafter's dims are dense
     if spec in (None, "default"):
         from ..models.resolve_drafter import default_drafter_path
@@ -150,7 +151,7 @@ def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple
         return save_drafter(
             random_drafter_for(target_cfg, tokenizer), Path(scratch) / "random-drafter"
         ), "random"
-    return Path(spec).expanduser(), str(spec)
+    return drafter_folder(spec), str(spec)
 
 
 def open_drafter(path: Path, target_cfg):

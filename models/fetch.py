@@ -25,6 +25,7 @@ from pathlib import Path
 from ..runtime.errors import DflashEdgeError, ModelFormatError
 from .checkpoint import BLOCKS
 from .gguf_import import import_gguf, sha256_file
+from .locate import checkpoint_for, locate
 
 DEFAULT_MODEL = {
     "name": "smollm2-135m-instruct",
@@ -167,26 +168,32 @@ def _read_source(ckpt: Path) -> dict:
         return {}
 
 
-def resolve_target(spec: str | None) -> Path:
-    """A target checkpoint directory from a CLI/API spec.
+def target_files(spec: str | None) -> Path:
+    """Where a target spec's files are: a checkpoint folder, or a `.gguf` file (local, or a hub
+    GGUF repo's file) as it is, not imported. `None` / "default": the default model.
 
-    `None` or "default" -> the default model (fetched on first use); a directory holding
-    `config.json`; or the name of a model already imported into the cache.
-
-        >>> resolve_target("default").name  # doctest: +SKIP
+        >>> target_files("default").name  # doctest: +SKIP
         'smollm2-135m-instruct'
     """
     if spec is None or spec == "default":
         return fetch_default_model()
-    path = Path(spec).expanduser()
-    if (path / "config.json").is_file():
-        return path
     cached = models_dir() / spec
-    if not path.exists() and (cached / "config.json").is_file():
+    if not Path(spec).expanduser().exists() and (cached / "config.json").is_file():
         return cached
-    what = "has no config.json" if path.is_dir() else "does not exist"
+    path = locate(spec, "target")
+    if (path.is_file() and path.suffix.lower() == ".gguf") or (path / "config.json").is_file():
+        return path
+    what = "has no config.json" if path.is_dir() else "is neither a folder nor a .gguf file"
     raise ModelFormatError(
-        f"target {spec!r} {what}; pass a Hugging Face checkpoint directory, or run `dflash-edge "
-        "fetch` "
-        "(default model) or `dflash-edge fetch --gguf FILE.gguf` to create one."
+        f"target {spec!r} {what}; pass a Hugging Face checkpoint directory, a .gguf file or a hub "
+        "id, or run `dflash-edge fetch` (default model) or `dflash-edge fetch --gguf FILE.gguf` "
+        "to create one."
     )
+
+
+def resolve_target(spec: str | None) -> Path:
+    """A target checkpoint directory from a CLI/API spec (`target_files`; a `.gguf` file is
+    imported once into the cache, `locate.checkpoint_for`, for the torch reference's readers).
+    Export reads a GGUF in place instead (export/sources.open_target)."""
+    path = target_files(spec)
+    return checkpoint_for(path, models_dir()) if path.is_file() else path

@@ -7,6 +7,7 @@ import sys
 
 from ..data import shipped_drafter
 from .drafter import DraftConfig, load_drafter, new_drafter
+from .locate import drafter_folder
 
 # Tokens tried, in order, as the mask id of a freshly initialised drafter (the first one in the
 # vocabulary wins).
@@ -54,8 +55,8 @@ def default_drafter_path(target_config):
 
 
 def resolve_drafter(spec: str | None, target, tokenizer):
-    """`spec`: a drafter directory, 'default' (the drafter shipped for the default target) or
-    'random'."""
+    """`spec`: a drafter directory or hub id, 'default' (the drafter shipped for the default
+    target) or 'random'."""
     if spec in (None, "default"):
         path = default_drafter_path(target.config)
         if path is not None:
@@ -64,7 +65,7 @@ def resolve_drafter(spec: str | None, target, tokenizer):
     if spec == "random":
         print(RANDOM_WARNING, file=sys.stderr)
         return _tagged(random_drafter(target, tokenizer), "random")
-    return _tagged(load_drafter(spec, target_config=target.config), str(spec))
+    return _tagged(load_drafter(drafter_folder(spec), target_config=target.config), str(spec))
 
 
 def _tagged(drafter, source: str):

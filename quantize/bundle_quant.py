@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..export.exporter import ExportOptions, export_bundle
+from ..models.locate import looks_like_hub_id
 from ..runtime import bundle as bundle_mod
 from .precisions import QuantizeError, QuantSettings, check_precision
 from .quality import ReportOptions, format_report, quality_report, write_report
@@ -78,11 +79,11 @@ def recorded_options(manifest: dict, opts: QuantizeOptions) -> dict:
 
 
 def _available(spec) -> bool:
-    """A checkpoint spec that can be read: a folder that exists, a hub id / "default" / "random"."""
+    """A checkpoint spec that can be read: a folder or .gguf file that exists, a hub id
+    (`org/name[:QUANT][@REVISION]`, resolved later), "default" or "random"."""
     if spec in (None, "default", "random"):
         return True
-    path = Path(spec).expanduser()
-    return path.exists() or (not path.is_absolute() and len(path.parts) == 2)  # org/name: hub id
+    return Path(spec).expanduser().exists() or looks_like_hub_id(spec)
 
 
 def quantize_bundle(opts: QuantizeOptions, log=None) -> Path:
