@@ -85,23 +85,23 @@ def test_existing_output_needs_force(tiny_checkpoints, tmp_path):
 
 
 def test_interrupted_export_leaves_nothing(tiny_checkpoints, tmp_path, monkeypatch):
-    from dflash_edge.export import exporter
+    from dflash_edge.export import parity
 
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(exporter, "check_graphs", boom)  # where the exporter looks it up
+    monkeypatch.setattr(parity, "check_graphs", boom)
     with pytest.raises(KeyboardInterrupt):
         _export(tmp_path, tiny_checkpoints["qwen3"][1], 4)
     assert not (tmp_path / "bundle4").exists() and not list(tmp_path.glob(".bundle4*"))
 
 
 def test_parity_failure_names_graph_and_output(tiny_checkpoints, tmp_path, monkeypatch):
-    from dflash_edge.export import exporter, parity
+    from dflash_edge.export import parity
 
     strict = parity.Tolerance(logits=0.0, hidden=0.0, kv=0.0)
     real = parity.check_graphs
-    monkeypatch.setattr(exporter, "check_graphs", lambda *a, **k: real(*a, **{**k, "tol": strict}))
+    monkeypatch.setattr(parity, "check_graphs", lambda *a, **k: real(*a, **{**k, "tol": strict}))
     with pytest.raises(
         parity.ParityError, match=r"graph 'target' output 'logits': max abs diff .* > 0 vs torch"
     ):

@@ -144,7 +144,7 @@ def test_missing_or_foreign_gguf_target_is_named(home, tmp_path):
     from dflash_edge.runtime.errors import ModelFormatError
 
     (tmp_path / "notes.gguf").write_text("not a model")
-    for name, words in (("absent.gguf", "does not exist"), ("notes.gguf", "not a GGUF file")):
+    for name, words in (("absent.gguf", "no such GGUF file"), ("notes.gguf", "not a GGUF file")):
         with pytest.raises(ModelFormatError, match=words) as err:
             _export(tmp_path / name, tmp_path / "out", "int4")
         assert "\n" not in str(err.value)
