@@ -30,16 +30,11 @@ AUTO = "auto"
 SHORTEST_CHAT = [{"role": "user", "content": "Hi"}]
 
 
-def target_dir(target: str | None):
-    """The folder of config.json and the tokenizer that `ExportOptions.target` names ("default" /
-    None: the default model; a GGUF file: its small files, models/gguf_checkpoint.py)."""
-    path = target_files(target)
-    return config_dir(path) if is_gguf(path) else path
-
-
 def resolve_choices(opts):
     """`opts` (ExportOptions), each "auto" replaced by its choice; checks the shortest chat fits."""
-    path = target_dir(opts.target)
+    files = target_files(opts.target)  # a hub id is resolved once here
+    gguf = is_gguf(files)
+    path = config_dir(files) if gguf else files  # config.json + tokenizer (a GGUF's small files)
     precision, context = opts.precision, opts.max_context
     if opts.device:  # the device plan picks what fits, or refuses by name
         wanted = EXPORT_PRECISIONS if precision in (None, AUTO) else (precision,)
@@ -47,7 +42,7 @@ def resolve_choices(opts):
             opts.device, path, opts.draft, opts.block_size, context, wanted
         )
     if precision in (None, AUTO):
-        precision = auto_precision(path, low_bit_source=is_gguf(target_files(opts.target)))
+        precision = auto_precision(path, low_bit_source=gguf)
     draft = (
         opts.draft_precision
         if opts.draft_precision not in (None, AUTO)
