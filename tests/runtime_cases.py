@@ -1,5 +1,5 @@
-"""Inputs the runtime tests share (test_runtime.py, test_adapt.py): prompts, samplers, the torch
-reference run.
+"""Inputs the runtime tests share (test_runtime.py, test_adapt.py, test_proposals.py): prompts,
+samplers, the torch reference run.
 
 A helper, not a test module: pytest collects nothing here (not named test_*).
 """
@@ -16,6 +16,8 @@ PROMPTS = [
     [7],
     [(13 * i) % 90 + 3 for i in range(29)],
 ]  # 29 tokens: 3 full chunks + an overlapped one
+# a 6-token cycle: prompt lookup proposes from the first step
+REPEATING = [5, 17, 33, 42, 8, 61] * 2 + [5, 17, 33]
 SAMPLERS = [
     SamplingParams(temperature=1.0, seed=3),
     SamplingParams(temperature=0.7, top_k=12, seed=4),

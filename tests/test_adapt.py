@@ -10,28 +10,15 @@ import pytest
 
 from dflash_edge.runtime.sampling import SamplingParams
 
-from runtime_cases import PROMPTS, SAMPLERS, reference  # the `oracle` fixture: conftest.py
+from runtime_cases import (  # the `oracle` fixture: conftest.py
+    PROMPTS,
+    REPEATING,
+    SAMPLERS,
+    reference,
+)
 from tiny import check_two_token_distribution
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
-
-REPEATING = [
-    5,
-    17,
-    33,
-    42,
-    8,
-    61,
-    5,
-    17,
-    33,
-    42,
-    8,
-    61,
-    5,
-    17,
-    33,
-]  # lookup proposes from the first step
 
 
 def synthetic_tuned(gen, verify_len=0, acceptance=0.0, decode_ms=1.0, verify_ms=1.1, draft_ms=0.5):

@@ -11,25 +11,9 @@ from dflash_edge.runtime.proposals import LookupProposals
 from dflash_edge.runtime.sampling import SamplingParams
 from dflash_edge.runtime.validate import DRAFT_MODES, GenerationOptions, InvalidArgumentError
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
+from runtime_cases import REPEATING
 
-REPEATING = [
-    5,
-    17,
-    33,
-    42,
-    8,
-    61,
-    5,
-    17,
-    33,
-    42,
-    8,
-    61,
-    5,
-    17,
-    33,
-]  # lookup proposes from the first step
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 @pytest.mark.parametrize(
