@@ -12,7 +12,7 @@ InsufficientMemoryError: exporting Qwen3-0.6B needs about 3.1 GB of memory ...
 from __future__ import annotations
 
 from ..runtime.errors import DflashEdgeError
-from ..runtime.memory import proc_kb_field, rss_bytes
+from ..runtime.memory import available_bytes, rss_bytes
 
 # The streamed writer's measured peaks (docs/BENCHMARKS.md, issue 15, session 9; the peak is
 # parity's onnxruntime
@@ -41,11 +41,6 @@ def peak_weight_bytes(params: int, table_params: int, precision: str) -> int:
 
 class InsufficientMemoryError(DflashEdgeError):
     """The export would need more memory than this machine has available."""
-
-
-def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (None where unknown)."""
-    return proc_kb_field("/proc/meminfo", "MemAvailable")
 
 
 def check_fits(weight_bytes: int, what: str) -> float:

@@ -19,8 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import memory
 from .errors import DflashEdgeError
-from .memory import proc_kb_field
 from .onnx_scan import OnnxScanError, external_locations
 
 FORMAT = "dflash-edge-bundle"
@@ -493,7 +493,7 @@ def check_kv_fits(bundle: Bundle, provider: str) -> None:
     """Refuse a bundle whose KV cache exceeds the memory `provider` has, with the figure (CPU: the
     host's MemAvailable, Linux; elsewhere not checked: the device's allocator reports it)."""
     need = kv_cache_bytes(bundle.manifest)
-    available = proc_kb_field("/proc/meminfo", "MemAvailable") if provider == "cpu" else None
+    available = memory.available_bytes() if provider == "cpu" else None
     if available is not None and need > available:
         raise BundleError(
             f"{bundle.root}: its KV cache at max_context {bundle.max_context} needs "

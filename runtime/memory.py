@@ -42,6 +42,11 @@ def proc_kb_field(path: str, key: str) -> int | None:
     return None
 
 
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where unknown)."""
+    return proc_kb_field("/proc/meminfo", "MemAvailable")
+
+
 def peak_rss_bytes() -> int:
     """VmHWM from /proc/self/status (Linux), else ru_maxrss (bytes on macOS, KiB elsewhere)."""
     peak = proc_kb_field("/proc/self/status", "VmHWM")

@@ -34,9 +34,8 @@ def publish_dir(tmp: Path, out: Path) -> None:
         return
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.{OLD}-{os.getpid()}-", dir=out.parent))
     try:
-        os.replace(
-            out, old / "dir"
-        )  # a non-empty directory cannot be replaced: move it aside first
+        # a non-empty directory cannot be replaced: move it aside first
+        os.replace(out, old / "dir")
         try:
             os.replace(tmp, out)
         except OSError:

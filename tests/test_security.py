@@ -13,6 +13,7 @@ import pytest
 from dflash_edge.cli import main
 from dflash_edge.models.checkpoint import INDEX, Checkpoint
 from dflash_edge.runtime import bundle as bundle_mod
+from dflash_edge.runtime import memory
 from dflash_edge.runtime.bundle import (
     MANIFEST,
     BundleError,
@@ -380,9 +381,9 @@ def test_kv_product_overflow_is_refused(bundle_copy):
 def test_kv_beyond_available_memory(bundle_copy, monkeypatch):
     b = read_bundle(bundle_copy)
     need = kv_cache_bytes(b.manifest)
-    monkeypatch.setattr(bundle_mod, "proc_kb_field", lambda path, key: need - 1)
+    monkeypatch.setattr(memory, "available_bytes", lambda: need - 1)
     figure = rf"needs {need / 2**30:.2f} GiB but .* smaller --max-context"
     with pytest.raises(BundleError, match=figure):
         Generator.load(bundle_copy)
-    monkeypatch.setattr(bundle_mod, "proc_kb_field", lambda path, key: need)
+    monkeypatch.setattr(memory, "available_bytes", lambda: need)
     assert Generator.load(bundle_copy).max_context == b.max_context
