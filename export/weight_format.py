@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..models.nbits import concat_rows, dequantize, rtn
+from ..models.nbits import concat_rows, dequantize, dequantize_rows, row_form, rtn
 
 # onnxruntime's contrib-op domain (MatMulNBits, GroupQueryAttention, ...): graph_builder.MS
 MS = "com.microsoft"
@@ -249,7 +249,12 @@ def matmul(
 
 class Table:
     """The embedding table [V, H], also the tied LM head: fp32, or `bits`-bit blocks, stored once
-    for all graphs."""
+    for all graphs.
+
+    Blocks are the source's own when it has them (a GGUF's, any mapped type): a lookup gathers the
+    rows' codes with GatherBlockQuantized ((q - zero) * scale) and adds the rows' offsets (affine
+    types), so each row is the GGUF's dequantisation bit for bit (models/nbits.row_form); the tied
+    head reads the same codes with MatMulNBits. Other sources are re-quantised (RTN)."""
 
     def __init__(self, g, ckpt, name: str):
         self.g, self.ckpt, self.name = g, ckpt, name
@@ -262,25 +267,40 @@ class Table:
             self.fp32 = g.init(name, lambda: ckpt.array(name), shared="embed_tokens")
             return
         self.key = f"{name}_table{self.bits}"
-        self.layout, get = _lazy(g, self.key, self._build)  # no zero points, no correction
+        self.layout, get = _lazy(g, self.key, self._build)
         g.log.count(g.graph, self.layout.qtype)
         self.B = g.init(f"{self.key}_Q{self.layout.bits}", get("B"), "embed_tokens.B")
         self.get = get  # the scales are stored by the op that reads them (in its rank)
+        memo = {}
+
+        def form(i: int):  # row_form's part i, [V, H/bs, 1], computed once
+            def make():
+                if "form" not in memo:
+                    memo["form"] = row_form(get(None)())
+                part = memo["form"][i]
+                return None if part is None else part[..., None]
+
+            return make
+
+        self.row_form = form
+        layouts = g.store.layouts
+        if f"{self.key}_rows" not in layouts:  # first use: the blocks were just built
+            layouts[f"{self.key}_rows"] = tuple(form(i)() is not None for i in (0, 1))
+        self.gather_zero, self.gather_add = layouts[f"{self.key}_rows"]
 
     def _build(self):
-        """Exact when the source's blocks need no zero point or correction (Q8_0, Q4_0), else RTN at
-        `bits`."""
+        """The source's own blocks when it has them (exact), else RTN at `bits`."""
         g, name = self.g, self.name
         exact = self.ckpt.nbits(name) if g.fmt.exact else None
-        if exact is not None and exact.zero_points is None and exact.correction is None:
-            g.log.stored[(self.ckpt.root, name)] = ("exact",)
+        if exact is not None:
+            g.log.stored[(self.ckpt.root, name)] = ("rows",)
             return exact
-        if exact is not None and name not in g.log.requantised:
-            g.log.requantised[name] = exact.qtype
+        source = self.ckpt.unmapped_low_bit().get(name)
+        if source and name not in g.log.requantised:
+            g.log.requantised[name] = source
             print(
-                f"export: warning: the embedding table is GGUF {exact.qtype}, whose zero points / "
-                "offsets "
-                f"GatherBlockQuantized cannot take here; re-quantised to {self.bits}-bit blocks",
+                f"export: warning: the embedding table is GGUF {source}, which has no exact "
+                f"MatMulNBits form; re-quantised to {self.bits}-bit blocks (round to nearest)",
                 file=sys.stderr,
             )
         g.log.stored[(self.ckpt.root, name)] = ("rtn", self.bits, g.fmt.block_size)
@@ -297,15 +317,23 @@ class Table:
             lambda: self.get("scales")()[:, :, None],
             "embed_tokens.gather_scales",
         )  # [V, H/bs, 1]
+        inputs = [self.B, ids, scales3]
+        if self.gather_zero:  # [V, H/bs, 1] uint8, one per block (4-bit ones too)
+            inputs.append(
+                g.init(f"{self.key}_gather_zero", self.row_form(0), "embed_tokens.gather_zero")
+            )
         blocks = g.op(
             "GatherBlockQuantized",
-            [self.B, ids, scales3],
+            inputs,
             domain=MS,
             gather_axis=0,
             quantize_axis=2,
             block_size=bs,
             bits=bits,
         )[0]  # [*ids, H/bs, bs]
+        if self.gather_add:  # the rows' offsets, [*ids, H/bs, 1]
+            add = g.init(f"{self.key}_gather_add", self.row_form(1), "embed_tokens.gather_add")
+            blocks = g.op("Add", [blocks, g.op("Gather", [add, ids], axis=0)[0]])[0]
         shape = g.op("Concat", [g.op("Shape", [ids])[0], g.const([k])], axis=0)[0]
         return g.op("Reshape", [blocks, shape])[0]  # [*ids, H]
 
@@ -337,9 +365,7 @@ class StoredWeights:
         recipe = self.recipes.get(name)
         if recipe is None:
             return self.ckpt.array(name, shape, rows)
-        if (
-            recipe[0] == "exact"
-        ):  # the blocks read once (a looked-up table: row after row), those rows
+        if recipe[0] in ("exact", "rows"):  # the blocks read once (a table: row after row)
             if self._blocks[0] != name:
                 self._blocks = (name, self.ckpt.nbits(name))
             w = (
@@ -347,7 +373,8 @@ class StoredWeights:
                 if rows is None
                 else self._blocks[1].rows(np.arange(*rows.indices(self._blocks[1].n)))
             )
-            return dequantize(w).reshape(-1, *self.ckpt.shape(name)[1:])
+            rows_of = dequantize if recipe[0] == "exact" else dequantize_rows  # the lookup's form
+            return rows_of(w).reshape(-1, *self.ckpt.shape(name)[1:])
         n = self.ckpt.shape(name)[
             0
         ]  # re-quantised `chunk` rows at a time: never the blocks of all of W

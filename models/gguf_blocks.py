@@ -3,9 +3,11 @@ lazily).
 
 A GGUF low-bit tensor already is integer codes times per-block scales, so it maps onto MatMulNBits'
 `(q - zero_point) * scale` with no re-quantisation. Symmetric types (x = s*(q - c)) map directly,
-with the code range's centre `c` as an integer zero point. Affine types (x = s*q + o) keep that fast
-integer zero point and move the rest into a per-block correction (float zero points are exact too,
-but run ~16x slower: docs/BENCHMARKS.md, "Groundwork for exact 4-bit imports"):
+the codes stored shifted by 2^(bits-1) - c so that the op's default zero point is their centre (no
+zero-point tensor: 1/16 byte a weight less for Q6_K at 8 bits, 1/32 for Q5_*). Affine types
+(x = s*q + o) keep that fast integer zero point and move the rest into a per-block correction
+(float zero points are exact too, but run ~16x slower: docs/BENCHMARKS.md, "Groundwork for exact
+4-bit imports"):
 
     x = s*(q - c) + (o + c*s)   so   A @ W^T = MatMulNBits(A) + blocksum(A) @ correction
 
@@ -20,8 +22,9 @@ with blocksum(A) [M, K/bs] the sums of A over each block of `block_size` inputs 
     (4, 32, (1536, 18, 16), (1536, 18), (18, 1536))
 
 Mapped: Q4_0, Q4_1, Q4_K to 4 bits (blocks of 32); Q5_0, Q5_1, Q8_0, Q5_K to 8 bits (blocks of 32);
-Q6_K to 8 bits (blocks of 16). Any other type raises `UnsupportedQuantType`: the caller
-re-quantises, with a warning."""
+Q6_K to 8 bits (blocks of 16). Affine types also keep their own offset (`NBitsWeight.offset`): a
+looked-up table row is then gguf's own value bit for bit (models/nbits.row_form). Any other type
+raises `UnsupportedQuantType`: the caller re-quantises, with a warning."""
 
 from __future__ import annotations
 
@@ -139,7 +142,7 @@ class _Type:
     decode: Callable
     bits: int  # MatMulNBits bits
     block_size: int  # MatMulNBits block size (one scale each)
-    centre: int  # integer zero point
+    centre: int  # the code of 0 (symmetric) / the integer part of the zero point (affine)
 
 
 TYPES = {
@@ -162,17 +165,7 @@ def _pack4(q, bs: int):
     return (q[:, 0::2] | (q[:, 1::2] << np.uint8(4))).reshape(q.shape[0], -1, bs // 2)
 
 
-def _zp4(zp: int, n: int, blocks: int):
-    return np.full((n, (blocks + 1) // 2), zp | (zp << 4), np.uint8)  # [N, ceil(K/bs/2)]
-
-
-PACKERS = {
-    4: (_pack4, _zp4),
-    8: (
-        lambda q, bs: q.reshape(q.shape[0], -1, bs),
-        lambda zp, n, blocks: np.full((n, blocks), zp, np.uint8),
-    ),
-}
+PACKERS = {4: _pack4, 8: lambda q, bs: q.reshape(q.shape[0], -1, bs)}
 
 
 def _type_name(qtype) -> str:
@@ -220,29 +213,25 @@ def nbits_operands(data, qtype, shape=None, name: str = "tensor") -> NBitsWeight
     q, scale, offset = spec.decode(
         raw.reshape(n, k // spec.gguf_block, spec.type_size)
     )  # q [N, K/g, g]
-    q = np.ascontiguousarray(q).reshape(n, k)  # [N, K]
+    shift = (1 << (spec.bits - 1)) - spec.centre  # codes stored + shift: the op's default zp
+    q = np.ascontiguousarray(q).reshape(n, k) + np.uint8(shift)  # [N, K]
     scales = np.ascontiguousarray(scale.reshape(n, -1), dtype=np.float32)  # [N, K/bs]
+    offset = None if offset is None else np.ascontiguousarray(offset.reshape(n, -1), np.float32)
     correction = (
         None
         if offset is None
-        else np.ascontiguousarray(  # [K/bs, N]
-            (offset.reshape(n, -1) + np.float32(spec.centre) * scales).T, dtype=np.float32
-        )
+        else np.ascontiguousarray((offset + np.float32(spec.centre) * scales).T)  # [K/bs, N]
     )
-    pack, zero_points = PACKERS[spec.bits]
-    zps = (
-        None
-        if spec.centre == 1 << (spec.bits - 1)
-        else zero_points(spec.centre, n, scales.shape[1])
-    )  # op default
     return NBitsWeight(
         spec.bits,
         spec.block_size,
         n,
         k,
-        pack(q, spec.block_size),
+        PACKERS[spec.bits](q, spec.block_size),
         scales,
-        zps,
+        None,
         correction,
         type_name,
+        offset=offset,
+        offset_zero=shift,
     )

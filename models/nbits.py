@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-FIELDS = ("B", "scales", "zero_points", "correction")
+FIELDS = ("B", "scales", "zero_points", "correction", "offset")
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,10 @@ class NBitsWeight:
     correction   float32 [K/bs, N] or None: for affine types
                  y = MatMulNBits(x) + blocksum(x) @ correction
     qtype        where the codes came from: a GGUF type name ("Q4_1"), or "rtn" (re-quantised here)
+    offset       float32 [N, K/bs] or None: an affine GGUF type's own offset, for rows looked up
+                 (`row_form`): x = (q - offset_zero) * scale + offset, as gguf dequantises, bit
+                 for bit (the correction o + c*s above is rounded once more)
+    offset_zero  the code whose value is `offset` (0, or the shift of codes stored shifted)
     """
 
     bits: int
@@ -43,6 +47,8 @@ class NBitsWeight:
     zero_points: np.ndarray | None
     correction: np.ndarray | None
     qtype: str
+    offset: np.ndarray | None = None
+    offset_zero: int = 0
 
     @property
     def layout(self) -> tuple[int, int, bool]:
@@ -63,6 +69,7 @@ class NBitsWeight:
             scales=pick(self.scales),
             zero_points=pick(self.zero_points),
             correction=corr,
+            offset=pick(self.offset),
         )
 
     def meta(self) -> str:
@@ -73,6 +80,7 @@ class NBitsWeight:
                 "n": self.n,
                 "k": self.k,
                 "qtype": self.qtype,
+                "offset_zero": self.offset_zero,
             }
         )
 
@@ -111,6 +119,7 @@ def concat_rows(parts: list[NBitsWeight], qtype: str | None = None) -> NBitsWeig
         scales=cat("scales"),
         zero_points=cat("zero_points"),
         correction=corr,
+        offset=cat("offset") if all(p.offset is not None for p in parts) else None,
         qtype=qtype or "+".join(sorted({p.qtype for p in parts})),
     )
 
@@ -159,6 +168,49 @@ def rtn(
     return NBitsWeight(bits, block_size, n, k, packed, scales, zps, None, "rtn")
 
 
+def unpacked_zero_points(w: NBitsWeight) -> np.ndarray | None:
+    """Zero points [N, K/bs] uint8, one per block (4-bit ones unpacked), or None (the default)."""
+    if w.zero_points is None:
+        return None
+    if w.bits == 4:
+        zp = np.stack([w.zero_points & 0x0F, w.zero_points >> 4], axis=-1).reshape(w.n, -1)
+        return zp[:, : w.scales.shape[1]]
+    return w.zero_points
+
+
+def row_form(w: NBitsWeight) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """How a looked-up row of W dequantises: (zero points [N, K/bs] uint8 or None for the default,
+    added term [N, K/bs] float32 or None); row = (q - zero) * scale (+ added), per block.
+
+    A GGUF's affine blocks give their own offset (bit for bit `gguf.quants.dequantize`: scale*q +
+    offset), others the MatMulNBits form ((q - zp) * scale + correction: its operands exactly)."""
+    if w.correction is None:
+        return unpacked_zero_points(w), None
+    if w.offset is not None:
+        return np.full(w.scales.shape, w.offset_zero, np.uint8), w.offset
+    return unpacked_zero_points(w), np.ascontiguousarray(w.correction.T)
+
+
+def dequantize_rows(w: NBitsWeight) -> np.ndarray:
+    """W [N, K] float32 as `row_form` defines it: what the graph's table lookup computes."""
+    zero, added = row_form(w)
+    blocks = w.scales.shape[1]
+    q = _codes(w).astype(np.float32)
+    zp = np.full((w.n, blocks), 1 << (w.bits - 1), np.uint8) if zero is None else zero
+    x = (q - zp[..., None].astype(np.float32)) * w.scales[..., None]
+    if added is not None:
+        x = x + added[..., None]
+    return x.reshape(w.n, -1)[:, : w.k]
+
+
+def _codes(w: NBitsWeight) -> np.ndarray:
+    """Codes [N, K/bs, bs] uint8."""
+    blocks = w.scales.shape[1]
+    if w.bits == 4:
+        return np.stack([w.B & 0x0F, w.B >> 4], axis=-1).reshape(w.n, blocks, w.block_size)
+    return w.B.reshape(w.n, blocks, w.block_size)
+
+
 def dequantize(w: NBitsWeight, rows: int = 8192) -> np.ndarray:
     """W [N, K] float32 from the operands, by MatMulNBits' definition ((q - zp) * scale [+
     correction]), `rows` rows at a time (no full-size temporaries)."""
@@ -172,21 +224,9 @@ def dequantize(w: NBitsWeight, rows: int = 8192) -> np.ndarray:
 
 def _dequantize_rows(w: NBitsWeight) -> np.ndarray:
     blocks = w.scales.shape[1]
-    if w.bits == 4:
-        q = np.stack([w.B & 0x0F, w.B >> 4], axis=-1).reshape(
-            w.n, blocks, w.block_size
-        )  # 2i low, 2i+1 high
-    else:
-        q = w.B.reshape(w.n, blocks, w.block_size)
-    if w.zero_points is None:
-        zp = np.full((w.n, blocks), 1 << (w.bits - 1), np.float32)
-    elif w.bits == 4:
-        zp = np.stack([w.zero_points & 0x0F, w.zero_points >> 4], axis=-1).reshape(w.n, -1)[
-            :, :blocks
-        ]
-    else:
-        zp = w.zero_points
-    x = (q.astype(np.float32) - zp[..., None].astype(np.float32)) * w.scales[
+    zero = unpacked_zero_points(w)
+    zp = np.full((w.n, blocks), 1 << (w.bits - 1), np.uint8) if zero is None else zero
+    x = (_codes(w).astype(np.float32) - zp[..., None].astype(np.float32)) * w.scales[
         ..., None
     ]  # [N, K/bs, bs]
     if w.correction is not None:

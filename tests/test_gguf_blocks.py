@@ -19,6 +19,7 @@ from gguf.quants import dequantize, quantize  # noqa: E402
 
 from dflash_edge.models.gguf_blocks import TYPES, UnsupportedQuantType, nbits_operands  # noqa: E402
 from dflash_edge.models.nbits import dequantize as dequant_operands  # noqa: E402
+from dflash_edge.models.nbits import dequantize_rows  # noqa: E402
 from dflash_edge.runtime.errors import ModelFormatError  # noqa: E402
 
 N, K = 64, 256
@@ -167,3 +168,72 @@ def test_reader_tensor_round_trip(tmp_path):
     w = nbits_operands(t.data, t.tensor_type, name=t.name)
     assert (w.n, w.k, list(t.shape)) == (N, K, [K, N])
     assert np.array_equal(dequant_operands(w), dequantize(t.data, t.tensor_type))
+
+
+@pytest.mark.parametrize("name", MAPPED)
+def test_no_type_needs_a_zero_point_tensor(name):
+    """Codes are stored shifted so that the op's default zero point is their centre."""
+    assert nbits_operands(_raw(name), T[name]).zero_points is None
+
+
+@pytest.mark.parametrize("name", MAPPED)
+def test_looked_up_rows_are_gguf_bit_for_bit(name):
+    """A table row (row_form: scale*q + the GGUF's own offset for affine types) is
+    `gguf.quants.dequantize`'s value exactly, not up to rounding; so is a reordered subset."""
+    raw = _raw(name)
+    truth = dequantize(raw, T[name])
+    w = nbits_operands(raw, T[name])
+    assert np.array_equal(dequantize_rows(w), truth)
+    order = [5, 0, 63, 5]
+    assert np.array_equal(dequantize_rows(w.rows(order)), truth[order])
+
+
+class _OneTensor:
+    """A checkpoint holding one GGUF tensor as its exact operands (what Table reads)."""
+
+    root = "memory"
+
+    def __init__(self, w):
+        self.w = w
+
+    def shape(self, name):
+        return (self.w.n, self.w.k)
+
+    def nbits(self, name):
+        return self.w
+
+    def unmapped_low_bit(self):
+        return {}
+
+
+@pytest.mark.parametrize("name", MAPPED)
+def test_exported_table_lookup_is_gguf_bit_for_bit(name, tmp_path):
+    """The exporter's own table lookup (weight_format.Table: GatherBlockQuantized of the rows' codes
+    plus the rows' offsets), run in onnxruntime, gives gguf's dequantised rows exactly; nothing is
+    re-quantised."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from dflash_edge.export.graph_builder import GraphBuilder
+    from dflash_edge.export.weight_format import Table, WeightFormat
+    from dflash_edge.export.weight_store import WeightStore
+
+    raw = _raw(name)
+    truth = dequantize(raw, T[name])
+    g = GraphBuilder("target", WeightStore(tmp_path), WeightFormat("int4", table_bits=4))
+    table = Table(g, _OneTensor(nbits_operands(raw, T[name])), "token_embd.weight")
+    g.op("Identity", [table.gather("ids")], ["Y"])
+    assert g.log.requantised == {} and table.layout.qtype == name
+    graph = helper.make_graph(
+        g.nodes,
+        "lookup",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [None])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        g.inits,
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    path = tmp_path / "lookup.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=opsets).SerializeToString())
+    ids = np.array([5, 0, 63, 5, 17], np.int64)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert np.array_equal(sess.run(None, {"ids": ids})[0], truth[ids])

@@ -249,3 +249,25 @@ def test_fp16_writer_is_lossless_and_names_an_overflowing_layer(tmp_path):
         r"beyond float16's range",
     ):
         _export(hot, tmp_path / "hot16b", precision="fp16", draft_precision="fp16")
+
+
+@pytest.mark.parametrize(
+    "table, head", [("Q4_1", None), ("Q5_0", None), ("Q5_1", "Q4_1"), ("Q4_0", "Q5_1")]
+)
+def test_gguf_table_and_head_are_exact_for_affine_and_5_bit_types(table, head, tmp_path):
+    """The embedding table keeps the GGUF's blocks whatever their type (zero points and offsets
+    included: issue 36 item 3), read from the file in place, and so does an untied head: nothing
+    re-quantised, and the int4 graph computes what the fp32 graph of the dequantised file does."""
+    types = {**TYPES, "token_embd.weight": table}
+    if head:
+        types["output.weight"] = head
+    path = tmp_path / "t.gguf"
+    write_tiny_gguf(path, "llama", untied=head is not None, types=types)
+    fp32 = _export(path, tmp_path / "fp32", precision="fp32")
+    low = _export(path, tmp_path / "int4", precision="int4", accuracy_level=0)
+    q = read_bundle(low).manifest["graphs"]["target"]["quantization"]
+    assert q["requantised_low_bit"] == {} and "rtn" not in q["weights_by_source"]
+    assert q["weights_by_source"][table] >= 1 and (head is None or head in q["weights_by_source"])
+    a, b = _logits(fp32, PROMPT), _logits(low, PROMPT)
+    assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max()
+    assert (a.argmax(-1) == b.argmax(-1)).all()
