@@ -3,7 +3,8 @@
 
 Ours: every initializer of the decode graph (default `target_fused.onnx`) counted whole, except
 those only looked up (Gather / GatherBlockQuantized: one row per token). The GGUF's: every tensor
-whole except `token_embd.weight` (one row). Sizes come from the graph's and the file's headers; no
+whole, `token_embd.weight` one row (and whole once more when it is also the head: no
+`output.weight`). Sizes come from the graph's and the file's headers; no
 weight is read.
 
     python benchmarks/bytes_per_token.py BUNDLE FILE.gguf [--graph target_fused.onnx]
@@ -63,12 +64,16 @@ def gguf_bytes(path: Path) -> dict:
     """{per_token, whole}: the GGUF's tensor bytes, its token table one row per token."""
     from gguf import GGUFReader
 
+    tensors = GGUFReader(str(path)).tensors
+    tied = not any(t.name == "output.weight" for t in tensors)  # the table is also the head
     per_token = whole = 0
-    for t in GGUFReader(str(path)).tensors:
+    for t in tensors:
         n = int(t.n_bytes)
         whole += n
-        per_token += n // int(t.shape[-1]) if t.name == "token_embd.weight" else n
-    return {"per_token": per_token, "whole": whole}
+        per_token += n
+        if t.name == "token_embd.weight":
+            per_token += n // int(t.shape[-1]) - (0 if tied else n)
+    return {"per_token": per_token, "whole": whole, "tied": tied}
 
 
 WORKER = r"""
