@@ -230,12 +230,17 @@ def block_weight(data, qtype: str, gguf_name: str, heads: dict, path: Path | str
 
 
 def write_blocks(path: Path, exact: dict, unmapped: dict) -> None:
-    """`exact` as safetensors `NAME/FIELD` tensors, each weight's layout in the metadata under NAME;
-    the unmapped low-bit types under the key `unmapped` (the exporter re-quantises those, with a
-    warning)."""
+    """`exact` as safetensors `NAME/FIELD` tensors (the GGUF offsets of the embedding table only),
+    each weight's layout in the metadata under NAME; the unmapped low-bit types under the key
+    `unmapped` (the exporter re-quantises those, with a warning)."""
     from safetensors.numpy import save_file
 
-    arrays = {f"{name}/{field}": a for name, w in exact.items() for field, a in w.arrays().items()}
+    arrays = {
+        f"{name}/{field}": a
+        for name, w in exact.items()
+        for field, a in w.arrays().items()
+        if field != "offset" or name.endswith("embed_tokens.weight")  # only a table looks rows up
+    }
     meta = {name: w.meta() for name, w in exact.items()}
     save_file(arrays, str(path), metadata={**meta, "unmapped": json.dumps(unmapped)})
 
