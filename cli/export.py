@@ -67,6 +67,14 @@ def add_arguments(p) -> None:
         "(calibrated on the written graph), else fp32",
     )
     p.add_argument(
+        "--low-bit-ops",
+        default="standard",
+        choices=("standard", "contrib"),
+        help="int4/int8 weights: standard (blocked DequantizeLinear, opset 21: no onnxruntime "
+        "contrib op; onnxruntime >= 1.19 fuses it into MatMulNBits) or contrib (MatMulNBits / "
+        "GatherBlockQuantized, for older onnxruntime)",
+    )
+    p.add_argument(
         "--device",
         default=None,
         help="plan for this device profile (`dflash-edge devices`): take the "
@@ -92,6 +100,7 @@ def options_from(args) -> ExportOptions:
         draft_precision=args.draft_precision,
         kv_cache=args.kv_cache,
         device=args.device,
+        low_bit_ops=args.low_bit_ops,
     )
 
 

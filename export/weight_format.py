@@ -50,6 +50,7 @@ class WeightFormat:
     block_size: int = 32
     accuracy_level: int = 4
     exact: bool = True
+    standard: bool = False  # low-bit weights as blocked DequantizeLinear (export/dq_format.py)
 
     def __post_init__(self):
         if self.precision not in BITS:
@@ -67,6 +68,7 @@ class WeightFormat:
             "accuracy_level": self.accuracy_level,
             "table_bits": self.table_bits,
             "exact_low_bit_source": self.exact,
+            "low_bit_ops": "standard" if self.standard else "contrib",
         }
 
 
@@ -165,6 +167,11 @@ def nbits_node(g, x: str, key: str, lazy, out: str | None = None, shared: str | 
     """MatMulNBits(x) (+ blocksum(x) @ correction) for the weight stored under `key` (`lazy`:
     `_lazy`'s pair)."""
     lay, get = lazy
+    if g.fmt.standard:  # DequantizeLinear + MatMul (the correction below, as here)
+        from .dq_format import dq_matmul
+
+        y = dq_matmul(g, x, key, lazy, out if not lay.correction else None, shared)
+        return _corrected(g, x, key, lay, get, y, out, shared)
     inputs = [
         x,
         g.init(f"{key}_Q{lay.bits}", get("B"), _share(shared, "B")),
@@ -180,6 +187,11 @@ def nbits_node(g, x: str, key: str, lazy, out: str | None = None, shared: str | 
     y = g.op("MatMulNBits", inputs, [out] if out and not lay.correction else 1, domain=MS, **attrs)[
         0
     ]
+    return _corrected(g, x, key, lay, get, y, out, shared)
+
+
+def _corrected(g, x: str, key: str, lay, get, y: str, out: str | None, shared: str | None) -> str:
+    """y + blocksum(x) @ correction for an affine weight; y itself otherwise."""
     if lay.correction:
         corr = g.op(
             "MatMul",
@@ -250,6 +262,13 @@ def matmul(
 class Table:
     """The embedding table [V, H], also the tied LM head: fp32, or `bits`-bit blocks, stored once
     for all graphs."""
+
+    def __new__(cls, g, ckpt, name: str):
+        if cls is Table and g.fmt.standard:  # standard ops: export/dq_format.DqTable
+            from .dq_format import DqTable
+
+            return super().__new__(DqTable)
+        return super().__new__(cls)
 
     def __init__(self, g, ckpt, name: str):
         self.g, self.ckpt, self.name = g, ckpt, name
