@@ -119,14 +119,18 @@ def trt_readiness_line(bundle: Path) -> str:
     if summary["ok"]:
         return f"{head}: ok (`dflash-edge build-engines {bundle}` on a GPU machine)"
     problems = [f"{n}: {p}" for n, g in summary["graphs"].items() for p in g["problems"]]
-    low_bit = any("MatMulNBits" in p or "GatherBlockQuantized" in p for p in problems)
-    hint = (
-        (
-            "; int4/int8 graphs use onnxruntime's MatMulNBits blocks (the CPU runtime's): for "
-            "TensorRT export "
-            "with --precision fp16"
+    contrib = any("MatMulNBits" in p or "GatherBlockQuantized" in p for p in problems)
+    blocks = any("DequantizeLinear" in p and "blocks of" in p for p in problems)
+    hint = ""
+    if contrib:
+        hint = (
+            "; int4/int8 graphs use onnxruntime's MatMulNBits blocks (--low-bit-ops contrib): "
+            "export with --low-bit-ops standard"
         )
-        if low_bit
-        else ""
-    )
+    elif blocks:
+        hint = (
+            "; TensorRT takes INT4 weights in blocks of 64/128 and INT8 per channel, and this "
+            "bundle keeps its source's exact 32-wide blocks: for TensorRT today export with "
+            "--precision fp16"
+        )
     return f"{head}: not ready ({len(problems)} problem(s); the first, {problems[0]}){hint}"

@@ -237,6 +237,62 @@ def _check_node(
         )
     _check_restrictions(node, op, where, consts, report, seen)
     _check_dtype(node, op, where, types, report, seen)
+    if op == "DequantizeLinear":
+        _check_weight_only(node, where, types, consts, report, seen)
+
+
+def _check_weight_only(node, where: str, types: dict[str, str], consts: set, report, seen) -> None:
+    """Blocked / low-bit DequantizeLinear against TensorRT's weight-only rules (op_support)."""
+    from onnx import helper
+
+    qtype = sup.ONNX_TO_TRT.get(types.get(node.input[0], ""))
+    rule = sup.WEIGHT_ONLY.get(qtype)
+    if rule is None:  # a type TensorRT does not dequantize: _check_dtype names it
+        return
+    block = next(
+        (helper.get_attribute_value(a) for a in node.attribute if a.name == "block_size"), 0
+    )
+    if len(node.input) > 2 and node.input[2]:
+        _once(
+            report,
+            seen,
+            f"wo-zp:{qtype}",
+            "problem",
+            f"{qtype} DequantizeLinear ({where}) has a zero point: TensorRT dequantizes "
+            "symmetrically only (zero point 0)",
+        )
+    if block and block not in rule["blocks"]:
+        takes = (
+            f"in blocks of {' or '.join(str(b) for b in rule['blocks'])} only"
+            if rule["blocks"]
+            else "with one scale per tensor or per channel only, not in blocks"
+        )
+        _once(
+            report,
+            seen,
+            f"wo-block:{qtype}:{block}",
+            "problem",
+            f"{qtype} DequantizeLinear ({where}) in blocks of {block}: TensorRT takes {qtype} "
+            f"weights {takes} (a GGUF's own blocks are 32 / 16 wide; re-quantised TensorRT blocks "
+            "are not written yet)",
+        )
+    _once(
+        report,
+        seen,
+        f"wo:{qtype}",
+        "note",
+        f"{qtype} weight-only DequantizeLinear: TensorRT >= {rule['since']}, a strongly typed "
+        "network (build-engines sets it); not built here",
+    )
+    if node.input[0] not in consts:
+        _once(
+            report,
+            seen,
+            f"wo-computed:{qtype}",
+            "note",
+            f"{qtype} DequantizeLinear ({where}) of a computed tensor (embedding rows gathered "
+            "before dequantising): unverified with TensorRT",
+        )
 
 
 def _check_restrictions(node, op: str, where: str, consts: set, report: Report, seen: set) -> None:
@@ -285,7 +341,16 @@ def _check_dtype(
         trt_t = sup.ONNX_TO_TRT.get(onnx_t, onnx_t)
         if trt_t in allowed:
             continue
-        if trt_t == "INT64" and "INT32" in allowed:
+        if op == "Gather" and trt_t in sup.GATHER_LAYER_TYPES:
+            _once(
+                report,
+                seen,
+                f"g:{trt_t}",
+                "note",
+                f"Gather ({where}) on {onnx_t}: onnx-tensorrt's table lists no {onnx_t}; "
+                "TensorRT's Gather layer takes it (operators/Gather.html); unverified here",
+            )
+        elif trt_t == "INT64" and "INT32" in allowed:
             _once(
                 report,
                 seen,
