@@ -7,6 +7,8 @@ same prefix, then single steps at `--context` cached positions are timed round-r
 
     python benchmarks/dq_decode.py standard=/tmp/dq/b_standard contrib=/tmp/dq/b_contrib \\
         [--context 64] [--repeats 30] [--threads 2] [--json OUT]
+    python benchmarks/dq_decode.py --rss BUNDLE   # peak / final RSS of the CPU runtime (one process
+                                                  # per bundle: VmHWM only grows)
 """
 
 from __future__ import annotations
@@ -51,14 +53,38 @@ def measure(bundles: dict[str, str], context: int, repeats: int, threads: int) -
     }
 
 
+def rss(bundle: str, threads: int) -> dict:
+    """VmHWM / VmRSS (MB) after `Generator.load` (fused target + drafter, as `run` does) and 32
+    greedy tokens with the drafter."""
+    from dflash_edge.runtime import Generator
+
+    def vm(key: str) -> int:
+        with open("/proc/self/status") as f:
+            line = next(line for line in f if line.startswith(key))
+        return int(line.split()[1]) * 1024 // 10**6
+
+    gen = Generator.load(bundle, threads=threads, use_tuned=False)
+    loaded = {"hwm_mb": vm("VmHWM"), "rss_mb": vm("VmRSS")}
+    gen.generate_ids([(7 * i) % 1000 + 10 for i in range(40)], 32, draft="drafter")
+    return {
+        "bundle": bundle,
+        "after_load": loaded,
+        "after_32_tokens": {"hwm_mb": vm("VmHWM"), "rss_mb": vm("VmRSS")},
+    }
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundles", nargs="+", metavar="LABEL=BUNDLE")
+    p.add_argument("--rss", action="store_true", help="memory of the CPU runtime on one bundle")
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--json", help="write the result here too")
     args = p.parse_args(argv)
+    if args.rss:
+        print(json.dumps(rss(args.bundles[0], args.threads), indent=1))
+        return 0
     out = measure(
         dict(b.split("=", 1) for b in args.bundles), args.context, args.repeats, args.threads
     )

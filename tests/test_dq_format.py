@@ -275,3 +275,20 @@ def test_weight_only_graphs_build_strongly_typed():
 
     trt = SimpleNamespace(NetworkDefinitionCreationFlag=SimpleNamespace(STRONGLY_TYPED=1))
     assert network_flags(trt, True) == 2 and network_flags(trt, False) == 0
+
+
+def test_runtime_names_the_onnxruntime_a_standard_bundle_needs(monkeypatch):
+    import onnxruntime
+
+    from dflash_edge.runtime.errors import DflashEdgeError
+    from dflash_edge.runtime.session import low_bit_settings
+
+    entry = {
+        "opset": 21,
+        "quantization": {"settings": {"low_bit_ops": "standard", "accuracy_level": 0}},
+    }
+    assert low_bit_settings(entry) == 0 and low_bit_settings({"opset": 17}) is None
+    monkeypatch.setattr(onnxruntime, "__version__", "1.18.1")
+    with pytest.raises(DflashEdgeError, match=r"pip install -U 'onnxruntime>=1.19'"):
+        low_bit_settings(entry)
+    assert low_bit_settings({"opset": 17}) is None  # older bundles still load
