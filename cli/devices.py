@@ -208,8 +208,12 @@ def bundle_request(args, device) -> PlanRequest:
     if (
         "weight_bytes" in graphs["drafter"]
     ):  # exact: what each session reads (the data files hold both flavours)
-        borrowed = sum(
-            t["length"] for t in man["shared_weights"].get("tensors", []) if "drafter" in t["names"]
+        borrowed = sum(  # a region two tensors name (the table's head and lookup) once
+            {
+                (t["file"], t["offset"]): t["length"]
+                for t in man["shared_weights"].get("tensors", [])
+                if "drafter" in t["names"]
+            }.values()
         )
         own_draft = graphs["drafter"]["weight_bytes"] - borrowed
     target = ModelDims(

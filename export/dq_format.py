@@ -16,11 +16,12 @@ its MatMulNBits kernel at session creation (accuracy level from the session opti
 `session.qdq_matmulnbits_accuracy_level`, default 4), bit for bit what the contrib form computes, so
 every flavour reads these initializers: one copy (docs/BENCHMARKS.md).
 
-The embedding table (the tied LM head) is int8 codes [H, V] with scales [H/bs, V]: the head is
-DequantizeLinear -> MatMul like any weight; a lookup gathers the rows' codes and scales first and
-dequantises only those (DequantizeLinear -> Gather on the whole table dequantises all V rows on
-every call in onnxruntime: 4 s a step for a 151,936-row table). A 4-bit table's codes are widened to
-int8 (standard Gather takes no int4).
+The embedding table (the tied LM head) is int8 codes [H, V] with scales [H/bs, V], stored once and
+named twice (the head's and the lookup's: onnxruntime fuses only a DequantizeLinear whose
+initializers nothing else reads): the head is DequantizeLinear -> MatMul like any weight; a lookup
+gathers the rows' codes and scales first and dequantises only those (DequantizeLinear -> Gather
+dequantises all V rows on every call in onnxruntime: 0.4 s a step for a 151,936-row table). A
+4-bit table's codes are widened to int8 (standard Gather takes no int4).
 
 >>> key = "model.layers.0.mlp.down_proj.weight"  # doctest: +SKIP
 >>> y = dq_matmul(g, "x", key, layout, get)  # doctest: +SKIP
@@ -142,26 +143,34 @@ class DqTable(Table):
         self.key = f"{name}_table{self.bits}"
         self.layout, self.get = _lazy(g, self.key, self._build)  # no zero points, no correction
         g.log.count(g.graph, self.layout.qtype)
+
+    def _operands(self, use: str) -> tuple[str, str]:
+        """(codes [H, V], scales [H/bs, V]) initializers for `use` ("head" or "rows"): the same
+        bytes on disk under two names (the store keeps one copy), because onnxruntime fuses a
+        DequantizeLinear into MatMulNBits only when nothing else reads its initializers."""
+        g, suffix = self.g, "" if use == "head" else "_rows"
         weight = lambda: self.get(None)()  # noqa: E731
-        self.codes = g.init(
-            f"{self.key}_DQ8",
+        codes = g.init(
+            f"{self.key}_DQ8{suffix}",
             lambda: pack(_centred(weight()).T, 8, signed=True),
-            "embed_tokens.DQ",
+            f"embed_tokens.DQ{suffix}",
         )  # [H, V]
-        self.scales = g.init(
-            f"{self.key}_DQscales",
+        scales = g.init(
+            f"{self.key}_DQscales{suffix}",
             lambda: np.ascontiguousarray(weight().scales.T),
-            "embed_tokens.DQscales",
+            f"embed_tokens.DQscales{suffix}",
         )  # [H/bs, V]
+        return codes, scales
 
     def gather(self, ids: str) -> str:
         """Rows `ids` [*] -> [*, H]: the rows' codes and scales gathered, then dequantised."""
         g = self.g
         if self.bits == 0:
             return g.op("Gather", [self.fp32, ids], axis=0)[0]
+        codes, scales = self._operands("rows")
         flat = g.op("Reshape", [ids, g.const([-1])])[0]  # [n]
-        q = g.op("Gather", [self.codes, flat], axis=1)[0]  # [H, n]
-        s = g.op("Gather", [self.scales, flat], axis=1)[0]  # [H/bs, n]
+        q = g.op("Gather", [codes, flat], axis=1)[0]  # [H, n]
+        s = g.op("Gather", [scales, flat], axis=1)[0]  # [H/bs, n]
         rows = g.op("DequantizeLinear", [q, s], axis=0, block_size=self.layout.block_size)[0]
         rows = g.op("Transpose", [rows], perm=[1, 0])[0]  # [n, H]
         shape = g.op("Concat", [g.op("Shape", [ids])[0], g.const([self.layout.k])], axis=0)[0]
@@ -174,7 +183,7 @@ class DqTable(Table):
             return g.op("Gemm", [flat, self.fp32], transB=1)[0]
         w_t = g.op(
             "DequantizeLinear",
-            [self.codes, self.scales],
+            list(self._operands("head")),
             axis=0,
             block_size=self.layout.block_size,
         )[0]  # [H, V]

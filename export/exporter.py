@@ -403,16 +403,18 @@ def _opset(path: Path) -> int:
 
 
 def _weight_bytes(path: Path) -> int:
-    """Bytes of the weights this graph reads (its initializers, inline or in any data file): what a
-    session of it holds, where the data files also hold the other flavour's weights (devices plan
-    reads it)."""
+    """Bytes of the weights this graph reads (its initializers, inline or in any data file; a region
+    two initializers name, the embedding table's head and lookup, once): what a session of it
+    holds, where the data files also hold the other flavour's weights (devices plan reads it)."""
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
-    external = [
-        {e.key: e.value for e in i.external_data} for i in graph.initializer if i.external_data
-    ]
-    return sum(int(e["length"]) for e in external) + sum(
+    external = {
+        (e["location"], e.get("offset", "0")): int(e["length"])
+        for e in ({x.key: x.value for x in i.external_data} for i in graph.initializer)
+        if e
+    }
+    return sum(external.values()) + sum(
         len(i.raw_data) for i in graph.initializer if not i.external_data
     )
 
