@@ -69,10 +69,11 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--low-bit-ops",
         default="standard",
-        choices=("standard", "contrib"),
-        help="int4/int8 weights: standard (blocked DequantizeLinear, opset 21: no onnxruntime "
-        "contrib op; onnxruntime >= 1.19 fuses it into MatMulNBits) or contrib (MatMulNBits / "
-        "GatherBlockQuantized, for older onnxruntime)",
+        choices=("standard", "tensorrt", "contrib"),
+        help="int4/int8 weights: standard (blocked DequantizeLinear, opset 21, the source's own "
+        "blocks; onnxruntime fuses it into MatMulNBits), tensorrt (the same re-quantised to "
+        "TensorRT's weight-only rules: int4 blocks of 128, int8 per channel; slow on a CPU) or "
+        "contrib (MatMulNBits / GatherBlockQuantized)",
     )
     p.add_argument(
         "--device",
@@ -130,7 +131,7 @@ def trt_readiness_line(bundle: Path) -> str:
     elif blocks:
         hint = (
             "; TensorRT takes INT4 weights in blocks of 64/128 and INT8 per channel, and this "
-            "bundle keeps its source's exact 32-wide blocks: for TensorRT today export with "
-            "--precision fp16"
+            "bundle keeps its source's exact 32-wide blocks: for TensorRT export with "
+            "--low-bit-ops tensorrt"
         )
     return f"{head}: not ready ({len(problems)} problem(s); the first, {problems[0]}){hint}"

@@ -32,8 +32,40 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.nbits import NBitsWeight
-from .weight_format import Table, _lazy, _share
+from .weight_format import Table, _lazy, _share, rtn_from
 from .weight_store import Packed
+
+TRT_INT4_BLOCKS = (128, 64)  # TensorRT's INT4 weight-only blocks (engines/op_support.WEIGHT_ONLY)
+
+
+def tensorrt_operands(g, ckpt, name: str, bits: int) -> NBitsWeight:
+    """Checkpoint weight `name` [N, K] re-quantised to TensorRT's weight-only rules (`--low-bit-ops
+    tensorrt`), from its float values (a GGUF's blocks dequantised first): int4 round to nearest in
+    blocks of 128 (64 where K is no multiple of 128), int8 one scale per output channel."""
+    n, k = ckpt.shape(name)
+    if bits == 4:
+        block = next((b for b in TRT_INT4_BLOCKS if k % b == 0), TRT_INT4_BLOCKS[-1])
+        g.log.stored[(ckpt.root, name)] = ("rtn", 4, block)
+        return rtn_from(ckpt, name, 4, block)
+    g.log.stored[(ckpt.root, name)] = ("channel",)
+    return per_channel(lambda rows: ckpt.array(name, rows=rows), shape=(n, k))
+
+
+def per_channel(weight, rows: int = 8192, shape=None) -> NBitsWeight:
+    """W [N, K] float -> symmetric int8 codes with one scale per output row (a single block of K:
+    TensorRT's per-channel INT8 weights), round to nearest; `weight` an array or `read(row_slice)`
+    with `shape`, as `rtn`."""
+    read = weight if callable(weight) else (lambda sl: weight[sl])
+    n, k = shape or weight.shape
+    codes = np.zeros((n, 1, k), np.uint8)
+    scales = np.zeros((n, 1), np.float32)
+    for start in range(0, n, rows):
+        chunk = np.asarray(read(slice(start, start + rows)), np.float32)  # [r, K]
+        peak = np.abs(chunk).max(axis=1, initial=0.0)
+        scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+        q = np.clip(np.rint(chunk / scale[:, None]), -127, 127).astype(np.int16) + 128
+        codes[start : start + rows, 0], scales[start : start + rows, 0] = q, scale
+    return NBitsWeight(8, k, n, k, codes, scales, None, None, "rtn")
 
 
 def codes(w: NBitsWeight) -> tuple[np.ndarray, np.ndarray]:
@@ -97,6 +129,8 @@ def dq_matmul(g, x: str, key: str, lazy, out: str | None = None, shared: str | N
     """x @ DequantizeLinear(codes, scales[, zero points])^T for the weight stored under `key`
     (`lazy`: weight_format._lazy's pair); the correction, if any, is the caller's."""
     lay, get = lazy
+    if g.fmt.tensorrt and lay.bits == 8:  # one scale per output channel (tensorrt_operands)
+        return _per_channel_matmul(g, x, key, get, out, shared)
     signed = _signedness(g, key, get)
     weight = lambda: get(None)()  # noqa: E731
     inputs = [
@@ -116,6 +150,21 @@ def dq_matmul(g, x: str, key: str, lazy, out: str | None = None, shared: str | N
             )
         )
     w_t = g.op("DequantizeLinear", inputs, axis=0, block_size=lay.block_size)[0]  # [K, N]
+    return g.op("MatMul", [x, w_t], [out] if out else 1)[0]
+
+
+def _per_channel_matmul(g, x: str, key: str, get, out, shared) -> str:
+    """x @ DequantizeLinear(codes [K, N] int8, scales [N], axis=1)."""
+    weight = lambda: get(None)()  # noqa: E731
+    codes = g.init(
+        f"{key}_DQ8", lambda: pack(_centred(weight()).T, 8, signed=True), _share(shared, "DQ")
+    )
+    scales = g.init(
+        f"{key}_DQscales",
+        lambda: np.ascontiguousarray(weight().scales[:, 0]),
+        _share(shared, "DQscales"),
+    )  # [N]
+    w_t = g.op("DequantizeLinear", [codes, scales], axis=1)[0]  # [K, N]
     return g.op("MatMul", [x, w_t], [out] if out else 1)[0]
 
 
@@ -144,6 +193,33 @@ class DqTable(Table):
         self.layout, self.get = _lazy(g, self.key, self._build)  # no zero points, no correction
         g.log.count(g.graph, self.layout.qtype)
 
+    def _build(self):
+        if not self.g.fmt.tensorrt:
+            return super()._build()
+        self.g.log.stored[(self.ckpt.root, self.name)] = ("channel",)  # one scale per token row
+        shape = self.ckpt.shape(self.name)
+        return per_channel(lambda rows: self.ckpt.array(self.name, rows=rows), shape=shape)
+
+    def _rows_table(self) -> str:
+        """TensorRT's form: the table [V, H] dequantised (int8, one scale per row) as one
+        DequantizeLinear on stored weights, read by the lookup's Gather and the head's Gemm; on a
+        CPU the whole table is dequantised per call (slow: a TensorRT bundle)."""
+        g = self.g
+        if "trt_table" not in g.memo:
+            weight = lambda: self.get(None)()  # noqa: E731
+            codes = g.init(
+                f"{self.key}_DQ8",
+                lambda: pack(_centred(weight()), 8, signed=True),
+                "embed_tokens.DQ",
+            )  # [V, H]
+            scales = g.init(
+                f"{self.key}_DQscales",
+                lambda: np.ascontiguousarray(weight().scales[:, 0]),
+                "embed_tokens.DQscales",
+            )  # [V]
+            g.memo["trt_table"] = g.op("DequantizeLinear", [codes, scales], axis=0)[0]  # [V, H]
+        return g.memo["trt_table"]
+
     def _operands(self, use: str) -> tuple[str, str]:
         """(codes [H, V], scales [H/bs, V]) initializers for `use` ("head" or "rows"): the same
         bytes on disk under two names (the store keeps one copy), because onnxruntime fuses a
@@ -167,6 +243,8 @@ class DqTable(Table):
         g = self.g
         if self.bits == 0:
             return g.op("Gather", [self.fp32, ids], axis=0)[0]
+        if g.fmt.tensorrt:
+            return g.op("Gather", [self._rows_table(), ids], axis=0)[0]
         codes, scales = self._operands("rows")
         flat = g.op("Reshape", [ids, g.const([-1])])[0]  # [n]
         q = g.op("Gather", [codes, flat], axis=1)[0]  # [H, n]
@@ -181,6 +259,8 @@ class DqTable(Table):
         g = self.g
         if self.bits == 0:
             return g.op("Gemm", [flat, self.fp32], transB=1)[0]
+        if g.fmt.tensorrt:
+            return g.op("Gemm", [flat, self._rows_table()], transB=1)[0]
         w_t = g.op(
             "DequantizeLinear",
             list(self._operands("head")),

@@ -49,9 +49,11 @@ PARITY_PROMPT = "Explain in two sentences why the sky is blue."
 SCRATCH = ".scratch"  # inside the partial folder: a random drafter's checkpoint, until parity ends
 OPSETS = {"target": OPSET, "drafter": OPSET, "target_fused": OPSET_FUSED, "target_hybrid": OPSET}
 WRITTEN = ("fp32", "fp16", "int8", "int4")  # precisions the writer stores weights in directly
-# low-bit weights: blocked DequantizeLinear (standard ONNX, TensorRT parses it; onnxruntime's CPU
-# provider fuses it into MatMulNBits: one copy for every flavour) or onnxruntime's contrib ops
-LOW_BIT_OPS = ("standard", "contrib")
+# low-bit weights: blocked DequantizeLinear over the source's own blocks (standard ONNX;
+# onnxruntime's CPU provider fuses it into MatMulNBits: one copy for every flavour), re-quantised to
+# TensorRT's weight-only rules (tensorrt: int4 blocks of 128, int8 per channel; slow on a CPU), or
+# onnxruntime's contrib ops
+LOW_BIT_OPS = ("standard", "tensorrt", "contrib")
 
 
 @dataclass
@@ -81,7 +83,7 @@ class ExportOptions:
         4  # MatMulNBits' activations: 4 int8 (row-exact, fast), 0 fp32 (weight_format.py)
     )
     quant_block: int = 32  # weights per scale of re-quantised (non-GGUF) weights
-    low_bit_ops: str = "standard"  # int4/int8 weights: standard (DequantizeLinear) | contrib
+    low_bit_ops: str = "standard"  # int4/int8 weights: standard | tensorrt | contrib (LOW_BIT_OPS)
 
     @property
     def positions(self) -> int:
@@ -119,7 +121,7 @@ def _check_options(opts: ExportOptions, tc, dc) -> None:
             raise DflashEdgeError(f"{flag} {value!r}: the exporter writes {', '.join(WRITTEN)}")
     if opts.low_bit_ops not in LOW_BIT_OPS:
         raise DflashEdgeError(
-            f"--low-bit-ops {opts.low_bit_ops!r}: choose {' or '.join(LOW_BIT_OPS)}"
+            f"--low-bit-ops {opts.low_bit_ops!r}: choose one of {', '.join(LOW_BIT_OPS)}"
         )
     if "fp16" in (opts.precision, opts.draft_precision) and opts.precision != opts.draft_precision:
         raise DflashEdgeError(
@@ -139,7 +141,8 @@ def weight_formats(opts: ExportOptions) -> dict:
         table_bits=table,
         block_size=opts.quant_block,
         accuracy_level=opts.accuracy_level,
-        standard=opts.low_bit_ops == "standard",
+        standard=opts.low_bit_ops in ("standard", "tensorrt"),
+        tensorrt=opts.low_bit_ops == "tensorrt",
     )
     target = WeightFormat(opts.precision, **common)
     drafter = WeightFormat(opts.draft_precision, **common)

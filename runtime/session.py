@@ -73,7 +73,8 @@ def low_bit_settings(entry: dict) -> int | None:
                 f"--low-bit-ops contrib"
             )
     settings = (entry.get("quantization") or {}).get("settings") or {}
-    return settings.get("accuracy_level") if settings.get("low_bit_ops") == "standard" else None
+    standard = settings.get("low_bit_ops") in ("standard", "tensorrt")
+    return settings.get("accuracy_level") if standard else None
 
 
 def available_providers() -> list[str]:
