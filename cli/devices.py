@@ -354,6 +354,11 @@ def run_plan(args) -> int:
         + f" = {mem['total_gb']:.2f} GB of {mem['usable_gb']:.2f} GB usable -> "
         + ("fits" if out["fits"] else "does NOT fit")
     )
+    runs = out["runs"]
+    print(
+        f"runs: {runs['target_graph']}"
+        + (f" (export --low-bit-ops {runs['low_bit_ops']})" if runs["low_bit_ops"] else "")
+    )
     if not out["fits"]:
         print(f"why: {out['why_not']}")
         alts = ", ".join(f"{a['precision']} at context {a['context']}" for a in out["would_fit"])

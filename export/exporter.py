@@ -83,7 +83,9 @@ class ExportOptions:
         4  # MatMulNBits' activations: 4 int8 (row-exact, fast), 0 fp32 (weight_format.py)
     )
     quant_block: int = 32  # weights per scale of re-quantised (non-GGUF) weights
-    low_bit_ops: str = "standard"  # int4/int8 weights: standard | tensorrt | contrib (LOW_BIT_OPS)
+    low_bit_ops: str = (
+        "auto"  # int4/int8 weights: auto | standard | tensorrt | contrib (LOW_BIT_OPS)
+    )
 
     @property
     def positions(self) -> int:

@@ -332,3 +332,18 @@ def test_tensorrt_recipe_is_ready_and_lossless(bundles):
     gen = Generator.load(out, use_tuned=False)
     plain = gen.generate_ids(PROMPT, 24, draft="none").token_ids
     assert gen.generate_ids(PROMPT, 24, draft="drafter").token_ids == plain
+
+
+def test_the_device_plan_picks_the_low_bit_form():
+    """`export --device` (low_bit_ops auto) and `devices plan`: TensorRT's blocks on a Jetson or a
+    GPU, the source's own on a CPU; an 8B int4 target fits an Orin NX 16 GB."""
+    from dflash_edge.devices.dims import preset
+    from dflash_edge.devices.planner import PlanRequest, plan
+    from dflash_edge.devices.profiles import get_profile
+    from dflash_edge.export.device_plan import low_bit_ops_for
+
+    assert low_bit_ops_for(None) == low_bit_ops_for("cpu") == "standard"
+    assert low_bit_ops_for("jetson-orin-nx-16gb") == low_bit_ops_for("rtx-4090-24gb") == "tensorrt"
+    t, d, _ = preset("qwen3-8b")
+    out = plan(PlanRequest(t, d, get_profile("jetson-orin-nx-16gb"), "int4", 4096))
+    assert out["fits"] and out["runs"] == {"target_graph": "target", "low_bit_ops": "tensorrt"}
