@@ -270,13 +270,6 @@ class Table:
     """The embedding table [V, H], also the tied LM head: fp32, or `bits`-bit blocks, stored once
     for all graphs."""
 
-    def __new__(cls, g, ckpt, name: str):
-        if cls is Table and g.fmt.standard:  # standard ops: export/dq_format.DqTable
-            from .dq_format import DqTable
-
-            return super().__new__(DqTable)
-        return super().__new__(cls)
-
     def __init__(self, g, ckpt, name: str):
         self.g, self.ckpt, self.name = g, ckpt, name
         self.bits = g.fmt.table_bits
