@@ -208,8 +208,12 @@ def bundle_request(args, device) -> PlanRequest:
     if (
         "weight_bytes" in graphs["drafter"]
     ):  # exact: what each session reads (the data files hold both flavours)
-        borrowed = sum(
-            t["length"] for t in man["shared_weights"].get("tensors", []) if "drafter" in t["names"]
+        borrowed = sum(  # a region two tensors name (the table's head and lookup) once
+            {
+                (t["file"], t["offset"]): t["length"]
+                for t in man["shared_weights"].get("tensors", [])
+                if "drafter" in t["names"]
+            }.values()
         )
         own_draft = graphs["drafter"]["weight_bytes"] - borrowed
     target = ModelDims(
@@ -349,6 +353,11 @@ def run_plan(args) -> int:
         + ", ".join(f"{k} {v:.2f}" for k, v in mem["components_gb"].items())
         + f" = {mem['total_gb']:.2f} GB of {mem['usable_gb']:.2f} GB usable -> "
         + ("fits" if out["fits"] else "does NOT fit")
+    )
+    runs = out["runs"]
+    print(
+        f"runs: {runs['target_graph']}"
+        + (f" (export --low-bit-ops {runs['low_bit_ops']})" if runs["low_bit_ops"] else "")
     )
     if not out["fits"]:
         print(f"why: {out['why_not']}")

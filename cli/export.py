@@ -67,6 +67,16 @@ def add_arguments(p) -> None:
         "(calibrated on the written graph), else fp32",
     )
     p.add_argument(
+        "--low-bit-ops",
+        default=AUTO,
+        choices=(AUTO, "standard", "tensorrt", "contrib"),
+        help="int4/int8 weights: auto (tensorrt for a GPU / Jetson --device, else standard), "
+        "standard (blocked DequantizeLinear, opset 21, the source's own "
+        "blocks; onnxruntime fuses it into MatMulNBits), tensorrt (the same re-quantised to "
+        "TensorRT's weight-only rules: int4 blocks of 128, int8 per channel; slow on a CPU) or "
+        "contrib (MatMulNBits / GatherBlockQuantized)",
+    )
+    p.add_argument(
         "--device",
         default=None,
         help="plan for this device profile (`dflash-edge devices`): take the "
@@ -92,6 +102,7 @@ def options_from(args) -> ExportOptions:
         draft_precision=args.draft_precision,
         kv_cache=args.kv_cache,
         device=args.device,
+        low_bit_ops=args.low_bit_ops,
     )
 
 
@@ -110,14 +121,18 @@ def trt_readiness_line(bundle: Path) -> str:
     if summary["ok"]:
         return f"{head}: ok (`dflash-edge build-engines {bundle}` on a GPU machine)"
     problems = [f"{n}: {p}" for n, g in summary["graphs"].items() for p in g["problems"]]
-    low_bit = any("MatMulNBits" in p or "GatherBlockQuantized" in p for p in problems)
-    hint = (
-        (
-            "; int4/int8 graphs use onnxruntime's MatMulNBits blocks (the CPU runtime's): for "
-            "TensorRT export "
-            "with --precision fp16"
+    contrib = any("MatMulNBits" in p or "GatherBlockQuantized" in p for p in problems)
+    blocks = any("DequantizeLinear" in p and "blocks of" in p for p in problems)
+    hint = ""
+    if contrib:
+        hint = (
+            "; int4/int8 graphs use onnxruntime's MatMulNBits blocks (--low-bit-ops contrib): "
+            "export with --low-bit-ops standard"
         )
-        if low_bit
-        else ""
-    )
+    elif blocks:
+        hint = (
+            "; TensorRT takes INT4 weights in blocks of 64/128 and INT8 per channel, and this "
+            "bundle keeps its source's exact 32-wide blocks: for TensorRT export with "
+            "--low-bit-ops tensorrt"
+        )
     return f"{head}: not ready ({len(problems)} problem(s); the first, {problems[0]}){hint}"

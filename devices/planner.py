@@ -441,6 +441,18 @@ def check_request(req: PlanRequest) -> None:
         )
 
 
+def runs_on(req: PlanRequest) -> dict:
+    """Which target flavour the device runs and how its low-bit weights should be written
+    (`export --low-bit-ops`): a CPU runs the fused target over the source's own blocks (onnxruntime
+    fuses them into MatMulNBits); a GPU or Jetson builds TensorRT engines from the portable graphs,
+    whose INT4 / INT8 weights must follow TensorRT's weight-only rules (the same bytes either way:
+    one copy)."""
+    cpu = req.device.device_class == "cpu"
+    low_bit = req.precision in ("int4", "int8")
+    ops = ("standard" if cpu else "tensorrt") if low_bit else None
+    return {"target_graph": "target_fused" if cpu else "target", "low_bit_ops": ops}
+
+
 def plan(req: PlanRequest) -> dict:
     """The full plan: memory (fits, why not, what would fit) and speed; JSON-ready."""
     check_request(req)
@@ -458,6 +470,7 @@ def plan(req: PlanRequest) -> dict:
         "memory": mem,
         "fits": mem["fits"],
         "speed": speed_plan(req),
+        "runs": runs_on(req),
     }
     if not mem["fits"]:
         comps = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in mem["components_gb"].items())

@@ -105,8 +105,10 @@ def build_engines(opts: EngineOptions) -> dict:
         )
     trt = import_tensorrt()
     _warn_precision(opts.precision)
+    typed = {}  # graph -> strongly typed (weight-only low-bit: its types are the graph's own)
     for graph in graphs:
         report = check_trt_readiness(bundle.graph_path(graph), graph)
+        typed[graph] = weight_only(report)
         if not report.ok:
             raise DflashEdgeError(
                 f"{bundle.graph_path(graph)} is not ready for TensorRT:\n{report}\n"
@@ -121,7 +123,7 @@ def build_engines(opts: EngineOptions) -> dict:
             f"building {graph} ({opts.precision}) with TensorRT {trt.__version__} on {device} ...",
             file=sys.stderr,
         )
-        plan = _build_plan(trt, bundle.graph_path(graph), profiles[graph], opts)
+        plan = _build_plan(trt, bundle.graph_path(graph), profiles[graph], opts, typed[graph])
         rel = f"engines/{graph}.{opts.precision}.plan"
         _write_atomic(inside(bundle.root, rel, f"engines.{graph} (graph name)"), plan)
         seconds = time.perf_counter() - t0
@@ -132,6 +134,7 @@ def build_engines(opts: EngineOptions) -> dict:
             "device": device,
             "profiles": [_jsonable(profiles[graph])],
             "calibrated": False if opts.precision in ("int8", "fp8") else None,
+            "strongly_typed": typed[graph],
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "build_seconds": round(seconds, 1),
         }
@@ -163,19 +166,37 @@ def _warn_precision(precision: str) -> None:
         )
 
 
-def _build_plan(trt, onnx_path: Path, shapes: dict, opts: EngineOptions) -> bytes:
+def weight_only(report) -> bool:
+    """Whether a graph holds low-bit weights as DequantizeLinear (readiness report): TensorRT builds
+    those as a strongly typed network."""
+    return report.ops.get("DequantizeLinear", 0) > 0
+
+
+def network_flags(trt, strongly_typed: bool) -> int:
+    """`create_network` flags: STRONGLY_TYPED for weight-only low-bit graphs (TensorRT's explicit
+    quantization: each tensor keeps the graph's type, no precision flags), else none (TensorRT
+    10: explicit batch is the only mode)."""
+    if not strongly_typed:
+        return 0
+    return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+
+
+def _build_plan(
+    trt, onnx_path: Path, shapes: dict, opts: EngineOptions, strongly_typed: bool = False
+) -> bytes:
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    network = builder.create_network(0)  # TensorRT 10: explicit batch is the only mode
+    network = builder.create_network(network_flags(trt, strongly_typed))
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):  # resolves external data next to the .onnx
         errors = "\n  ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise DflashEdgeError(f"TensorRT's ONNX parser rejected {onnx_path}:\n  {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(opts.workspace_gb * (1 << 30)))
-    for flag in PRECISION_FLAGS[opts.precision]:
-        config.set_flag(getattr(trt.BuilderFlag, flag))
-    _keep_norms_fp32(trt, network, config)
+    if not strongly_typed:  # a strongly typed network takes no precision flags or layer precisions
+        for flag in PRECISION_FLAGS[opts.precision]:
+            config.set_flag(getattr(trt.BuilderFlag, flag))
+        _keep_norms_fp32(trt, network, config)
     config.add_optimization_profile(_profile(builder, network, shapes, onnx_path))
     plan = builder.build_serialized_network(network, config)
     if plan is None:

@@ -207,6 +207,23 @@ OPS: dict[str, str] = {
     "Xor": "BOOL",
 }
 
+# Weight-only low-bit weights (DequantizeLinear on stored weights feeding MatMul / Gather), per
+# element type: the TensorRT release that first builds them and the scales it takes. From NVIDIA's
+# "Quantization Schemes" page (docs.nvidia.com/deeplearning/tensorrt/latest/inference-library/
+# quantized-types-schemes.html): "INT4 quantization requires per-block scales. The supported block
+# sizes are {64, 128}. The block dimension should be one of the last two dimensions. TensorRT only
+# supports INT4 for weight quantization"; INT8 scales are a scalar (per tensor) or one per channel.
+# Symmetric only (zero point 0). Built as a strongly typed network (engines/build.py). INT4 weight-
+# only quantization first shipped in TensorRT 10.0; not verified here (no TensorRT on this machine).
+WEIGHT_ONLY: dict[str, dict] = {
+    "INT4": {"since": "10.0", "blocks": (64, 128), "per_channel": False},
+    "INT8": {"since": "8.0", "blocks": (), "per_channel": True},
+}
+DQ_OPSET = 21  # DequantizeLinear's `block_size` and the INT4 type: opset 21
+# TensorRT's own Gather layer takes INT8 / INT4 data (operators/Gather.html: "T1: bool, int4, int8,
+# int32, int64, float8, float16, float32, bfloat16"), though onnx-tensorrt's table lists no INT8
+GATHER_LAYER_TYPES = ("INT8", "INT4")
+
 # "Supported: N" rows.
 UNSUPPORTED = frozenset(
     """

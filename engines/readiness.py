@@ -177,10 +177,11 @@ def _check_graph(graph, types: dict[str, str], report: Report, seen: set) -> Non
     consts = {i.name for i in graph.initializer} | {
         o for n in graph.node if n.op_type == "Constant" for o in n.output
     }
+    dims = {i.name: list(i.dims) for i in graph.initializer}
     for node in graph.node:
         op = node.op_type if node.domain in STANDARD_DOMAINS else f"{node.domain}::{node.op_type}"
         report.ops[op] = report.ops.get(op, 0) + 1
-        _check_node(node, op, types, consts, report, seen)
+        _check_node(node, op, types, consts, report, seen, dims)
         for attr in node.attribute:  # If / Loop / Scan bodies: check their ops too
             for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
                 _check_graph(sub, {**types, **_tensor_types(sub)}, report, seen)
@@ -193,7 +194,7 @@ def _once(report: Report, seen: set, key: str, kind: str, text: str) -> None:
 
 
 def _check_node(
-    node, op: str, types: dict[str, str], consts: set, report: Report, seen: set
+    node, op: str, types: dict[str, str], consts: set, report: Report, seen: set, dims=None
 ) -> None:
     where = f"node {node.name or node.output[0]!r}"
     if node.domain not in STANDARD_DOMAINS:
@@ -237,6 +238,75 @@ def _check_node(
         )
     _check_restrictions(node, op, where, consts, report, seen)
     _check_dtype(node, op, where, types, report, seen)
+    if op == "DequantizeLinear":
+        _check_weight_only(node, where, types, consts, report, seen, dims or {})
+
+
+def _check_weight_only(
+    node, where: str, types: dict[str, str], consts: set, report, seen, dims: dict
+) -> None:
+    """Blocked / low-bit DequantizeLinear against TensorRT's weight-only rules (op_support)."""
+    from onnx import helper
+
+    qtype = sup.ONNX_TO_TRT.get(types.get(node.input[0], ""))
+    rule = sup.WEIGHT_ONLY.get(qtype)
+    if rule is None:  # a type TensorRT does not dequantize: _check_dtype names it
+        return
+    block = next(
+        (helper.get_attribute_value(a) for a in node.attribute if a.name == "block_size"), 0
+    )
+    if len(node.input) > 2 and node.input[2]:
+        _once(
+            report,
+            seen,
+            f"wo-zp:{qtype}",
+            "problem",
+            f"{qtype} DequantizeLinear ({where}) has a zero point: TensorRT dequantizes "
+            "symmetrically only (zero point 0)",
+        )
+    axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 1)
+    shape = dims.get(node.input[0])
+    if block and shape and shape[axis] % block:
+        _once(
+            report,
+            seen,
+            f"wo-partial:{qtype}:{block}",
+            "problem",
+            f"{qtype} DequantizeLinear ({where}): {shape[axis]} weights along its blocked axis are "
+            f"no whole number of blocks of {block} (TensorRT's blocks must tile the axis)",
+        )
+    if block and block not in rule["blocks"]:
+        takes = (
+            f"in blocks of {' or '.join(str(b) for b in rule['blocks'])} only"
+            if rule["blocks"]
+            else "with one scale per tensor or per channel only, not in blocks"
+        )
+        _once(
+            report,
+            seen,
+            f"wo-block:{qtype}:{block}",
+            "problem",
+            f"{qtype} DequantizeLinear ({where}) in blocks of {block}: TensorRT takes {qtype} "
+            f"weights {takes} (a GGUF's own blocks are 32 / 16 wide; re-quantised TensorRT blocks "
+            "are not written yet)",
+        )
+    _once(
+        report,
+        seen,
+        f"wo:{qtype}",
+        "note",
+        f"{qtype} weight-only DequantizeLinear: TensorRT >= {rule['since']}, a strongly typed "
+        "network (build-engines sets it); not built here",
+    )
+    if node.input[0] not in consts:
+        _once(
+            report,
+            seen,
+            f"wo-computed:{qtype}",
+            "note",
+            f"{qtype} DequantizeLinear ({where}) of a computed tensor (embedding rows gathered "
+            "before dequantising): unverified with TensorRT",
+        )
 
 
 def _check_restrictions(node, op: str, where: str, consts: set, report: Report, seen: set) -> None:
@@ -285,7 +355,16 @@ def _check_dtype(
         trt_t = sup.ONNX_TO_TRT.get(onnx_t, onnx_t)
         if trt_t in allowed:
             continue
-        if trt_t == "INT64" and "INT32" in allowed:
+        if op == "Gather" and trt_t in sup.GATHER_LAYER_TYPES:
+            _once(
+                report,
+                seen,
+                f"g:{trt_t}",
+                "note",
+                f"Gather ({where}) on {onnx_t}: onnx-tensorrt's table lists no {onnx_t}; "
+                "TensorRT's Gather layer takes it (operators/Gather.html); unverified here",
+            )
+        elif trt_t == "INT64" and "INT32" in allowed:
             _once(
                 report,
                 seen,

@@ -6,7 +6,8 @@ its only expert kernel whose rows do not depend on the step's length: docs/BENCH
 else fp32. With `device` set, the device plan picks the precision and max context that fit
 (device_plan.py). `draft_precision=None`: the planner's default for the target's precision.
 `kv_cache="auto"`: int8 for int4 / int8 targets that get a fused graph (calibrated on the written
-graph: kv_cache.py), else fp32.
+graph: kv_cache.py), else fp32. `low_bit_ops="auto"`: standard (the source's own blocks as
+DequantizeLinear), or tensorrt (TensorRT's weight-only blocks) for a GPU / Jetson `device`.
 
 >>> resolve_choices(ExportOptions(out="b/")).precision       # doctest: +SKIP
 'fp32'
@@ -23,7 +24,7 @@ from ..models.fetch import target_files
 from ..models.gguf_checkpoint import config_dir, is_gguf
 from ..runtime.errors import DflashEdgeError
 from ..runtime.tokenizer import ChatTokenizer
-from .device_plan import EXPORT_PRECISIONS, choose_for_device
+from .device_plan import EXPORT_PRECISIONS, choose_for_device, low_bit_ops_for
 from .kv_cache import check_kv_cache, check_request
 
 AUTO = "auto"
@@ -53,8 +54,16 @@ def resolve_choices(opts):
         kv = "fp32" if precision in ("fp32", "fp16") or not opts.fused else "int8"
     check_request(precision, check_kv_cache(kv))
     check_shortest_chat(path, opts.block_size, context)
+    ops = opts.low_bit_ops
+    if ops in (None, AUTO):  # the device plan's: TensorRT's blocks on a GPU / Jetson
+        ops = low_bit_ops_for(opts.device)
     return dataclasses.replace(
-        opts, precision=precision, draft_precision=draft, kv_cache=kv, max_context=context
+        opts,
+        precision=precision,
+        draft_precision=draft,
+        kv_cache=kv,
+        max_context=context,
+        low_bit_ops=ops,
     )
 
 

@@ -80,6 +80,15 @@ def choose_for_device(
     )
 
 
+def low_bit_ops_for(device: str | None) -> str:
+    """How an int4 / int8 bundle's weights are written for `device` (`export --low-bit-ops auto`):
+    a CPU (or no device) reads the source's own blocks (standard), a GPU or Jetson builds TensorRT
+    engines and takes TensorRT's weight-only blocks (tensorrt; devices/planner.runs_on)."""
+    if device in (None, "cpu"):
+        return "standard"
+    return "standard" if get_profile(device).device_class == "cpu" else "tensorrt"
+
+
 def _cpu_profile():
 
     return detect_cpu().profile

@@ -49,6 +49,11 @@ PARITY_PROMPT = "Explain in two sentences why the sky is blue."
 SCRATCH = ".scratch"  # inside the partial folder: a random drafter's checkpoint, until parity ends
 OPSETS = {"target": OPSET, "drafter": OPSET, "target_fused": OPSET_FUSED, "target_hybrid": OPSET}
 WRITTEN = ("fp32", "fp16", "int8", "int4")  # precisions the writer stores weights in directly
+# low-bit weights: blocked DequantizeLinear over the source's own blocks (standard ONNX;
+# onnxruntime's CPU provider fuses it into MatMulNBits: one copy for every flavour), re-quantised to
+# TensorRT's weight-only rules (tensorrt: int4 blocks of 128, int8 per channel; slow on a CPU), or
+# onnxruntime's contrib ops
+LOW_BIT_OPS = ("standard", "tensorrt", "contrib")
 
 
 @dataclass
@@ -78,6 +83,9 @@ class ExportOptions:
         4  # MatMulNBits' activations: 4 int8 (row-exact, fast), 0 fp32 (weight_format.py)
     )
     quant_block: int = 32  # weights per scale of re-quantised (non-GGUF) weights
+    low_bit_ops: str = (
+        "auto"  # int4/int8 weights: auto | standard | tensorrt | contrib (LOW_BIT_OPS)
+    )
 
     @property
     def positions(self) -> int:
@@ -113,6 +121,10 @@ def _check_options(opts: ExportOptions, tc, dc) -> None:
     ):
         if value not in WRITTEN:
             raise DflashEdgeError(f"{flag} {value!r}: the exporter writes {', '.join(WRITTEN)}")
+    if opts.low_bit_ops not in LOW_BIT_OPS:
+        raise DflashEdgeError(
+            f"--low-bit-ops {opts.low_bit_ops!r}: choose one of {', '.join(LOW_BIT_OPS)}"
+        )
     if "fp16" in (opts.precision, opts.draft_precision) and opts.precision != opts.draft_precision:
         raise DflashEdgeError(
             f"--precision {opts.precision} with --draft-precision {opts.draft_precision}: an fp16 "
@@ -127,8 +139,15 @@ def weight_formats(opts: ExportOptions) -> dict:
     own layers."""
 
     table = 0 if opts.precision in ("fp32", "fp16") else 8
-    target = WeightFormat(opts.precision, table, opts.quant_block, opts.accuracy_level)
-    drafter = WeightFormat(opts.draft_precision, table, opts.quant_block, opts.accuracy_level)
+    common = dict(
+        table_bits=table,
+        block_size=opts.quant_block,
+        accuracy_level=opts.accuracy_level,
+        standard=opts.low_bit_ops in ("standard", "tensorrt"),
+        tensorrt=opts.low_bit_ops == "tensorrt",
+    )
+    target = WeightFormat(opts.precision, **common)
+    drafter = WeightFormat(opts.draft_precision, **common)
     return {"target": target, "target_fused": target, "drafter": drafter, "target_hybrid": target}
 
 
@@ -362,7 +381,7 @@ def _graph_entry(root: Path, name: str, static_shapes: dict, shared: list[dict],
         "files": files,
         "precision": fmt.precision,
         "io": io_manifest(name, "float32"),
-        "opset": OPSETS[name],
+        "opset": _opset(root / f"{name}.onnx"),
         "static_shapes": static_shapes,
         "flavour": FLAVOURS[name].kind,
         "weight_bytes": _weight_bytes(root / f"{name}.onnx"),
@@ -380,17 +399,27 @@ def _graph_entry(root: Path, name: str, static_shapes: dict, shared: list[dict],
     return entry
 
 
+def _opset(path: Path) -> int:
+    """The standard-domain opset `path` imports (21 where low-bit weights are DequantizeLinear)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
 def _weight_bytes(path: Path) -> int:
-    """Bytes of the weights this graph reads (its initializers, inline or in any data file): what a
-    session of it holds, where the data files also hold the other flavour's weights (devices plan
-    reads it)."""
+    """Bytes of the weights this graph reads (its initializers, inline or in any data file; a region
+    two initializers name, the embedding table's head and lookup, once): what a session of it
+    holds, where the data files also hold the other flavour's weights (devices plan reads it)."""
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
-    external = [
-        {e.key: e.value for e in i.external_data} for i in graph.initializer if i.external_data
-    ]
-    return sum(int(e["length"]) for e in external) + sum(
+    external = {
+        (e["location"], e.get("offset", "0")): int(e["length"])
+        for e in ({x.key: x.value for x in i.external_data} for i in graph.initializer)
+        if e
+    }
+    return sum(external.values()) + sum(
         len(i.raw_data) for i in graph.initializer if not i.external_data
     )
 

@@ -22,6 +22,8 @@ from ..runtime.tensor_file import INLINE_BELOW
 from .weight_format import MS, FormatLog, WeightFormat
 from .weight_store import ONNX_DTYPES, WeightStore
 
+OPSET_DQ = 21  # blocked DequantizeLinear, int4 / uint4 (low-bit weights in standard ops)
+ACCURACY_KEY = "onnxruntime.qdq_matmulnbits_accuracy_level"  # metadata: the session option to set
 OPSET = 17  # the portable graphs: standard ONNX ops TensorRT parses
 OPSET_FUSED = (
     23  # target_fused: RMSNormalization is standard from opset 23 (onnxruntime's fused kernel)
@@ -102,24 +104,47 @@ class GraphBuilder:
                 for t in expand_specs(spec[side], dims)
             ]
 
-        graph = helper.make_graph(
-            self.nodes, self.graph, value_info("inputs"), value_info("outputs"), self.inits
-        )
         if any(
             n.domain == MS for n in self.nodes
         ):  # low-bit weights: MatMulNBits / GatherBlockQuantized
             opsets = {MS: 1, **opsets}
+        blocked = any(n.op_type == "DequantizeLinear" for n in self.nodes)
+        if blocked and opsets.get("", OPSET) < OPSET_DQ:  # low-bit weights in standard ops
+            opsets = {**opsets, "": OPSET_DQ}  # (dq_format.py): opset 21
+            self._axes_as_inputs()
+        graph = helper.make_graph(
+            self.nodes, self.graph, value_info("inputs"), value_info("outputs"), self.inits
+        )
         model = helper.make_model(
             graph,
             opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
             producer_name="dflash-edge",
         )
+        if blocked:  # what onnxruntime's fused MatMulNBits computes with
+            helper.set_model_props(model, {ACCURACY_KEY: str(self.fmt.accuracy_level)})
         if self.fmt.precision == "fp16":
             from ..models.float16_graph import convert
 
             convert(model)
         onnx.save_model(model, str(out))
         return out
+
+    def _axes_as_inputs(self) -> None:
+        """Reduce* nodes written with an `axes` attribute (opset 17) take it as an input, as opset
+        18 on wants (ReduceSum already did from 13)."""
+        from onnx import helper
+
+        for i, node in enumerate(self.nodes):
+            axes = [a for a in node.attribute if a.name == "axes"]
+            if not node.op_type.startswith("Reduce") or not axes:
+                continue
+            attrs = {
+                a.name: helper.get_attribute_value(a) for a in node.attribute if a.name != "axes"
+            }
+            inputs = [*node.input, self.const(list(axes[0].ints))]
+            self.nodes[i] = helper.make_node(
+                node.op_type, inputs, list(node.output), name=node.name, **attrs
+            )
 
 
 def _half(make, name: str):

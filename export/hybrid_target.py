@@ -31,6 +31,7 @@ import numpy as np
 
 from ..models.families.qwen3_5 import LINEAR, attention_spec
 from ..runtime.errors import DflashEdgeError
+from .dq_table import embedding_table
 from .graph_builder import OPSET, GraphBuilder
 from .portable_layers import (
     Layer,
@@ -46,7 +47,6 @@ from .portable_layers import (
     stack_new,
 )
 from .portable_target import causal_mask, untied_head
-from .weight_format import Table
 
 GRAPH = "target_hybrid"
 MAX_TOKENS = 64  # the most tokens one call may carry (the solve's factor count follows from it)
@@ -361,7 +361,7 @@ def build_hybrid_target(
         g, num_new, num_past, offsets, cfg.num_attention_heads // cfg.num_key_value_heads
     )
     tri = _masks(g, offsets)
-    embed = Table(g, ckpt, f"{p}.embed_tokens.weight")  # shared with the drafter
+    embed = embedding_table(g, ckpt, f"{p}.embed_tokens.weight")  # shared with the drafter
     x = embed.gather(g.op("Squeeze", ["input_ids", g.const([0])])[0])  # [T, H]
     linear_ids = cfg.linear_layers
     full_ids = [i for i in range(cfg.num_hidden_layers) if i not in linear_ids]

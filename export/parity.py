@@ -23,6 +23,7 @@ import numpy as np
 from ..runtime.errors import DflashEdgeError
 from ..runtime.io_tables import GRAPHS, expand_specs
 from ..runtime.memory import release_free_memory
+from .graph_builder import ACCURACY_KEY
 
 
 class ParityError(DflashEdgeError):
@@ -98,22 +99,24 @@ def _session(path):
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    if not _low_bit(
-        path
-    ):  # no second (packed) copy of each float weight; MatMulNBits without its packed
+    low_bit, level = _low_bit(path)
+    if not low_bit:  # no second (packed) copy of each float weight; MatMulNBits without its packed
         opts.add_session_config_entry(
             "session.disable_prepacking", "1"
         )  # copy repacks per call, and holds more
+    if level is not None:  # DequantizeLinear weights: what the fused MatMulNBits computes with
+        opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", level)
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def _low_bit(path) -> bool:
+def _low_bit(path) -> tuple[bool, str | None]:
+    """(low-bit weights?, the accuracy level its DequantizeLinear weights ask for, or None)."""
     import onnx
 
-    return any(
-        n.op_type == "MatMulNBits"
-        for n in onnx.load(str(path), load_external_data=False).graph.node
-    )
+    model = onnx.load(str(path), load_external_data=False)
+    level = {p.key: p.value for p in model.metadata_props}.get(ACCURACY_KEY)
+    low = any(n.op_type in ("MatMulNBits", "DequantizeLinear") for n in model.graph.node)
+    return low, level
 
 
 def _run(session, feeds: tuple, names: tuple[str, ...]) -> tuple:

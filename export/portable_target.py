@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..models import family_spec
+from .dq_table import embedding_table
 from .families import family_writers
 from .graph_builder import OPSET, GraphBuilder
 from .portable_layers import (
@@ -36,8 +37,8 @@ EMBED = "model.embed_tokens.weight"
 
 def embedding(g: GraphBuilder, ckpt) -> Table:
     """The target's embedding table, stored once for every graph (fp32 or blocks:
-    weight_format.Table)."""
-    return Table(g, ckpt, EMBED)
+    weight_format.Table; DequantizeLinear: dq_table.py)."""
+    return embedding_table(g, ckpt, EMBED)
 
 
 def untied_head(g: GraphBuilder, h: str, ckpt, out: str | None = None) -> str:

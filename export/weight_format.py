@@ -50,6 +50,8 @@ class WeightFormat:
     block_size: int = 32
     accuracy_level: int = 4
     exact: bool = True
+    standard: bool = False  # low-bit weights as blocked DequantizeLinear (export/dq_format.py)
+    tensorrt: bool = False  # ... re-quantised to TensorRT's weight-only rules (dq_format.py)
 
     def __post_init__(self):
         if self.precision not in BITS:
@@ -67,6 +69,9 @@ class WeightFormat:
             "accuracy_level": self.accuracy_level,
             "table_bits": self.table_bits,
             "exact_low_bit_source": self.exact,
+            "low_bit_ops": "tensorrt"
+            if self.tensorrt
+            else ("standard" if self.standard else "contrib"),
         }
 
 
@@ -118,6 +123,10 @@ def _operands(g, ckpt, name: str, bits: int):
     """NBitsWeight of checkpoint weight `name` [N, K]: its exact low-bit blocks when it has them,
     else RTN."""
     fmt = g.fmt
+    if fmt.tensorrt:  # TensorRT's blocks, never the source's (export/dq_format.py)
+        from .dq_format import tensorrt_operands
+
+        return tensorrt_operands(g, ckpt, name, bits)
     exact = ckpt.nbits(name) if fmt.exact else None
     if exact is not None:
         g.log.stored[(ckpt.root, name)] = ("exact",)
@@ -165,6 +174,11 @@ def nbits_node(g, x: str, key: str, lazy, out: str | None = None, shared: str | 
     """MatMulNBits(x) (+ blocksum(x) @ correction) for the weight stored under `key` (`lazy`:
     `_lazy`'s pair)."""
     lay, get = lazy
+    if g.fmt.standard:  # DequantizeLinear + MatMul (the correction below, as here)
+        from .dq_format import dq_matmul
+
+        y = dq_matmul(g, x, key, lazy, out if not lay.correction else None, shared)
+        return _corrected(g, x, key, lay, get, y, out, shared)
     inputs = [
         x,
         g.init(f"{key}_Q{lay.bits}", get("B"), _share(shared, "B")),
@@ -180,6 +194,11 @@ def nbits_node(g, x: str, key: str, lazy, out: str | None = None, shared: str | 
     y = g.op("MatMulNBits", inputs, [out] if out and not lay.correction else 1, domain=MS, **attrs)[
         0
     ]
+    return _corrected(g, x, key, lay, get, y, out, shared)
+
+
+def _corrected(g, x: str, key: str, lay, get, y: str, out: str | None, shared: str | None) -> str:
+    """y + blocksum(x) @ correction for an affine weight; y itself otherwise."""
     if lay.correction:
         corr = g.op(
             "MatMul",
@@ -382,6 +401,12 @@ class StoredWeights:
         out = np.empty((max(stop - start, 0), *self.ckpt.shape(name)[1:]), np.float32)
         for at in range(start, stop, chunk):
             part = slice(at, min(at + chunk, stop))
-            block = rtn(self.ckpt.array(name, rows=part), *recipe[1:])
+            rows = self.ckpt.array(name, rows=part)
+            if recipe[0] == "channel":  # TensorRT's per-channel int8 (export/dq_format.py)
+                from .dq_format import per_channel
+
+                block = per_channel(rows)
+            else:
+                block = rtn(rows, *recipe[1:])
             out[at - start : part.stop - start] = dequantize(block).reshape(-1, *out.shape[1:])
         return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,7 +33,25 @@ DATA_FILES = {
     "drafter": "drafter.onnx.data",
     "target_hybrid": "target.onnx.data",
 }
-ONNX_DTYPES = {"int64": 7, "int32": 6, "float32": 1, "float16": 10, "uint8": 2}  # TensorProto enums
+ONNX_DTYPES = {
+    "int64": 7,
+    "int32": 6,
+    "float32": 1,
+    "float16": 10,
+    "uint8": 2,
+    "int8": 3,
+    "uint4": 21,
+    "int4": 22,
+}  # TensorProto enums
+
+
+class Packed(NamedTuple):
+    """A sub-byte tensor (int4 / uint4, export/dq_format.py): its bytes packed as onnx lays them
+    out (two a byte, low nibble first), its element type and logical shape."""
+
+    data: np.ndarray  # uint8, ceil(prod(shape) / 2) bytes
+    dtype: str
+    shape: tuple
 
 
 class WeightStore:
@@ -63,16 +82,18 @@ class WeightStore:
         """TensorProto `name` of `graph`: inline when small, else external in the graph's file (or,
         with `shared`, the shared file under that key). `make`: an array or a function returning it,
         called only when `name` is not stored yet."""
-        from onnx import numpy_helper
-
         file = SHARED_FILE if shared else DATA_FILES[graph]
         stats = self.stats.setdefault(graph, {"appended_bytes": 0, "reused_bytes": 0})
         hit = self.placed.get((file, shared or name))
         if hit is None:
-            array = np.ascontiguousarray(make() if callable(make) else make)
+            array = make() if callable(make) else make
+            packed = array if isinstance(array, Packed) else None
+            array = np.ascontiguousarray(array.data if packed else array)
             if array.nbytes < INLINE_BELOW:  # inside the .onnx, as small constants are
-                return numpy_helper.from_array(array, name)
+                return _inline(name, array, packed)
             hit = self._append(file, array, stats)
+            if packed:
+                hit = (*hit[:2], packed.dtype, tuple(packed.shape))
             self.placed[(file, shared or name)] = hit
             del array
         else:
@@ -107,6 +128,19 @@ class WeightStore:
     def manifest(self) -> list[dict]:
         """Shared entries held by two or more graphs (`shared_weights.tensors`)."""
         return [{"key": k, **e} for k, e in self.shared.items() if len(e["names"]) > 1]
+
+
+def _inline(name: str, array: np.ndarray, packed: Packed | None):
+    from onnx import TensorProto, numpy_helper
+
+    if packed is None:
+        return numpy_helper.from_array(array, name)
+    return TensorProto(
+        name=name,
+        data_type=ONNX_DTYPES[packed.dtype],
+        dims=list(packed.shape),
+        raw_data=array.tobytes(),
+    )
 
 
 def _external_proto(name: str, file: str, offset: int, length: int, dtype: str, shape: tuple):

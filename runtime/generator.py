@@ -34,7 +34,13 @@ from .kv import TARGET_MODELS, DraftModel, TargetModel
 from .policy import make_policy
 from .proposals import Proposer, make_sources
 from .sampling import SamplingParams, select_token
-from .session import SessionConfig, open_graph, release_pages, shared_initializers
+from .session import (
+    SessionConfig,
+    low_bit_settings,
+    open_graph,
+    release_pages,
+    shared_initializers,
+)
 from .stats import GenerationStats
 from .text import TextAssembler, text_pieces
 from .trt_profiles import symbol_ranges, trt_profiles
@@ -206,10 +212,11 @@ class Generator:
         def session(
             graph: str,
         ):  # fp16 graphs get TensorRT's fp16 kernels; shared weights are given, not loaded
-            fp16 = b.manifest["graphs"][graph]["precision"] == "fp16"
+            entry = b.manifest["graphs"][graph]
+            fp16, level = entry["precision"] == "fp16", low_bit_settings(entry)
             return open_graph(
                 b.graph_path(graph),
-                replace(config, fp16=fp16),
+                replace(config, fp16=fp16, accuracy_level=level),
                 profiles.get(graph),
                 shared.get(graph),
             )

@@ -47,6 +47,34 @@ class SessionConfig:
     trt_cache_dir: str | None = None  # TensorRT EP engine cache (bundle/.trt-cache by default)
     spin: bool = True  # busy-wait between ops within a run: lower latency on idle cores
     fp16: bool = False  # the graph is fp16 (manifest precision): TensorRT builds fp16 kernels
+    # DequantizeLinear low-bit weights (export/dq_format.py): the accuracy level of the MatMulNBits
+    # onnxruntime fuses them into (the manifest's; None: onnxruntime's default, 4)
+    accuracy_level: int | None = None
+
+
+QDQ_ACCURACY = "session.qdq_matmulnbits_accuracy_level"
+# opset 21 (blocked DequantizeLinear, int4) needs IR 10: onnxruntime 1.17 reads IR <= 9; 1.19 fuses
+# int4 DequantizeLinear + MatMul into MatMulNBits, 1.32 int8 too (docs/BENCHMARKS.md)
+ORT_FOR_OPSET = {21: (1, 19)}
+
+
+def low_bit_settings(entry: dict) -> int | None:
+    """The accuracy level a manifest graph entry's DequantizeLinear weights run at (None: not
+    such a graph); refuses, naming the fix, an onnxruntime too old for the graph's opset."""
+    import onnxruntime as ort
+
+    have = tuple(int(p) for p in ort.__version__.split(".")[:2] if p.isdigit())
+    for opset, need in ORT_FOR_OPSET.items():
+        if entry.get("opset", 0) >= opset and have < need:
+            raise DflashEdgeError(
+                f"this bundle's graphs hold int4/int8 weights as opset-{opset} DequantizeLinear, "
+                f"which onnxruntime {ort.__version__} cannot run; pip install -U "
+                f"'onnxruntime>={need[0]}.{need[1]}' (1.32 tested), or re-export with "
+                f"--low-bit-ops contrib"
+            )
+    settings = (entry.get("quantization") or {}).get("settings") or {}
+    standard = settings.get("low_bit_ops") in ("standard", "tensorrt")
+    return settings.get("accuracy_level") if standard else None
 
 
 def available_providers() -> list[str]:
@@ -134,6 +162,8 @@ def open_graph(
     # work
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin else "0")
     opts.add_session_config_entry("session.force_spinning_stop", "1")
+    if config.accuracy_level is not None:
+        opts.add_session_config_entry(QDQ_ACCURACY, str(config.accuracy_level))
     for name, value in (initializers or {}).items():
         opts.add_initializer(name, value)
     providers = [(ep, _provider_options(ep, config, profile)) for ep in eps]

@@ -53,12 +53,12 @@ def _export(ckpt, out, **kw):
 
 
 def _logits(bundle, ids):
-    import onnxruntime as ort
+    from dflash_edge.export import parity
 
     m = read_bundle(bundle).manifest
     d = m["model"]
     empty = np.zeros((0, d["num_layers"], d["num_kv_heads"], d["head_dim"]), np.float32)
-    sess = ort.InferenceSession(str(bundle / "target.onnx"), providers=["CPUExecutionProvider"])
+    sess = parity._session(bundle / "target.onnx")  # with the accuracy level the graph asks for
     feeds = {
         "input_ids": np.array([ids], np.int64),
         "start": np.array([0], np.int64),
@@ -151,13 +151,15 @@ def test_unmapped_low_bit_type_is_requantised_with_a_named_warning(gguf_ckpt, tm
     assert q["requantised_low_bit"] == down and q["weights_by_source"]["rtn"] == 2
 
 
-@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize(
+    "precision, ops", [("int8", "standard"), ("int4", "standard"), ("int4", "contrib")]
+)
 def test_float_checkpoint_is_written_low_bit_and_stays_lossless(
-    tiny_checkpoints, tmp_path, precision
+    tiny_checkpoints, tmp_path, precision, ops
 ):
     """A float checkpoint re-quantised as it is read; parity runs against the reference on the
     stored weights (so it holds at fp32 bounds), and drafting changes no token of the bundle's own
-    greedy decoding."""
+    greedy decoding; in standard ops (the default) no graph holds MatMulNBits itself."""
     from dflash_edge.runtime import Generator
 
     out = _export(
@@ -165,6 +167,7 @@ def test_float_checkpoint_is_written_low_bit_and_stays_lossless(
         tmp_path / precision,
         precision=precision,
         draft_precision=precision,
+        low_bit_ops=ops,
     )
     m = read_bundle(out).manifest
     assert {n: g["precision"] for n, g in m["graphs"].items()} == {
@@ -182,11 +185,13 @@ def test_float_checkpoint_is_written_low_bit_and_stays_lossless(
     plain = gen.generate_ids(PROMPT, 32, draft="none").token_ids
     assert gen.generate_ids(PROMPT, 32, draft="drafter").token_ids == plain
     raw = json.loads((out / "manifest.json").read_text())
-    assert "MatMulNBits" in (out / "target_fused.onnx").read_bytes().decode("latin-1")
+    fused = (out / "target_fused.onnx").read_bytes().decode("latin-1")
+    assert ("MatMulNBits" in fused) == (ops == "contrib")
     import onnx
 
     for name in raw["graphs"]:  # valid ONNX: the contrib ops' domain is imported
         onnx.checker.check_model(str(out / f"{name}.onnx"))
+        assert raw["graphs"][name]["quantization"]["settings"]["low_bit_ops"] == ops
     assert raw["graphs"]["drafter"]["quantization"]["settings"]["block_size"] == 32
 
 

@@ -1,0 +1,118 @@
+"""The embedding table (and the tied LM head) in standard ops: `weight_format.Table`'s numbers as
+DequantizeLinear (export/dq_format.py), stored once in the shared file for every graph.
+
+int8 codes [H, V] with scales [H/bs, V], stored once and named twice (the head's and the lookup's:
+onnxruntime fuses only a DequantizeLinear whose initializers nothing else reads): the head is
+DequantizeLinear -> MatMul like any weight; a lookup gathers the rows' codes and scales first and
+dequantises only those (DequantizeLinear -> Gather dequantises all V rows on every call in
+onnxruntime: 0.4 s a step for a 151,936-row table). A 4-bit table's codes are widened to int8
+(standard Gather takes no int4). `--low-bit-ops tensorrt`: int8 codes [V, H] with one scale per row,
+one DequantizeLinear read by the lookup's Gather and the head's Gemm.
+
+>>> embed = embedding_table(g, ckpt, "model.embed_tokens.weight")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dq_format import _centred, pack, per_channel
+from .weight_format import Table, _lazy
+
+
+def embedding_table(g, ckpt, name: str) -> Table:
+    """The table of graph `g`: in standard ops when `g.fmt.standard`, else weight_format's."""
+    return (DqTable if g.fmt.standard else Table)(g, ckpt, name)
+
+
+class DqTable(Table):
+    """weight_format.Table in standard ops: int8 codes [H, V] and scales [H/bs, V] (tensorrt: [V, H]
+    and [V])."""
+
+    def __init__(self, g, ckpt, name: str):
+        self.g, self.ckpt, self.name = g, ckpt, name
+        self.bits = g.fmt.table_bits
+        if ckpt.shape(name)[1] % g.fmt.block_size:  # rows not whole blocks
+            self.bits = 0
+        if self.bits == 0:
+            self.fp32 = g.init(name, lambda: ckpt.array(name), shared="embed_tokens")
+            return
+        self.key = f"{name}_table{self.bits}"
+        self.layout, self.get = _lazy(g, self.key, self._build)  # no zero points, no correction
+        g.log.count(g.graph, self.layout.qtype)
+
+    def _build(self):
+        if not self.g.fmt.tensorrt:
+            return super()._build()
+        self.g.log.stored[(self.ckpt.root, self.name)] = ("channel",)  # one scale per token row
+        shape = self.ckpt.shape(self.name)
+        return per_channel(lambda rows: self.ckpt.array(self.name, rows=rows), shape=shape)
+
+    def _rows_table(self) -> str:
+        """TensorRT's form: the table [V, H] dequantised (int8, one scale per row) as one
+        DequantizeLinear on stored weights, read by the lookup's Gather and the head's Gemm; on a
+        CPU the whole table is dequantised per call (slow: a TensorRT bundle)."""
+        g = self.g
+        if "trt_table" not in g.memo:
+            weight = lambda: self.get(None)()  # noqa: E731
+            codes = g.init(
+                f"{self.key}_DQ8",
+                lambda: pack(_centred(weight()), 8, signed=True),
+                "embed_tokens.DQ",
+            )  # [V, H]
+            scales = g.init(
+                f"{self.key}_DQscales",
+                lambda: np.ascontiguousarray(weight().scales[:, 0]),
+                "embed_tokens.DQscales",
+            )  # [V]
+            g.memo["trt_table"] = g.op("DequantizeLinear", [codes, scales], axis=0)[0]  # [V, H]
+        return g.memo["trt_table"]
+
+    def _operands(self, use: str) -> tuple[str, str]:
+        """(codes [H, V], scales [H/bs, V]) initializers for `use` ("head" or "rows"): the same
+        bytes on disk under two names (the store keeps one copy), because onnxruntime fuses a
+        DequantizeLinear into MatMulNBits only when nothing else reads its initializers."""
+        g, suffix = self.g, "" if use == "head" else "_rows"
+        weight = lambda: self.get(None)()  # noqa: E731
+        codes = g.init(
+            f"{self.key}_DQ8{suffix}",
+            lambda: pack(_centred(weight()).T, 8, signed=True),
+            f"embed_tokens.DQ{suffix}",
+        )  # [H, V]
+        scales = g.init(
+            f"{self.key}_DQscales{suffix}",
+            lambda: np.ascontiguousarray(weight().scales.T),
+            f"embed_tokens.DQscales{suffix}",
+        )  # [H/bs, V]
+        return codes, scales
+
+    def gather(self, ids: str) -> str:
+        """Rows `ids` [*] -> [*, H]: the rows' codes and scales gathered, then dequantised."""
+        g = self.g
+        if self.bits == 0:
+            return g.op("Gather", [self.fp32, ids], axis=0)[0]
+        if g.fmt.tensorrt:
+            return g.op("Gather", [self._rows_table(), ids], axis=0)[0]
+        codes, scales = self._operands("rows")
+        flat = g.op("Reshape", [ids, g.const([-1])])[0]  # [n]
+        q = g.op("Gather", [codes, flat], axis=1)[0]  # [H, n]
+        s = g.op("Gather", [scales, flat], axis=1)[0]  # [H/bs, n]
+        rows = g.op("DequantizeLinear", [q, s], axis=0, block_size=self.layout.block_size)[0]
+        rows = g.op("Transpose", [rows], perm=[1, 0])[0]  # [n, H]
+        shape = g.op("Concat", [g.op("Shape", [ids])[0], g.const([self.layout.k])], axis=0)[0]
+        return g.op("Reshape", [rows, shape])[0]  # [*ids, H]
+
+    def head(self, flat: str) -> str:
+        """Logits [T, V] of rows `flat` [T, H]."""
+        g = self.g
+        if self.bits == 0:
+            return g.op("Gemm", [flat, self.fp32], transB=1)[0]
+        if g.fmt.tensorrt:
+            return g.op("Gemm", [flat, self._rows_table()], transB=1)[0]
+        w_t = g.op(
+            "DequantizeLinear",
+            list(self._operands("head")),
+            axis=0,
+            block_size=self.layout.block_size,
+        )[0]  # [H, V]
+        return g.op("MatMul", [flat, w_t])[0]
