@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..models.nbits import row_form
 from .dq_format import _centred, pack, per_channel
-from .weight_format import Table, _lazy
+from .weight_format import Table, _corrected, _lazy
 
 
 def embedding_table(g, ckpt, name: str) -> Table:
@@ -38,7 +39,7 @@ class DqTable(Table):
             self.fp32 = g.init(name, lambda: ckpt.array(name), shared="embed_tokens")
             return
         self.key = f"{name}_table{self.bits}"
-        self.layout, self.get = _lazy(g, self.key, self._build)  # no zero points, no correction
+        self.layout, self.get = _lazy(g, self.key, self._build)
         g.log.count(g.graph, self.layout.qtype)
 
     def _build(self):
@@ -87,20 +88,71 @@ class DqTable(Table):
         return codes, scales
 
     def gather(self, ids: str) -> str:
-        """Rows `ids` [*] -> [*, H]: the rows' codes and scales gathered, then dequantised."""
+        """Rows `ids` [*] -> [*, H]: the rows' codes and scales gathered, then dequantised; an
+        affine GGUF table adds its rows' own offsets (models/nbits.row_form: bit for bit gguf's
+        dequantisation, as weight_format.Table)."""
         g = self.g
         if self.bits == 0:
             return g.op("Gather", [self.fp32, ids], axis=0)[0]
         if g.fmt.tensorrt:
             return g.op("Gather", [self._rows_table(), ids], axis=0)[0]
+        zero, added = self._row_terms()
         codes, scales = self._operands("rows")
         flat = g.op("Reshape", [ids, g.const([-1])])[0]  # [n]
-        q = g.op("Gather", [codes, flat], axis=1)[0]  # [H, n]
-        s = g.op("Gather", [scales, flat], axis=1)[0]  # [H/bs, n]
-        rows = g.op("DequantizeLinear", [q, s], axis=0, block_size=self.layout.block_size)[0]
+        inputs = [g.op("Gather", [t, flat], axis=1)[0] for t in (codes, scales)]  # [H | H/bs, n]
+        if zero is not None:  # (q - zero) from the stored q - 2^(bits-1): a zero point per block
+            inputs.append(g.op("Gather", [zero, flat], axis=1)[0])
+        bs, k = self.layout.block_size, self.layout.k
+        rows = g.op("DequantizeLinear", inputs, axis=0, block_size=bs)[0]
         rows = g.op("Transpose", [rows], perm=[1, 0])[0]  # [n, H]
-        shape = g.op("Concat", [g.op("Shape", [ids])[0], g.const([self.layout.k])], axis=0)[0]
+        if added is not None:  # + the rows' offsets, one per block
+            blocks = g.op("Reshape", [rows, g.const([0, k // bs, bs])])[0]
+            offsets = g.op("Gather", [added, flat], axis=0)[0]  # [n, H/bs, 1]
+            rows = g.op("Reshape", [g.op("Add", [blocks, offsets])[0], g.const([0, k])])[0]
+        shape = g.op("Concat", [g.op("Shape", [ids])[0], g.const([k])], axis=0)[0]
         return g.op("Reshape", [rows, shape])[0]  # [*ids, H]
+
+    def _row_terms(self) -> tuple[str | None, str | None]:
+        """(zero points [H/bs, V] int8 relative to the stored codes' 2^(bits-1), offsets
+        [V, H/bs, 1] float32) initializers of a looked-up row, each None when not needed."""
+        g, memo = self.g, {}
+
+        def form():
+            if "form" not in memo:
+                w = self.get(None)()
+                zero, added = row_form(w)
+                base = 0 if w.zero_points is not None else 1 << (w.bits - 1)
+                shift = None if zero is None else zero.astype(np.int16) - base
+                memo["form"] = (shift, added)
+            return memo["form"]
+
+        key = f"{self.key}_dq_rows"
+        if key not in g.store.layouts:  # first use: the blocks were just built
+            shift, added = form()
+            if shift is not None and (shift.min() < -128 or shift.max() > 127):
+                raise ValueError(f"{self.name}: zero points out of int8 range after centring")
+            need_zero = shift is not None and bool(shift.any())
+            g.store.layouts[key] = (need_zero, added is not None)
+        need_zero, need_add = g.store.layouts[key]
+        zero = (
+            g.init(
+                f"{self.key}_DQzero_rows",
+                lambda: np.ascontiguousarray(form()[0].T.astype(np.int8)),
+                "embed_tokens.DQzero_rows",
+            )
+            if need_zero
+            else None
+        )  # [H/bs, V]
+        added = (
+            g.init(
+                f"{self.key}_DQoffsets",
+                lambda: np.ascontiguousarray(form()[1][..., None], np.float32),
+                "embed_tokens.DQoffsets",
+            )
+            if need_add
+            else None
+        )  # [V, H/bs, 1]
+        return zero, added
 
     def head(self, flat: str) -> str:
         """Logits [T, V] of rows `flat` [T, H]."""
@@ -115,4 +167,5 @@ class DqTable(Table):
             axis=0,
             block_size=self.layout.block_size,
         )[0]  # [H, V]
-        return g.op("MatMul", [flat, w_t])[0]
+        y = g.op("MatMul", [flat, w_t])[0]
+        return _corrected(g, flat, self.key, self.layout, self.get, y, None, "embed_tokens")

@@ -206,34 +206,55 @@ class _OneTensor:
         return {}
 
 
+@pytest.mark.parametrize("standard", [False, True], ids=["contrib", "standard"])
 @pytest.mark.parametrize("name", MAPPED)
-def test_exported_table_lookup_is_gguf_bit_for_bit(name, tmp_path):
+def test_exported_table_lookup_is_gguf_bit_for_bit(name, standard, tmp_path):
     """The exporter's own table lookup (weight_format.Table: GatherBlockQuantized of the rows' codes
-    plus the rows' offsets), run in onnxruntime, gives gguf's dequantised rows exactly; nothing is
-    re-quantised."""
+    plus the rows' offsets; dq_table.DqTable: DequantizeLinear of the gathered codes plus the same
+    offsets), run in onnxruntime, gives gguf's dequantised rows exactly; nothing is re-quantised.
+    The tied head (MatMul form, its correction a separate term) agrees to its int8 activations."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
+    from dflash_edge.export.dq_table import embedding_table
     from dflash_edge.export.graph_builder import GraphBuilder
-    from dflash_edge.export.weight_format import Table, WeightFormat
+    from dflash_edge.export.weight_format import WeightFormat
     from dflash_edge.export.weight_store import WeightStore
 
     raw = _raw(name)
     truth = dequantize(raw, T[name])
-    g = GraphBuilder("target", WeightStore(tmp_path), WeightFormat("int4", table_bits=4))
-    table = Table(g, _OneTensor(nbits_operands(raw, T[name])), "token_embd.weight")
+    fmt = WeightFormat("int4", table_bits=4, standard=standard)
+    g = GraphBuilder("target", WeightStore(tmp_path), fmt)
+    table = embedding_table(g, _OneTensor(nbits_operands(raw, T[name])), "token_embd.weight")
     g.op("Identity", [table.gather("ids")], ["Y"])
+    g.op("Identity", [table.head("X")], ["Z"])
     assert g.log.requantised == {} and table.layout.qtype == name
     graph = helper.make_graph(
         g.nodes,
         "lookup",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, [None])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [None]),
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, truth.shape[1]]),
+        ],
+        [
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("Z", TensorProto.FLOAT, None),
+        ],
         g.inits,
     )
-    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    opsets = [
+        helper.make_opsetid("", 21 if standard else 18),
+        helper.make_opsetid("com.microsoft", 1),
+    ]
     path = tmp_path / "lookup.onnx"
     path.write_bytes(helper.make_model(graph, opset_imports=opsets).SerializeToString())
     ids = np.array([5, 0, 63, 5, 17], np.int64)
+    x = np.random.default_rng(0).standard_normal((3, truth.shape[1])).astype(np.float32)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    assert np.array_equal(sess.run(None, {"ids": ids})[0], truth[ids])
+    rows, logits = sess.run(None, {"ids": ids, "X": x})
+    assert np.array_equal(rows, truth[ids])
+    want = x.astype(np.float64) @ truth.T.astype(np.float64)
+    # the head quantises its activations to int8 per block (accuracy level 4): ~0.5% here
+    assert np.abs(logits - want).max() <= 2e-2 * np.abs(want).max()
+    if standard:
+        assert all(n.domain in ("", "ai.onnx") for n in g.nodes), "a contrib op in standard form"
