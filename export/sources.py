@@ -239,7 +239,7 @@ def _lazy_target(src: Sources):
 
 
 def _lazy_drafter(src: Sources):
-    from ..models.drafter import DFlashDrafter
+    from ..models.drafter import drafter_module
     from ..models.weights import stream_layers
 
-    return stream_layers(lambda: DFlashDrafter(src.draft_cfg), src.draft_ckpt, "layers").eval()
+    return stream_layers(lambda: drafter_module(src.draft_cfg), src.draft_ckpt, "layers").eval()

@@ -68,6 +68,8 @@ _WINDOW_KEYS = (
 class DraftConfig(TargetConfig):
     """Qwen3-style dims plus the DFlash fields of a z-lab `config.json`."""
 
+    ARCHITECTURES = ("DFlashDraftModel",)  # `architectures` names this class reads
+
     block_size: int = 16
     num_target_layers: int = 0
     mask_token_id: int = 0
@@ -141,10 +143,16 @@ class DraftConfig(TargetConfig):
 
     @classmethod
     def from_dict(cls, raw: dict) -> "DraftConfig":
-        if "DFlashDraftModel" not in raw.get("architectures", []):
+        archs = raw.get("architectures") or []
+        if cls is DraftConfig:  # a DFlash2 drafter: its own fields (dflash2_config.py)
+            from .dflash2_config import DFLASH2_ARCHITECTURES, DFlash2Config
+
+            if set(archs) & set(DFLASH2_ARCHITECTURES):
+                return DFlash2Config.from_dict(raw)
+        if not set(archs) & set(cls.ARCHITECTURES):
             raise ModelFormatError(
-                f"config.json architectures={raw.get('architectures')} is not a DFlash drafter "
-                f"(expected ['DFlashDraftModel'])"
+                f"config.json architectures={archs} is not a DFlash drafter "
+                f"(expected ['DFlashDraftModel'] or ['DFlash2DraftModel'])"
             )
         dflash = dict(raw.get("dflash_config") or {})
         if "mask_token_id" not in dflash:

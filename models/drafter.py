@@ -179,7 +179,18 @@ def load_drafter(
         cfg.check_fits(target_config)
     ckpt = Checkpoint.open(path)
     ckpt.check_dtypes(cfg.torch_dtype)
-    return load_streamed(lambda: DFlashDrafter(cfg), ckpt, dtype).to(dtype).eval()
+    return load_streamed(lambda: drafter_module(cfg), ckpt, dtype).to(dtype).eval()
+
+
+def drafter_module(cfg: DraftConfig) -> nn.Module:
+    """An uninitialised drafter of `cfg`'s generation (DFlash, or DFlash2: dflash2.py)."""
+    from .dflash2_config import DFlash2Config
+
+    if isinstance(cfg, DFlash2Config):
+        from .dflash2 import DFlash2Drafter
+
+        return DFlash2Drafter(cfg)
+    return DFlashDrafter(cfg)
 
 
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
