@@ -189,6 +189,10 @@ def reference(src: Sources, block: int):
         drafter_graph = (
             WindowedDrafterGraph if src.draft_cfg.window_layers else DrafterGraph
         )  # its I/O
+        if hasattr(src.draft_cfg, "selector_top_k"):  # DFlash2: + the lattice outputs
+            from ..models.dflash2 import DFlash2Graph
+
+            drafter_graph = DFlash2Graph
         modules = {
             "target": TargetGraph(target, tuple(src.draft_cfg.target_layer_ids)),
             "drafter": drafter_graph(target, drafter, vocab),

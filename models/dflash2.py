@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .dflash2_config import DFlash2Config
-from .drafter import DFlashDrafter
+from .drafter import DFlashDrafter, WindowedDrafterGraph
 from .families.qwen3 import attention_spec
 from .layers import DecoderLayer
 from .target import lm_logits
@@ -176,3 +176,13 @@ def from_dflash1(drafter: DFlashDrafter, cfg: DFlash2Config) -> DFlash2Drafter:
                 if name.endswith("base_kernel"):
                     p[:, 0] = 1.0
     return model.eval()
+
+
+class DFlash2Graph(WindowedDrafterGraph):
+    """The `drafter` graph's torch reference for a DFlash2 drafter (io_tables: the cache outputs
+    of `WindowedDrafterGraph`, then `candidate_ids` [1, B-1, k] and `lattice_scores`
+    [1, B-1, k, k]); `draft_ids` is the greedy walk."""
+
+    def drafts(self, hidden, block_ids) -> tuple:
+        cand, scores = self.drafter.lattice(self.lm_head, hidden[:, 1:], block_ids[:, 0])
+        return greedy_walk(cand, scores), cand, scores

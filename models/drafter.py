@@ -248,7 +248,9 @@ class WindowedDrafterGraph(DrafterGraph):
     (draft_ids, new_key, new_value, new_window_key, new_window_value), None where a kind has no
     layers."""
 
-    def forward(self, block_ids, ctx_hidden, start, past_key, past_value, window_key, window_value):
+    def forward(
+        self, block_ids, ctx_hidden, start, past_key, past_value, window_key=None, window_value=None
+    ):
         cfg = self.drafter.config
         num_ctx, block = ctx_hidden.shape[1], block_ids.shape[1]
         ctx_positions = start + torch.arange(num_ctx, dtype=torch.long)  # [C]
@@ -273,9 +275,7 @@ class WindowedDrafterGraph(DrafterGraph):
             past_v,
             past_pos,
         )
-        draft_ids = lm_logits(self.lm_head, hidden[:, 1:]).argmax(-1)  # [1, B-1]
-        if self.vocab is not None:
-            draft_ids = self.vocab_ids[draft_ids]  # local row -> token id
+        draft_ids, *lattice = self.drafts(hidden, block_ids)
         return (
             draft_ids,
             *(
@@ -283,4 +283,12 @@ class WindowedDrafterGraph(DrafterGraph):
                 for layers in (full, slid)
                 for new in (new_k, new_v)
             ),
+            *lattice,
         )
+
+    def drafts(self, hidden, block_ids) -> tuple:
+        """(draft_ids [1, B-1],) from the normed block `hidden` [1, B, H] (DFlash2: + lattice)."""
+        draft_ids = lm_logits(self.lm_head, hidden[:, 1:]).argmax(-1)  # [1, B-1]
+        if self.vocab is not None:
+            draft_ids = self.vocab_ids[draft_ids]  # local row -> token id
+        return (draft_ids,)

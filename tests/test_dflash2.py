@@ -2,6 +2,7 @@
 DFlash1, the exported lattice graph and the runtime's walk over it (tier 1: tiny models)."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from dflash_edge.models.names import drafter_tensors
 from dflash_edge.runtime.errors import ModelFormatError
 
 from dflash2_fixture import write_dflash2
+from runtime_cases import PROMPTS, SAMPLERS, reference
+from tiny import check_two_token_distribution
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -99,3 +102,168 @@ def test_identity_conversion_keeps_dflash1_hidden_and_drafts(tiny_target):
             want = tiny_target.lm_head(h1[:, 1:]).argmax(-1)
             cand, scores = d2.lattice(tiny_target.lm_head, h2[:, 1:], ids[:, 0])
         assert torch.equal(greedy_walk(cand, scores), want)
+
+
+# ---- export + runtime ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def d2_bundle(tiny_checkpoints, tmp_path_factory):
+    """A tiny qwen3 target + the published-layout DFlash2 drafter, exported with parity on."""
+    from dflash_edge.export.exporter import ExportOptions, export_bundle
+    from dflash_edge.models import load_target
+    from dflash_edge.runtime import Generator
+
+    from fixtures_bundle import MAX_CONTEXT, PREFILL_CHUNK, TinyBundle, add_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("d2-bundle")
+    shutil.copytree(tiny_checkpoints["qwen3"][1], root / "target")
+    add_tiny_tokenizer(root / "target")
+    target = load_target(root / "target")
+    write_dflash2(root / "drafter", target.config)
+    out = export_bundle(
+        ExportOptions(
+            out=root / "bundle",
+            target=str(root / "target"),
+            draft=str(root / "drafter"),
+            block_size=8,
+            max_context=MAX_CONTEXT,
+            prefill_chunk=PREFILL_CHUNK,
+            force=True,
+        ),
+        progress=False,
+    )
+    drafter = load_drafter(root / "drafter", target_config=target.config)
+    return TinyBundle(out, target, drafter, Generator.load(out))
+
+
+def test_export_writes_the_lattice_and_parity_checks_it(d2_bundle):
+    manifest = json.loads((d2_bundle.path / "manifest.json").read_text())
+    assert manifest["model"]["draft_selector_top_k"] == 16
+    outputs = [o["name"] for o in manifest["graphs"]["drafter"]["io"]["outputs"]]
+    assert outputs[-2:] == ["candidate_ids", "lattice_scores"]
+    parity = manifest["source"]["parity"]
+    assert parity["drafter.candidate_ids.agreement"] == 1.0
+    assert parity["drafter.draft_ids.agreement"] == 1.0
+    assert (
+        parity["drafter.lattice_scores.max_abs_diff"]
+        < 1e-3 * parity["drafter.lattice_scores.max_abs"]
+    )
+
+
+def _recording(gen, monkeypatch):
+    """Wrap `gen`'s drafter model so each draft call records (graph draft_ids, its lattice or
+    Nones, ctx_end); undone after the test."""
+    model, calls = gen.drafter, []
+    run = model.draft
+
+    def draft(last, ctx_end):
+        ids = run(last, ctx_end)
+        cand, scores = model.lattice() if "candidate_ids" in model.step.arrays else (None, None)
+        copies = [None if a is None else a.copy() for a in (ids, cand, scores)]
+        calls.append((*copies, ctx_end))
+        return ids
+
+    monkeypatch.setattr(model, "draft", draft)
+    return calls
+
+
+def test_greedy_is_lossless_and_the_host_walk_is_the_graphs(d2_bundle, monkeypatch):
+    from dflash_edge.runtime.lattice import greedy_walk
+
+    gen = d2_bundle.generator
+    calls = _recording(gen, monkeypatch)
+    for prompt in PROMPTS:
+        want = reference(d2_bundle, prompt, stop=())
+        spec = gen.generate_ids(prompt, 40, draft="drafter", stop_token_ids=())
+        plain = gen.generate_ids(prompt, 40, draft="none", stop_token_ids=())
+        assert spec.token_ids == plain.token_ids == want.token_ids
+        steps = spec.stats.acceptance_lengths
+        assert steps and all(1 <= a <= 8 for a in steps) and sum(steps) + 1 >= 40
+    assert len(calls) > 40
+    for ids, cand, scores, _ in calls:
+        assert greedy_walk(cand, scores).tolist() == ids.tolist()
+        assert cand.shape == (7, 16) and scores.shape == (7, 16, 16)
+
+
+@pytest.mark.parametrize("sampling", SAMPLERS)
+def test_sampling_same_seed_same_tokens_as_the_target(d2_bundle, sampling):
+    want = reference(d2_bundle, PROMPTS[1], 48, sampling, stop=())
+    gen = d2_bundle.generator
+    got = gen.generate_ids(PROMPTS[1], 48, sampling, draft="drafter", stop_token_ids=())
+    assert got.token_ids == want.token_ids
+
+
+def test_sampling_distribution_matches_target(d2_bundle):
+    from dflash_edge.runtime.sampling import SamplingParams
+
+    def sample_pair(seed):
+        return d2_bundle.generator.generate_ids(
+            PROMPTS[0],
+            2,
+            SamplingParams(1.0, top_k=5, seed=seed),
+            draft="drafter",
+            stop_token_ids=(),
+        ).token_ids
+
+    check_two_token_distribution(d2_bundle.target, PROMPTS[0], sample_pair)
+
+
+def test_sampled_walk_draws_the_targets_token_when_the_distributions_agree():
+    """The sampled walk shares the target's uniform per position (lattice.py): where the selector's
+    q over the candidates equals the target's p, every draw is the target's own token."""
+    import numpy as np
+
+    from dflash_edge.runtime.lattice import sampled_walk
+    from dflash_edge.runtime.sampling import SamplingParams, select_token
+
+    rng = np.random.default_rng(0)
+    vocab, top, rows = 50, 16, 5
+    for trial in range(40):
+        params = SamplingParams(temperature=0.8, seed=trial)
+        cand = np.stack([rng.permutation(vocab)[:top] for _ in range(rows)])  # [R, Kc]
+        logits = np.full((rows, vocab), -1e9)
+        for r in range(rows):
+            logits[r, cand[r]] = rng.normal(size=top) * 2
+        scores = np.repeat(logits[np.arange(rows)[:, None], cand][:, None], top, axis=1)
+        first = 10 + trial
+        want = [select_token(logits[r], params, first + r) for r in range(rows)]
+        assert sampled_walk(cand, scores, params, first).tolist() == want
+
+
+def test_identity_conversion_drafts_what_dflash1_drafts_through_the_runtime(
+    tiny_bundle, tmp_path, monkeypatch
+):
+    """DFlash1 -> DFlash2 with a neutral conv and a zero selector, exported: the same drafts at
+    every step and the same acceptance lengths on every prompt."""
+    from dflash_edge.export.exporter import ExportOptions, export_bundle
+    from dflash_edge.models.drafter import save_drafter
+    from dflash_edge.runtime import Generator
+
+    from fixtures_bundle import MAX_CONTEXT, PREFILL_CHUNK
+
+    tb = tiny_bundle("qwen3", 8)
+    cfg1 = tb.drafter.config
+    cfg2 = DFlash2Config(**{**vars(cfg1), "selector_rank": 4, "conv_group_size": 16})
+    save_drafter(from_dflash1(tb.drafter, cfg2), tmp_path / "d2", dtype=torch.float32)
+    target_dir = json.loads((tb.path / "manifest.json").read_text())["source"]["target"]
+    out = export_bundle(
+        ExportOptions(
+            out=tmp_path / "bundle",
+            target=target_dir,
+            draft=str(tmp_path / "d2"),
+            block_size=8,
+            max_context=MAX_CONTEXT,
+            prefill_chunk=PREFILL_CHUNK,
+            force=True,
+        ),
+        progress=False,
+    )
+    gen2 = Generator.load(out)
+    drafts1, drafts2 = _recording(tb.generator, monkeypatch), _recording(gen2, monkeypatch)
+    for prompt in PROMPTS:
+        one = tb.generator.generate_ids(prompt, 40, draft="drafter", stop_token_ids=())
+        two = gen2.generate_ids(prompt, 40, draft="drafter", stop_token_ids=())
+        assert one.token_ids == two.token_ids
+        assert one.stats.acceptance_lengths == two.stats.acceptance_lengths
+    assert len(drafts1) == len(drafts2) > 40
+    for (ids1, *_, end1), (ids2, *_, end2) in zip(drafts1, drafts2):
+        assert end1 == end2 and ids1.tolist() == ids2.tolist()
