@@ -15,8 +15,9 @@ import sys
 
 import torch
 
-from dflash_edge.models.dflash2 import greedy_walk, new_dflash2
+from dflash_edge.models.dflash2 import draft_lattice, greedy_walk
 from dflash_edge.models.dflash2_config import DFlash2Config
+from dflash_edge.models.dflash2_weights import new_dflash2
 
 RAW = {
     "architectures": ["DFlash2DraftModel"],
@@ -101,7 +102,7 @@ def main() -> int:
         zl = theirs(position_ids=positions[None], noise_embedding=noise, target_hidden=ctx)
         worst["hidden"] = float((mine - zl).abs().max())
         rows = zl[:, 1:]
-        cand, scores = ours.lattice(head, rows, ids[:, 0])
+        cand, scores = draft_lattice(ours, head, rows, ids[:, 0])
         path = greedy_walk(cand, scores)
         zpath, zcand, _ = theirs.propose(rows, ids[:, 0], head, 0.0)
         same_cands = bool((cand.sort(-1).values == zcand.sort(-1).values).all())

@@ -1,5 +1,5 @@
 """The `drafter` graph of a DFlash2 drafter: portable_drafter's graph with DFlash2's layers,
-embedding scale and lattice outputs (torch reference: models/dflash2.py, `DFlash2Graph`).
+embedding scale and lattice outputs (torch reference: drafter.WindowedDrafterGraph over dflash2.py).
 
 Each layer wraps its attention and MLP in grouped dynamic causal convolutions (`conv`: the block is
 static, so a tap k is the block shifted down k rows with zeros before row 0). The draft rows' logits

@@ -16,6 +16,9 @@ pair of a candidate m at the previous position (the anchor for the first) and a 
 takes, position by position, the best (or a sampled) candidate given the one before
 (runtime/lattice.py walks it on the host; `greedy_walk` is the same walk in torch).
 
+drafter.DFlashDrafter builds these parts for a DFlash2Config (and `draft_lattice` reads them);
+dflash2_weights.py makes random and converted DFlash2 drafters.
+
 >>> drafter = load_drafter("dflash2-drafter/", target_config=target.config)  # doctest: +SKIP
 """
 
@@ -25,7 +28,6 @@ import torch
 from torch import nn
 
 from .dflash2_config import DFlash2Config
-from .drafter import DFlashDrafter, WindowedDrafterGraph
 from .families.qwen3 import attention_spec
 from .layers import DecoderLayer
 from .target import lm_logits
@@ -119,70 +121,17 @@ def greedy_walk(cand: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     return torch.stack(path, dim=1)
 
 
-class DFlash2Drafter(DFlashDrafter):
-    """DFlashDrafter with DFlash2 layers, the embedding scale and the candidate selector."""
-
-    def __init__(self, cfg: DFlash2Config):
-        super().__init__(cfg)
-        self.layers = nn.ModuleList(DFlash2Layer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.candidate_selector = CandidateSelector(cfg)
-
-    def step(self, block_embeds, *args, **kwargs):
-        scale = float(self.config.input_embedding_scale)
-        return super().step(block_embeds * scale if scale != 1.0 else block_embeds, *args, **kwargs)
-
-    def logits(self, lm_head, hidden):
-        """The LM head's logits for draft rows, with z-lab's output multiplier and softcap."""
-        c = self.config
-        out = lm_logits(lm_head, hidden) * float(c.output_multiplier)
-        cap = c.final_logit_softcapping
-        if cap is not None and float(cap) > 0:
-            out = torch.tanh(out / float(cap)) * float(cap)
-        return out
-
-    def lattice(self, lm_head, hidden, anchor):
-        """(candidates, scores) of the draft rows `hidden` [b, R, H] after `anchor` [b]."""
-        return self.candidate_selector.lattice(hidden, self.logits(lm_head, hidden), anchor)
+def draft_logits(cfg: DFlash2Config, lm_head, hidden):
+    """The LM head's logits for draft rows, with z-lab's output multiplier and softcap."""
+    out = lm_logits(lm_head, hidden) * float(cfg.output_multiplier)
+    cap = cfg.final_logit_softcapping
+    if cap is not None and float(cap) > 0:
+        out = torch.tanh(out / float(cap)) * float(cap)
+    return out
 
 
-def new_dflash2(cfg: DFlash2Config, seed: int = 0, conv_std: float = 0.02) -> DFlash2Drafter:
-    """A randomly initialised DFlash2 drafter (small normal weights, unit norms, base taps
-    ~N(0, conv_std) around the identity tap)."""
-    model = DFlash2Drafter(cfg)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
-            elif name.endswith("base_kernel"):
-                p.copy_(torch.randn(p.shape, generator=g) * conv_std)
-                p[:, 0] += 1.0  # tap 0 near 1: the identity conv plus noise
-        sel = model.candidate_selector
-        for book in (sel.predecessor_codebook, sel.successor_codebook):
-            book.copy_(torch.randn(book.shape, generator=g))
-    return model.eval()
-
-
-def from_dflash1(drafter: DFlashDrafter, cfg: DFlash2Config) -> DFlash2Drafter:
-    """`drafter`'s weights in a DFlash2 drafter with a neutral conv (tap 0 = 1, the others and the
-    projections 0) and a zero selector: it drafts exactly what `drafter` drafts."""
-    model = DFlash2Drafter(cfg)
-    missing, unexpected = model.load_state_dict(drafter.state_dict(), strict=False)
-    assert not unexpected, unexpected
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name in missing:
-                p.zero_()
-                if name.endswith("base_kernel"):
-                    p[:, 0] = 1.0
-    return model.eval()
-
-
-class DFlash2Graph(WindowedDrafterGraph):
-    """The `drafter` graph's torch reference for a DFlash2 drafter (io_tables: the cache outputs
-    of `WindowedDrafterGraph`, then `candidate_ids` [1, B-1, k] and `lattice_scores`
-    [1, B-1, k, k]); `draft_ids` is the greedy walk."""
-
-    def drafts(self, hidden, block_ids) -> tuple:
-        cand, scores = self.drafter.lattice(self.lm_head, hidden[:, 1:], block_ids[:, 0])
-        return greedy_walk(cand, scores), cand, scores
+def draft_lattice(drafter, lm_head, hidden, anchor):
+    """(candidates, scores) of a DFlash2 drafter's draft rows `hidden` [b, R, H] after `anchor`
+    [b]."""
+    logits = draft_logits(drafter.config, lm_head, hidden)
+    return drafter.candidate_selector.lattice(hidden, logits, anchor)

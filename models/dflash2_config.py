@@ -6,7 +6,7 @@ that scores pairs of consecutive top-k candidates. Its `config.json` says
 `architectures: ["DFlash2DraftModel"]` (or `Qwen3DFlash2DraftModel`); the DFlash2 fields are read
 from `dflash_config` first, then the top level (z-lab's `_draft_value`).
 
->>> cfg = DFlash2Config.from_dict(json.loads(Path("d/config.json").read_text()))  # doctest: +SKIP
+>>> cfg = read_draft_config(json.loads(Path("d/config.json").read_text()))  # doctest: +SKIP
 >>> sorted(DFLASH2_FIELDS)[:2]
 ['conv_group_size', 'conv_kernel_size']
 """
@@ -111,3 +111,10 @@ class DFlash2Config(DraftConfig):
         out["candidate_selector.predecessor_codebook"] = (vocab, rank)
         out["candidate_selector.successor_codebook"] = (vocab, rank)
         return out
+
+
+def read_draft_config(raw: dict) -> DraftConfig:
+    """A drafter config.json's config: DFlash2Config for a DFlash2 drafter, else DraftConfig."""
+    if set(raw.get("architectures") or []) & set(DFLASH2_ARCHITECTURES):
+        return DFlash2Config.from_dict(raw)
+    return DraftConfig.from_dict(raw)

@@ -144,12 +144,7 @@ class DraftConfig(TargetConfig):
     @classmethod
     def from_dict(cls, raw: dict) -> "DraftConfig":
         archs = raw.get("architectures") or []
-        if cls is DraftConfig:  # a DFlash2 drafter: its own fields (dflash2_config.py)
-            from .dflash2_config import DFLASH2_ARCHITECTURES, DFlash2Config
-
-            if set(archs) & set(DFLASH2_ARCHITECTURES):
-                return DFlash2Config.from_dict(raw)
-        if not set(archs) & set(cls.ARCHITECTURES):
+        if not set(archs) & set(cls.ARCHITECTURES):  # (dflash2_config.read_draft_config: either)
             raise ModelFormatError(
                 f"config.json architectures={archs} is not a DFlash drafter "
                 f"(expected ['DFlashDraftModel'] or ['DFlash2DraftModel'])"

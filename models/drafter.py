@@ -23,6 +23,8 @@ from ..runtime.errors import ModelFormatError
 from ..runtime.publish import publish_dir
 from .checkpoint import Checkpoint
 from .config import TargetConfig
+from .dflash2 import CandidateSelector, DFlash2Layer, draft_lattice, greedy_walk
+from .dflash2_config import DFlash2Config, read_draft_config
 from .draft_config import (  # noqa: F401  (re-exported: callers import them from here)
     SMOLLM2_MASK_TOKEN,
     ZLAB_MODEL_CLASS,
@@ -39,7 +41,8 @@ from .weights import load_streamed
 
 class DFlashDrafter(nn.Module):
     """Tensor names are z-lab's: `layers.{i}.…`, `norm`, `fc`, `hidden_norm` (no `model.`
-    prefix)."""
+    prefix). A DFlash2Config gives DFlash2's layers, embedding scale and `candidate_selector`
+    (dflash2.py)."""
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()
@@ -51,6 +54,9 @@ class DFlashDrafter(nn.Module):
             DecoderLayer(attention_spec(cfg), cfg.intermediate_size)
             for _ in range(cfg.num_hidden_layers)
         )
+        if isinstance(cfg, DFlash2Config):
+            self.layers = nn.ModuleList(DFlash2Layer(cfg) for _ in range(cfg.num_hidden_layers))
+            self.candidate_selector = CandidateSelector(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryTable(
             cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings
@@ -83,6 +89,8 @@ class DFlashDrafter(nn.Module):
         layer to the part its window shows (`attention_mask`). `past_positions[i]` [S_i]: the
         positions of layer i's cached rows (default 0..S_i-1; a window cache passes its last W-1
         positions, negative ones for empty rows)."""
+        scale = float(getattr(self.config, "input_embedding_scale", 1.0))  # DFlash2's
+        block_embeds = block_embeds * scale if scale != 1.0 else block_embeds
         ctx = self.hidden_norm(self.fc(ctx_feats))  # [1, C, H]
         num_ctx = ctx.shape[1]
         rope_q = self.rope(block_positions)
@@ -174,23 +182,12 @@ def load_drafter(
             f"{cfg_file} not found: a DFlash drafter directory needs config.json + "
             "model.safetensors"
         )
-    cfg = DraftConfig.from_dict(json.loads(cfg_file.read_text()))
+    cfg = read_draft_config(json.loads(cfg_file.read_text()))
     if target_config is not None:
         cfg.check_fits(target_config)
     ckpt = Checkpoint.open(path)
     ckpt.check_dtypes(cfg.torch_dtype)
-    return load_streamed(lambda: drafter_module(cfg), ckpt, dtype).to(dtype).eval()
-
-
-def drafter_module(cfg: DraftConfig) -> nn.Module:
-    """An uninitialised drafter of `cfg`'s generation (DFlash, or DFlash2: dflash2.py)."""
-    from .dflash2_config import DFlash2Config
-
-    if isinstance(cfg, DFlash2Config):
-        from .dflash2 import DFlash2Drafter
-
-        return DFlash2Drafter(cfg)
-    return DFlashDrafter(cfg)
+    return load_streamed(lambda: DFlashDrafter(cfg), ckpt, dtype).to(dtype).eval()
 
 
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -287,7 +284,11 @@ class WindowedDrafterGraph(DrafterGraph):
         )
 
     def drafts(self, hidden, block_ids) -> tuple:
-        """(draft_ids [1, B-1],) from the normed block `hidden` [1, B, H] (DFlash2: + lattice)."""
+        """(draft_ids [1, B-1],) from the normed block `hidden` [1, B, H]; a DFlash2 drafter's:
+        (its greedy walk, candidate_ids [1, B-1, k], lattice_scores [1, B-1, k, k])."""
+        if hasattr(self.drafter, "candidate_selector"):
+            cand, scores = draft_lattice(self.drafter, self.lm_head, hidden[:, 1:], block_ids[:, 0])
+            return greedy_walk(cand, scores), cand, scores
         draft_ids = lm_logits(self.lm_head, hidden[:, 1:]).argmax(-1)  # [1, B-1]
         if self.vocab is not None:
             draft_ids = self.vocab_ids[draft_ids]  # local row -> token id

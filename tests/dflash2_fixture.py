@@ -29,8 +29,8 @@ def write_dflash2(
     import torch
     from safetensors.torch import save_file
 
-    from dflash_edge.models.dflash2 import new_dflash2
     from dflash_edge.models.dflash2_config import DFlash2Config
+    from dflash_edge.models.dflash2_weights import new_dflash2
     from dflash_edge.models.draft_config import default_target_layer_ids
 
     dflash = {

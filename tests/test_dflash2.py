@@ -7,8 +7,9 @@ import shutil
 import pytest
 import torch
 
-from dflash_edge.models.dflash2 import DFlash2Drafter, from_dflash1, greedy_walk
-from dflash_edge.models.dflash2_config import DFlash2Config
+from dflash_edge.models.dflash2 import draft_lattice, greedy_walk
+from dflash_edge.models.dflash2_config import DFlash2Config, read_draft_config
+from dflash_edge.models.dflash2_weights import from_dflash1
 from dflash_edge.models.draft_config import DraftConfig
 from dflash_edge.models.drafter import load_drafter, new_drafter
 from dflash_edge.models.families.qwen3 import attention_spec
@@ -30,7 +31,7 @@ def d2_folder(tiny_target, tmp_path_factory):
 def test_published_layout_loads_with_every_tensor(d2_folder, tiny_target):
     drafter = load_drafter(d2_folder, target_config=tiny_target.config)
     cfg = drafter.config
-    assert isinstance(drafter, DFlash2Drafter) and isinstance(cfg, DFlash2Config)
+    assert isinstance(cfg, DFlash2Config) and len(drafter.candidate_selector.successor_codebook)
     assert (cfg.block_size, cfg.selector_top_k, cfg.selector_rank, cfg.conv_groups) == (8, 16, 8, 2)
     assert cfg.final_logit_softcapping == 20.0 and cfg.output_multiplier == 0.75
     assert cfg.causal is False and cfg.window_layers == [0, 1] and cfg.sliding_window == 48
@@ -45,10 +46,10 @@ def test_fields_read_from_dflash_config_first_then_top_level(d2_folder):
     raw["selector_top_k"] = 7  # dflash_config's 16 wins
     raw["dflash_config"].pop("conv_group_size")
     raw["conv_group_size"] = 8  # only at the top level: read there
-    cfg = DraftConfig.from_dict(raw)
+    cfg = read_draft_config(raw)
     assert (cfg.selector_top_k, cfg.conv_group_size, cfg.conv_groups) == (16, 8, 4)
     raw["architectures"] = ["Qwen3DFlash2DraftModel"]
-    assert isinstance(DraftConfig.from_dict(raw), DFlash2Config)
+    assert isinstance(read_draft_config(raw), DFlash2Config)
 
 
 @pytest.mark.parametrize(
@@ -63,12 +64,12 @@ def test_bad_configs_are_refused_by_name(d2_folder, edit, message):
     raw = json.loads((d2_folder / "config.json").read_text())
     edit(raw)
     with pytest.raises(ModelFormatError, match=message):
-        DraftConfig.from_dict(raw)
+        read_draft_config(raw)
 
 
 def test_config_round_trips_through_to_dict(d2_folder):
-    cfg = DraftConfig.from_dict(json.loads((d2_folder / "config.json").read_text()))
-    again = DraftConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    cfg = read_draft_config(json.loads((d2_folder / "config.json").read_text()))
+    again = read_draft_config(json.loads(json.dumps(cfg.to_dict())))
     again.torch_dtype = cfg.torch_dtype  # to_dict writes bfloat16, z-lab's published dtype
     assert again == cfg and again.to_dict()["architectures"] == ["DFlash2DraftModel"]
 
@@ -100,7 +101,7 @@ def test_identity_conversion_keeps_dflash1_hidden_and_drafts(tiny_target):
         assert torch.equal(h1, h2)  # a neutral conv is exact: 1 * x + 0 * shifted
         with torch.no_grad():
             want = tiny_target.lm_head(h1[:, 1:]).argmax(-1)
-            cand, scores = d2.lattice(tiny_target.lm_head, h2[:, 1:], ids[:, 0])
+            cand, scores = draft_lattice(d2, tiny_target.lm_head, h2[:, 1:], ids[:, 0])
         assert torch.equal(greedy_walk(cand, scores), want)
 
 
