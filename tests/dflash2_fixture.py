@@ -23,10 +23,10 @@ def write_dflash2(
     softcap: float | None = 20.0,
     multiplier: float = 0.75,
     embed_scale: float | None = None,
-    scale_fc: float = 1.0,
+    scale_mlp: float = 1.0,
 ) -> Path:
-    """Write the folder; `scale_fc` multiplies `fc` (a drafter whose body overflows float16)."""
-    import torch
+    """Write the folder; `scale_mlp` multiplies layer 0's gate and up projections (its MLP product
+    then overflows float16, as a real DFlash2 body does a few layers in: vLLM #55250)."""
     from safetensors.torch import save_file
 
     from dflash_edge.models.dflash2_config import DFlash2Config
@@ -72,9 +72,9 @@ def write_dflash2(
     }
     model = new_dflash2(DFlash2Config.from_dict(raw), seed=seed, conv_std=conv_std)
     tensors = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
-    tensors["fc.weight"] = tensors["fc.weight"] * scale_fc
+    for name in ("gate_proj", "up_proj"):
+        tensors[f"layers.0.mlp.{name}.weight"] *= scale_mlp
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    assert torch.isfinite(tensors["fc.weight"]).all()
     return path

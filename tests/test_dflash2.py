@@ -268,3 +268,70 @@ def test_identity_conversion_drafts_what_dflash1_drafts_through_the_runtime(
     assert len(drafts1) == len(drafts2) > 40
     for (ids1, *_, end1), (ids2, *_, end2) in zip(drafts1, drafts2):
         assert end1 == end2 and ids1.tolist() == ids2.tolist()
+
+
+def _export(root, target_dir, drafter_dir, **opts):
+    from dflash_edge.export.exporter import ExportOptions, export_bundle
+
+    from fixtures_bundle import MAX_CONTEXT, PREFILL_CHUNK
+
+    return export_bundle(
+        ExportOptions(
+            out=root / "bundle",
+            target=str(target_dir),
+            draft=str(drafter_dir),
+            block_size=8,
+            max_context=MAX_CONTEXT,
+            prefill_chunk=PREFILL_CHUNK,
+            force=True,
+            **opts,
+        ),
+        progress=False,
+    )
+
+
+def test_float16_overflow_is_refused_with_the_layer_named(d2_bundle, tmp_path):
+    """A body whose MLP product passes 65,504 (a real DFlash2's trap): NaN turned to 0 further on
+    still fails parity, which then names where the inf first appears; nothing is published."""
+    from dflash_edge.export.parity import ParityError
+
+    target_dir = d2_bundle.path.parent / "target"
+    hot = write_dflash2(tmp_path / "hot", d2_bundle.target.config, scale_mlp=3e3)
+    with pytest.raises(
+        ParityError, match=r"overflows: .* after the weight layers\.0\.mlp\.up_proj"
+    ):
+        _export(tmp_path, target_dir, hot, precision="fp16", draft_precision="fp16")
+    assert not (tmp_path / "bundle").exists()
+
+
+def test_int4_drafter_keeps_conv_and_selector_at_8_bits_and_stays_lossless(d2_bundle, tmp_path):
+    import onnx
+
+    from dflash_edge.runtime import Generator
+
+    target_dir = d2_bundle.path.parent / "target"
+    out = _export(
+        tmp_path,
+        target_dir,
+        d2_bundle.path.parent / "drafter",
+        precision="int4",
+        draft_precision="int4",
+    )
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert ">= 8 bits" in manifest["graphs"]["drafter"]["quantization"]["dflash2"]
+    graph = onnx.load(str(out / "drafter.onnx"), load_external_data=False).graph
+    bits = {
+        n.input[1]: next(a.i for a in n.attribute if a.name == "bits")
+        for n in graph.node
+        if n.op_type == "MatMulNBits"
+    }
+    wide = {k: b for k, b in bits.items() if "_conv." in k or "candidate_selector" in k}
+    assert len(wide) == 2 * 2 + 1 and set(wide.values()) == {8}  # 2 layers x 2 convs + selector
+    assert 4 in bits.values()  # the body itself is 4-bit
+    books = [i for i in graph.initializer if i.name.endswith("_codebook")]
+    assert len(books) == 2 and all(i.data_type == onnx.TensorProto.FLOAT for i in books)
+    gen = Generator.load(out)
+    for prompt in PROMPTS[:2]:  # the int4 target's own tokens
+        want = gen.generate_ids(prompt, 40, draft="none", stop_token_ids=())
+        got = gen.generate_ids(prompt, 40, draft="drafter", stop_token_ids=())
+        assert got.token_ids == want.token_ids
