@@ -335,3 +335,31 @@ def test_int4_drafter_keeps_conv_and_selector_at_8_bits_and_stays_lossless(d2_bu
         want = gen.generate_ids(prompt, 40, draft="none", stop_token_ids=())
         got = gen.generate_ids(prompt, 40, draft="drafter", stop_token_ids=())
         assert got.token_ids == want.token_ids
+
+
+def test_device_plans_count_the_conv_and_selector(d2_folder):
+    from dflash_edge.devices.dims import draft_dims_from_config, preset
+    from dflash_edge.devices.planner import PlanRequest, draft_step, weight_bytes
+    from dflash_edge.devices.profiles import get_profile
+
+    raw = json.loads((d2_folder / "config.json").read_text())
+    d2 = draft_dims_from_config(raw)
+    d1 = draft_dims_from_config({**raw, "architectures": ["DFlashDraftModel"]})
+    # 2 layers x 2 convs x ([2*K*G, H] + [2, K, H]) + the selector projection [rank, H]
+    assert d2.wide_params == 2 * 2 * (2 * 2 * 2 * 32 + 2 * 2 * 32) + 8 * 32
+    assert d2.codebook_params == 2 * 96 * 8 and d1.wide_params == d1.codebook_params == 0
+    target, _, _ = preset("qwen3-8b")
+    device = get_profile("jetson-orin-nx-16gb")
+    fp32 = [weight_bytes(PlanRequest(target, d, device, "fp32", 512))[1] for d in (d1, d2)]
+    assert fp32[1] - fp32[0] == (d2.wide_params + d2.codebook_params) * 4
+    int4 = [weight_bytes(PlanRequest(target, d, device, "int4", 512))[1] for d in (d1, d2)]
+    assert int4[1] - int4[0] > d2.wide_params + d2.codebook_params * 4  # >= 8-bit projections
+    big = {**raw, "hidden_size": 4096, "vocab_size": 151936, "num_hidden_layers": 5}
+    big["dflash_config"] = {**raw["dflash_config"], "selector_rank": 256}
+    d1, d2 = (
+        draft_dims_from_config({**big, "architectures": [arch]})
+        for arch in ("DFlashDraftModel", "DFlash2DraftModel")
+    )
+    steps = [draft_step(PlanRequest(target, d, device, "int4", 512), 8) for d in (d1, d2)]
+    assert steps[1]["memory_ms"] > steps[0]["memory_ms"]
+    assert steps[1]["compute_ms"] > steps[0]["compute_ms"]
