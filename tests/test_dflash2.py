@@ -363,3 +363,28 @@ def test_device_plans_count_the_conv_and_selector(d2_folder):
     steps = [draft_step(PlanRequest(target, d, device, "int4", 512), 8) for d in (d1, d2)]
     assert steps[1]["memory_ms"] > steps[0]["memory_ms"]
     assert steps[1]["compute_ms"] > steps[0]["compute_ms"]
+
+
+def test_policy_and_tune_take_the_selector_like_any_drafter(d2_bundle, monkeypatch):
+    """The selector walk is the bundle's `drafter` proposal source: `auto` may choose it, lookup or
+    nothing per step (lossless whatever it picks), and `tune` times its pass + walk."""
+    from dflash_edge.runtime import lattice
+    from dflash_edge.runtime.calibrate import tune
+
+    gen = d2_bundle.generator
+    walks = []
+    real = lattice.LatticeDrafter.draft
+
+    def draft(self, last, ctx_end):
+        walks.append(ctx_end)
+        return real(self, last, ctx_end)
+
+    monkeypatch.setattr(lattice.LatticeDrafter, "draft", draft)
+    for prompt in PROMPTS[:2]:
+        want = reference(d2_bundle, prompt, 40, stop=())
+        got = gen.generate_ids(prompt, 40, draft="auto", stop_token_ids=())
+        assert got.token_ids == want.token_ids and got.stats.probe_steps
+    assert walks  # the policy's probes ran the selector
+    walks.clear()
+    tuned = tune(gen, ["t5 t6 t7"], budget_s=3, max_new_tokens=24, context=48)
+    assert tuned.draft_ms > 0 and len(tuned.acceptance) == 7 and walks
