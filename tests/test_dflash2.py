@@ -388,3 +388,15 @@ def test_policy_and_tune_take_the_selector_like_any_drafter(d2_bundle, monkeypat
     walks.clear()
     tuned = tune(gen, ["t5 t6 t7"], budget_s=3, max_new_tokens=24, context=48)
     assert tuned.draft_ms > 0 and len(tuned.acceptance) == 7 and walks
+
+
+def test_torch_reference_loop_drafts_what_the_runtime_drafts(d2_bundle):
+    """models/reference_loop walks the same lattice: lossless, and the same acceptance per step as
+    the bundle's runtime (greedy)."""
+    gen = d2_bundle.generator
+    for prompt in PROMPTS[:3]:
+        want = reference(d2_bundle, prompt, 40, stop=())
+        spec = reference(d2_bundle, prompt, 40, stop=(), speculative=True)
+        got = gen.generate_ids(prompt, 40, draft="drafter", stop_token_ids=())
+        assert spec.token_ids == got.token_ids == want.token_ids
+        assert spec.acceptance_lengths == got.stats.acceptance_lengths
