@@ -170,6 +170,24 @@ class DraftDims:
     head_dim: int
     num_target_layer_ids: int
     block_size: int
+    # a DFlash2 drafter's (0 for DFlash1): conv taps K and groups G, selector rank, vocabulary
+    conv_kernel: int = 0
+    conv_groups: int = 0
+    selector_rank: int = 0
+    vocab_size: int = 0
+
+    @property
+    def wide_params(self) -> int:
+        """DFlash2's conv (2 per layer: projection [2KG, H] + base taps [2, K, H]) and selector
+        projection [rank, H] weights: kept at >= 8 bits and run per block position."""
+        h, k = self.hidden_size, self.conv_kernel
+        conv = self.num_layers * 2 * (2 * k * self.conv_groups * h + 2 * k * h)
+        return conv + self.selector_rank * h
+
+    @property
+    def codebook_params(self) -> int:
+        """DFlash2's two selector codebooks [V, rank] (float tensors, gathered: no FLOPs)."""
+        return 2 * self.vocab_size * self.selector_rank
 
     @property
     def layer_params(self) -> int:
@@ -214,6 +232,15 @@ def draft_dims_from_config(cfg: dict, where: str = "drafter config.json") -> Dra
         or cfg.get("target_layer_ids")
         or [0] * 5
     )
+    dflash2 = {}
+    if any("DFlash2" in a for a in cfg.get("architectures") or []):
+        value = {**cfg, **(cfg.get("dflash_config") or {})}  # dflash_config first
+        dflash2 = {
+            "conv_kernel": int(value.get("conv_kernel_size", 2)),
+            "conv_groups": hidden // int(value.get("conv_group_size", 16)),
+            "selector_rank": int(value.get("selector_rank", 256)),
+            "vocab_size": int(_need(cfg, "vocab_size", where)),
+        }
     return DraftDims(
         num_layers=_need(cfg, "num_hidden_layers", where),
         hidden_size=hidden,
@@ -223,6 +250,7 @@ def draft_dims_from_config(cfg: dict, where: str = "drafter config.json") -> Dra
         head_dim=cfg.get("head_dim") or hidden // heads,
         num_target_layer_ids=len(ids),
         block_size=cfg.get("block_size", 16),
+        **dflash2,
     )
 
 

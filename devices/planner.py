@@ -139,11 +139,19 @@ def weight_bytes(req: PlanRequest) -> tuple[float, float]:
     target = (
         req.target_weight_bytes or req.target.layer_params() * bytes_per_weight(req) + embed + head
     )
-    d = req.drafter
+    d, precision = req.drafter, draft_precision_of(req)
     draft = (d.layer_params + d.fc_params(req.target.hidden_size)) * bytes_per_weight(
-        req, draft_precision_of(req)
+        req, precision
     )
+    draft += d.wide_params * bytes_per_weight(req, wide_precision(precision))  # DFlash2's (or 0)
+    draft += d.codebook_params * (2 if precision == "fp16" else 4)
     return float(target), float(req.draft_weight_bytes or draft)
+
+
+def wide_precision(precision: str) -> str:
+    """A DFlash2 drafter's conv and selector projections: 8 bits in a low-bit drafter (fewer break
+    the candidates' ranking), else the drafter's own float precision."""
+    return "int8" if precision in ("int4", "int8", "fp4") else precision
 
 
 def resident_weight_bytes(req: PlanRequest) -> tuple[float, float, float]:
@@ -319,8 +327,13 @@ def draft_step(req: PlanRequest, block: int) -> dict:
     own = d.layer_params + d.fc_params(t.hidden_size)
     pos = req.position or req.context
     nbytes = (
-        own * bytes_per_weight(req, precision) + head_bytes(req)[1] + pos * d.kv_bytes_per_token(fb)
+        own * bytes_per_weight(req, precision)
+        + d.wide_params
+        * bytes_per_weight(req, wide_precision(precision))  # DFlash2's conv, selector
+        + head_bytes(req)[1]
+        + pos * d.kv_bytes_per_token(fb)
     )
+    own += d.wide_params
     flops = block * (2 * (own + t.embed_params) + 4 * pos * d.num_heads * d.head_dim * d.num_layers)
     return _roofline_ms(req, nbytes, flops, d.num_layers, precision)
 

@@ -31,7 +31,7 @@ from ..runtime.io_tables import FLAVOURS, io_manifest
 from ..runtime.memory import MemoryMeter
 from ..runtime.publish import publish_dir
 from ..runtime.tokenizer import CHAT_TEMPLATE_FILE
-from . import parity, portable_drafter  # as modules: tests stand in for their functions
+from . import dflash2_drafter, parity, portable_drafter  # modules: tests stand in for functions
 from .choices import resolve_choices
 from .families import family_writers
 from .graph_builder import OPSET, OPSET_FUSED
@@ -115,6 +115,11 @@ def _check_options(opts: ExportOptions, tc, dc) -> None:
         )
     if opts.prefill_chunk < 1:
         raise DflashEdgeError(f"--prefill-chunk {opts.prefill_chunk} must be >= 1")
+    if _dflash2(dc) and opts.draft_vocab:
+        raise DflashEdgeError(
+            f"--draft-vocab {opts.draft_vocab}: a DFlash2 drafter's selector ranks candidates of "
+            f"the whole vocabulary; export it without --draft-vocab"
+        )
     for flag, value in (
         ("--precision", opts.precision),
         ("--draft-precision", opts.draft_precision),
@@ -250,7 +255,9 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
     job = TargetJob(tc, src.target_ckpt, capture, store, fmt, opts, reach)
     writers = {
         **family_writers(tc.model_type).target_writers(job),
-        "drafter": lambda p: portable_drafter.build_drafter(
+        "drafter": lambda p: (
+            dflash2_drafter.build if _dflash2(dc) else portable_drafter.build_drafter
+        )(
             tc,
             dc,
             src.target_ckpt,
@@ -426,12 +433,16 @@ def _weight_bytes(path: Path) -> int:
 
 def _manifest(tc, dc, tok_files, graphs, opts, sources, shared: list[dict]) -> dict:
     windows = {}
+    layers = {"Ld": dc.num_hidden_layers - len(dc.window_layers), "Lw": len(dc.window_layers)}
     if dc.window_layers:  # sliding-window drafter layers: their cache and I/O (io_tables.py)
         windows = {
             "draft_layer_types": list(dc.layer_types),
             "draft_sliding_window": dc.sliding_window,
         }
-        layers = {"Ld": dc.num_hidden_layers - len(dc.window_layers), "Lw": len(dc.window_layers)}
+    if _dflash2(dc):  # its lattice outputs (io_tables.py); >= 8-bit conv and selector weights
+        windows["draft_selector_top_k"] = layers["Kc"] = dc.selector_top_k
+        graphs["drafter"].setdefault("quantization", {})["dflash2"] = dflash2_drafter.MANIFEST_NOTE
+    if dc.window_layers or _dflash2(dc):
         graphs["drafter"]["io"] = io_manifest("drafter", "float32", layers)
     return {
         "format": bundle_mod.FORMAT,
@@ -518,3 +529,8 @@ def _copy_tokenizer(src: Path, dst: Path) -> dict:
         bundle_mod.file_entry(dst, f) for f in ("tokenizer.json", config) if f
     ]  # verified at load
     return {"file": "tokenizer.json", "config": config, "checksums": checksums}
+
+
+def _dflash2(dc) -> bool:
+    """Whether drafter config `dc` is a DFlash2 drafter's (models/dflash2_config.py)."""
+    return hasattr(dc, "selector_top_k")

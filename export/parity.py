@@ -353,9 +353,45 @@ def check_graphs(
         want = reference(inputs)
     report: dict = {}
     for graph in got:
-        for g, w in zip(got[graph], want["target" if graph == "target_fused" else graph]):
-            _compare(graph, _OUTPUTS[graph], g, w, tol, report)
+        cases = zip(got[graph], want["target" if graph == "target_fused" else graph])
+        for case, (g, w) in enumerate(cases):
+            try:
+                _compare(graph, _OUTPUTS[graph], *_lattice_view(graph, g, w), tol, report)
+            except ParityError as error:  # finite outputs, but an activation overflowed?
+                raise _overflowed(paths, inputs, graph, case) or error
     return report
+
+
+def _lattice_view(graph: str, got: tuple, want: tuple) -> tuple[tuple, tuple]:
+    """A DFlash2 drafter's lattice as compared: each row's candidates as a sorted set (the order of
+    near-equal logits may swap), and the scores of candidate pairs both sides hold (0 elsewhere)."""
+    names = _OUTPUTS[graph]
+    if "candidate_ids" not in names or got[names.index("candidate_ids")] is None:
+        return got, want
+    c, s = names.index("candidate_ids"), names.index("lattice_scores")
+    got, want = list(got), list(want)
+    cg, cw = got[c], np.asarray(want[c])  # [1, R, k]
+    same = cg == cw  # [1, R, k]: candidate j of row r agrees
+    before = np.concatenate([np.ones_like(same[:, :1]), same[:, :-1]], axis=1)  # predecessors
+    both = before[..., :, None] & same[..., None, :]  # [1, R, k (m), k (j)]
+    got[s], want[s] = np.where(both, got[s], 0), np.where(both, np.asarray(want[s]), 0)
+    got[c], want[c] = np.sort(cg, -1), np.sort(cw, -1)
+    return tuple(got), tuple(want)
+
+
+def _overflowed(paths: dict, inputs: dict, graph: str, case: int) -> ParityError | None:
+    """A ParityError naming the first node with an inf/NaN activation of `graph`'s `case` (its
+    outputs can still be finite: a NaN turned to 0 further on), or None when none has one."""
+    if graph not in inputs:
+        return None
+    where = first_non_finite(paths[graph], inputs[graph][case])
+    if where == "an output only":
+        return None
+    return ParityError(
+        f"graph {graph!r} overflows: inf/NaN first at {where}; float16 activations cannot hold "
+        f"this model's values: export with --precision fp32 (or int8 / int4, whose activations "
+        f"stay float32)"
+    )
 
 
 def check_finite(paths: dict, inputs: dict, got: dict) -> None:
@@ -389,6 +425,7 @@ def first_non_finite(path, feeds: tuple) -> str:
 
     model = onnx.load(str(path), load_external_data=False)
     inputs = [i.name for i in model.graph.input]
+    feeds = [f for f in feeds if f is not None]  # tensors the graph lacks (io_tables `when`)
     known = {o.name for o in model.graph.output}
     order = [(n, o) for n in model.graph.node for o in n.output if o and o not in known]
     model.graph.output.extend(onnx.ValueInfoProto(name=o) for _, o in order)

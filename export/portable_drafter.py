@@ -93,10 +93,13 @@ def build_drafter(
     fmt=None,
     log=None,
     reach: int | None = None,
+    hooks: dict | None = None,
 ) -> Path:
     """Write the drafter graph for blocks of `block` tokens to `out`; `vocab`: sorted token ids of a
     reduced head; `reach`: the RoPE rows the bundle reaches (default the model's
-    max_position_embeddings)."""
+    max_position_embeddings); `hooks`: another generation's parts (dflash2_drafter.py:
+    `embed_scale`, `layer` writer, `drafts` writer of the outputs from the draft rows, `dims`)."""
+    hooks = hooks or {}
     spec = attention_spec(dc)
     g = GraphBuilder("drafter", store, fmt, log)
     num_ctx = g.op("Shape", ["ctx_hidden"], start=1, end=2)[0]  # [1] = C
@@ -111,6 +114,8 @@ def build_drafter(
     rope = Rope(cos_q, sin_q, cos_kv, sin_kv)
     embed = embedding(g, target_ckpt)
     x = embed.gather("block_ids")  # [1, B, H]
+    if hooks.get("embed_scale", 1.0) != 1.0:
+        x = g.op("Mul", [x, g.scalar(hooks["embed_scale"])])[0]
     ctx = rms_norm(
         g,
         linear(g, "ctx_hidden", draft_ckpt, "fc", False),
@@ -138,7 +143,7 @@ def build_drafter(
         kind = (dc.window(i), dc.layer_causal(i), i in slid)  # one mask per kind
         if kind not in masks:
             masks[kind] = _layer_mask(g, past[i][2], new_pos, block_pos, kind[0], kind[1], rep)
-        x, k, v = decoder_layer(
+        x, k, v = hooks.get("layer", decoder_layer)(
             g, x, Layer(draft_ckpt, f"layers.{i}", spec), rope, past[i][:2], masks[kind], ctx=ctx
         )
         new_k.append(g.op("Slice", [k, zero, num_ctx, axis])[0])  # [1, Hkv, C, D]: block
@@ -146,12 +151,14 @@ def build_drafter(
     h = rms_norm(g, x, draft_ckpt, "norm", dc.rms_norm_eps)  # [1, B, H]
     drafted = g.op("Slice", [h, g.const([1]), g.const([block]), g.const([1])])[0]  # [1, B-1, H]
     flat = g.op("Reshape", [drafted, g.const([-1, tc.hidden_size])])[0]  # [B-1, H]
-    ids = g.op("ArgMax", [_head(g, flat, tc, target_ckpt, embed, vocab)], axis=-1, keepdims=0)[
-        0
-    ]  # [B-1]
-    if vocab is not None:  # local row -> token id
-        ids = g.op("Gather", [g.const(np.asarray(vocab)), ids], axis=0)[0]
-    g.op("Reshape", [ids, g.const([1, block - 1])], ["draft_ids"])  # [1, B-1]
+    logits = _head(g, flat, tc, target_ckpt, embed, vocab)  # [B-1, V]
+    if "drafts" in hooks:
+        hooks["drafts"](g, flat, logits)
+    else:
+        ids = g.op("ArgMax", [logits], axis=-1, keepdims=0)[0]  # [B-1]
+        if vocab is not None:  # local row -> token id
+            ids = g.op("Gather", [g.const(np.asarray(vocab)), ids], axis=0)[0]
+        g.op("Reshape", [ids, g.const([1, block - 1])], ["draft_ids"])  # [1, B-1]
     for layers, name in ((full, "new"), (slid, "new_window")):  # [C, Ld or Lw, Hkv, D]
         if layers:
             stack_new(g, [new_k[i] for i in layers], f"{name}_key")
@@ -165,5 +172,6 @@ def build_drafter(
         "B": block,
         "Bm1": block - 1,
         "N": len(dc.target_layer_ids) * tc.hidden_size,
+        **hooks.get("dims", {}),
     }
     return g.save(out, dims, {"": OPSET})

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..models import build_target
 from ..models.checkpoint import Checkpoint, check_shapes
 from ..models.config import TargetConfig
-from ..models.draft_config import DraftConfig
+from ..models.dflash2_config import read_draft_config
 from ..models.families import family
 from ..models.families.qwen3 import attention_spec
 from ..models.fetch import target_files
@@ -164,7 +164,7 @@ def open_drafter(path: Path, target_cfg):
             f"{cfg_file} not found: a DFlash drafter directory needs config.json + "
             "model.safetensors"
         )
-    cfg = DraftConfig.from_dict(json.loads(cfg_file.read_text()))
+    cfg = read_draft_config(json.loads(cfg_file.read_text()))
     cfg.check_fits(target_cfg)
     ckpt = Checkpoint.open(path)
     ckpt.check_dtypes(cfg.torch_dtype)
@@ -189,6 +189,8 @@ def reference(src: Sources, block: int):
         drafter_graph = (
             WindowedDrafterGraph if src.draft_cfg.window_layers else DrafterGraph
         )  # its I/O
+        if hasattr(src.draft_cfg, "selector_top_k"):  # DFlash2: + the lattice outputs
+            drafter_graph = WindowedDrafterGraph
         modules = {
             "target": TargetGraph(target, tuple(src.draft_cfg.target_layer_ids)),
             "drafter": drafter_graph(target, drafter, vocab),

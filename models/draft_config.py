@@ -68,6 +68,8 @@ _WINDOW_KEYS = (
 class DraftConfig(TargetConfig):
     """Qwen3-style dims plus the DFlash fields of a z-lab `config.json`."""
 
+    ARCHITECTURES = ("DFlashDraftModel",)  # `architectures` names this class reads
+
     block_size: int = 16
     num_target_layers: int = 0
     mask_token_id: int = 0
@@ -141,10 +143,11 @@ class DraftConfig(TargetConfig):
 
     @classmethod
     def from_dict(cls, raw: dict) -> "DraftConfig":
-        if "DFlashDraftModel" not in raw.get("architectures", []):
+        archs = raw.get("architectures") or []
+        if not set(archs) & set(cls.ARCHITECTURES):  # (dflash2_config.read_draft_config: either)
             raise ModelFormatError(
-                f"config.json architectures={raw.get('architectures')} is not a DFlash drafter "
-                f"(expected ['DFlashDraftModel'])"
+                f"config.json architectures={archs} is not a DFlash drafter "
+                f"(expected ['DFlashDraftModel'] or ['DFlash2DraftModel'])"
             )
         dflash = dict(raw.get("dflash_config") or {})
         if "mask_token_id" not in dflash:

@@ -23,6 +23,8 @@ from ..runtime.errors import ModelFormatError
 from ..runtime.publish import publish_dir
 from .checkpoint import Checkpoint
 from .config import TargetConfig
+from .dflash2 import CandidateSelector, DFlash2Layer, draft_lattice, greedy_walk
+from .dflash2_config import DFlash2Config, read_draft_config
 from .draft_config import (  # noqa: F401  (re-exported: callers import them from here)
     SMOLLM2_MASK_TOKEN,
     ZLAB_MODEL_CLASS,
@@ -39,7 +41,8 @@ from .weights import load_streamed
 
 class DFlashDrafter(nn.Module):
     """Tensor names are z-lab's: `layers.{i}.…`, `norm`, `fc`, `hidden_norm` (no `model.`
-    prefix)."""
+    prefix). A DFlash2Config gives DFlash2's layers, embedding scale and `candidate_selector`
+    (dflash2.py)."""
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()
@@ -51,6 +54,9 @@ class DFlashDrafter(nn.Module):
             DecoderLayer(attention_spec(cfg), cfg.intermediate_size)
             for _ in range(cfg.num_hidden_layers)
         )
+        if isinstance(cfg, DFlash2Config):
+            self.layers = nn.ModuleList(DFlash2Layer(cfg) for _ in range(cfg.num_hidden_layers))
+            self.candidate_selector = CandidateSelector(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryTable(
             cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings
@@ -83,6 +89,8 @@ class DFlashDrafter(nn.Module):
         layer to the part its window shows (`attention_mask`). `past_positions[i]` [S_i]: the
         positions of layer i's cached rows (default 0..S_i-1; a window cache passes its last W-1
         positions, negative ones for empty rows)."""
+        scale = float(getattr(self.config, "input_embedding_scale", 1.0))  # DFlash2's
+        block_embeds = block_embeds * scale if scale != 1.0 else block_embeds
         ctx = self.hidden_norm(self.fc(ctx_feats))  # [1, C, H]
         num_ctx = ctx.shape[1]
         rope_q = self.rope(block_positions)
@@ -174,7 +182,7 @@ def load_drafter(
             f"{cfg_file} not found: a DFlash drafter directory needs config.json + "
             "model.safetensors"
         )
-    cfg = DraftConfig.from_dict(json.loads(cfg_file.read_text()))
+    cfg = read_draft_config(json.loads(cfg_file.read_text()))
     if target_config is not None:
         cfg.check_fits(target_config)
     ckpt = Checkpoint.open(path)
@@ -237,7 +245,9 @@ class WindowedDrafterGraph(DrafterGraph):
     (draft_ids, new_key, new_value, new_window_key, new_window_value), None where a kind has no
     layers."""
 
-    def forward(self, block_ids, ctx_hidden, start, past_key, past_value, window_key, window_value):
+    def forward(
+        self, block_ids, ctx_hidden, start, past_key, past_value, window_key=None, window_value=None
+    ):
         cfg = self.drafter.config
         num_ctx, block = ctx_hidden.shape[1], block_ids.shape[1]
         ctx_positions = start + torch.arange(num_ctx, dtype=torch.long)  # [C]
@@ -262,9 +272,7 @@ class WindowedDrafterGraph(DrafterGraph):
             past_v,
             past_pos,
         )
-        draft_ids = lm_logits(self.lm_head, hidden[:, 1:]).argmax(-1)  # [1, B-1]
-        if self.vocab is not None:
-            draft_ids = self.vocab_ids[draft_ids]  # local row -> token id
+        draft_ids, *lattice = self.drafts(hidden, block_ids)
         return (
             draft_ids,
             *(
@@ -272,4 +280,16 @@ class WindowedDrafterGraph(DrafterGraph):
                 for layers in (full, slid)
                 for new in (new_k, new_v)
             ),
+            *lattice,
         )
+
+    def drafts(self, hidden, block_ids) -> tuple:
+        """(draft_ids [1, B-1],) from the normed block `hidden` [1, B, H]; a DFlash2 drafter's:
+        (its greedy walk, candidate_ids [1, B-1, k], lattice_scores [1, B-1, k, k])."""
+        if hasattr(self.drafter, "candidate_selector"):
+            cand, scores = draft_lattice(self.drafter, self.lm_head, hidden[:, 1:], block_ids[:, 0])
+            return greedy_walk(cand, scores), cand, scores
+        draft_ids = lm_logits(self.lm_head, hidden[:, 1:]).argmax(-1)  # [1, B-1]
+        if self.vocab is not None:
+            draft_ids = self.vocab_ids[draft_ids]  # local row -> token id
+        return (draft_ids,)

@@ -81,4 +81,5 @@ def drafter_tensors(cfg, spec: AttentionSpec) -> dict[str, tuple[int, ...]]:
     }
     for i in range(cfg.num_hidden_layers):
         out.update(layer_tensors(f"layers.{i}", spec, cfg.intermediate_size))
+    out.update(cfg.extra_tensors() if hasattr(cfg, "extra_tensors") else {})  # DFlash2's
     return out

@@ -20,6 +20,7 @@ import torch
 from ..runtime.emitter import Emitter
 from ..runtime.errors import ContextOverflowError
 from ..runtime.sampling import SamplingParams, select_token
+from .dflash2 import draft_lattice, greedy_walk
 
 
 @dataclass
@@ -88,6 +89,10 @@ def draft_block(target, drafter, last_token: int, ctx, d_cache, block: int) -> t
     block_ids = torch.full((1, block), drafter.config.mask_token_id, dtype=torch.long)
     block_ids[0, 0] = last_token
     hidden = drafter(target.model.embed_tokens(block_ids), ctx, d_cache)  # [1, B, H]
+    if hasattr(drafter, "candidate_selector"):  # DFlash2: the greedy walk over its lattice
+        cand, scores = draft_lattice(drafter, target.lm_head, hidden[:, 1:], block_ids[:, 0])
+        block_ids[0, 1:] = greedy_walk(cand, scores)[0]
+        return block_ids
     block_ids[0, 1:] = target.lm_head(hidden[:, 1:]).argmax(-1)[0]  # greedy draft tokens
     return block_ids
 

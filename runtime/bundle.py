@@ -66,6 +66,7 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
         "draft_intermediate_size",  # MLP widths for devices plan (older bundles lack them)
         "draft_layer_types",
         "draft_sliding_window",  # a drafter with sliding-window layers (io_tables)
+        "draft_selector_top_k",  # a DFlash2 drafter: candidates per position (its lattice)
         "num_experts",
         "experts_per_token",
         "moe_intermediate_size",
@@ -109,6 +110,7 @@ OPTIONAL = {
     "draft_intermediate_size",
     "draft_layer_types",
     "draft_sliding_window",
+    "draft_selector_top_k",
     "num_experts",
     "experts_per_token",
     "moe_intermediate_size",

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import DflashEdgeError
+from .lattice import lattice_drafter
 from .sampling import SamplingParams
 from .session import default_threads
 from .tuning import Tuned, choose_verify_len, manifest_digest, monotone, survival
@@ -100,9 +101,11 @@ def step_times(
     ]  # any in-vocabulary prefix: costs only
     gen._prefill(ids, SamplingParams())  # a real prefix in both caches
 
+    walk = lattice_drafter(drf, SamplingParams())  # a DFlash2 drafter: + its host walk
+
     def draft():
         drf.kv.pos = ctx - block  # B new context rows, as after a long accept
-        drf.draft(ids[-1], ctx)
+        walk.draft(ids[-1], ctx)
 
     cases = {k: (lambda k=k: tgt.forward(k + 1, ctx)) for k in range(block)}
     cases["draft"] = draft

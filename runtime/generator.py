@@ -31,6 +31,7 @@ from .errors import ContextOverflowError, DflashEdgeError
 from .guard import GenerationGuard
 from .io_tables import GRAPHS, io_manifest, model_dims, pick_graph
 from .kv import TARGET_MODELS, DraftModel, TargetModel
+from .lattice import lattice_drafter
 from .policy import make_policy
 from .proposals import Proposer, make_sources
 from .sampling import SamplingParams, select_token
@@ -412,7 +413,9 @@ class Generator:
         """The proposal sources of `opts.draft` and the policy choosing among them, fresh for one
         generation (`history`: the token ids so far, by absolute position)."""
         limit = self.block_size - 1
-        sources = make_sources(opts.draft, self.drafter, history, limit, self.tuned)
+        sampling = SamplingParams(opts.temperature, opts.top_k, opts.top_p, opts.seed)
+        drafter = lattice_drafter(self.drafter, sampling)  # a DFlash2 drafter: walked on the host
+        sources = make_sources(opts.draft, drafter, history, limit, self.tuned)
         policy = make_policy(opts.draft, self.block_size, sources, self.tuned, opts.verify_len)
         return Proposer(sources, policy, limit)
 

@@ -107,6 +107,10 @@ GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
             TensorSpec("new_value", KV, ("C", "Ld", "Hkv", "D"), when="Ld"),  # is dropped
             TensorSpec("new_window_key", KV, ("C", "Lw", "Hkv", "D"), when="Lw"),
             TensorSpec("new_window_value", KV, ("C", "Lw", "Hkv", "D"), when="Lw"),
+            # a DFlash2 drafter's lattice (models/dflash2.py; walked by runtime/lattice.py): Kc
+            # candidates per draft position and the score of each (previous, this) candidate pair
+            TensorSpec("candidate_ids", "int64", ("1", "Bm1", "Kc"), when="Kc"),
+            TensorSpec("lattice_scores", "float32", ("1", "Bm1", "Kc", "Kc"), when="Kc"),
         ),
     },
     # A hybrid (Qwen3.5) target, export/hybrid_target.py (runtime wrapper: kv.HybridTargetModel). Lf
@@ -153,7 +157,7 @@ GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
 
 DYNAMIC_SYMBOLS = ("T", "S", "C", "Smax", "Tp")
 # What a spec's `when` dim is where a caller gives no dims: a drafter of full-attention layers only.
-WHEN_DEFAULTS = {"Ld": 1, "Lw": 0}
+WHEN_DEFAULTS = {"Ld": 1, "Lw": 0, "Kc": 0}
 
 
 def present(spec: TensorSpec, dims: dict[str, int] | None) -> bool:
@@ -259,6 +263,7 @@ def model_dims(manifest_model: dict, block_size: int) -> dict[str, int]:
         "N": len(m["target_layer_ids"]) * m["hidden_size"],
         "B": block_size,
         "Bm1": block_size - 1,
+        "Kc": m.get("draft_selector_top_k", 0),  # a DFlash2 drafter's candidates (0: DFlash1)
         **hybrid_dims(m),
     }
 

@@ -600,7 +600,8 @@ class DraftModel:
         self.kv = DraftKV(capacity, dims, max_ctx_rows, kv_dtype, runner.device, runner.device_id)
         self.ctx = ctx
         self.max_ctx_rows = max_ctx_rows  # the C range the graph is built for (trt_profiles)
-        self.step = HostStep(runner, "drafter", dims, self.HOST)
+        lattice = ("candidate_ids", "lattice_scores") if dims.get("Kc") else ()  # DFlash2
+        self.step = HostStep(runner, "drafter", dims, self.HOST + lattice)
         self.step["block_ids"][:] = mask_id
 
     def reset(self) -> None:
@@ -617,6 +618,10 @@ class DraftModel:
             self._run(last_token, self.kv.pos + self.max_ctx_rows)
         self._run(last_token, ctx_end)
         return self.step["draft_ids"][0]
+
+    def lattice(self) -> tuple[np.ndarray, np.ndarray]:
+        """A DFlash2 drafter's last lattice (views): candidates [B-1, Kc], scores [B-1, Kc, Kc]."""
+        return self.step["candidate_ids"][0], self.step["lattice_scores"][0]
 
     def _run(self, last_token: int, ctx_end: int) -> None:
         step, start = self.step, self.kv.pos

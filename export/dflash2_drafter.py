@@ -1,0 +1,144 @@
+"""The `drafter` graph of a DFlash2 drafter: portable_drafter's graph with DFlash2's layers,
+embedding scale and lattice outputs (torch reference: drafter.WindowedDrafterGraph over dflash2.py).
+
+Each layer wraps its attention and MLP in grouped dynamic causal convolutions (`conv`: the block is
+static, so a tap k is the block shifted down k rows with zeros before row 0). The draft rows' logits
+(output multiplier, softcap) give Kc candidates per position (TopK) and the pairwise scores
+`unary[r, j] + <A[pred(r, m)] * (W h_r), B[cand(r, j)]>`; `draft_ids` is the greedy walk, unrolled
+(runtime/lattice.py walks the same lattice on the host, greedy or sampled).
+
+The conv and selector weights stay at >= 8 bits whatever the drafter's precision (4-bit codebooks
+break the ranking): projections at 8 bits in an int4 / int8 graph, fp32 otherwise; the codebooks and
+base taps are float tensors (`MANIFEST_NOTE`).
+
+>>> build(tc, dc, target_ckpt, draft_ckpt, store, Path("b/drafter.onnx"), 8)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from .graph_builder import GraphBuilder
+from .portable_drafter import build_drafter
+from .portable_layers import Layer, attention, mlp, rms_norm
+from .weight_format import matmul
+
+MANIFEST_NOTE = (
+    "DFlash2: conv taps and codebooks stored as float tensors, conv and selector projections at "
+    "8 bits in an int4/int8 graph (fp32 otherwise): the ranking needs >= 8 bits"
+)
+
+
+def _wide(g: GraphBuilder, x: str, ckpt, name: str) -> str:
+    """x @ `name.weight`^T at >= 8 bits (8 in a low-bit graph, else the graph's float)."""
+    bits = 8 if g.fmt.bits else 0
+    return matmul(g, x, ckpt, [f"{name}.weight"], f"{name}.weight", bits=bits)
+
+
+def _pick(g: GraphBuilder, x: str, i: int, axis: int, shape: list[int]) -> str:
+    """x's index `i` along `axis`, reshaped to `shape` (the axis dropped)."""
+    return g.op("Reshape", [g.op("Gather", [x, g.const([i])], axis=axis)[0], g.const(shape)])[0]
+
+
+def conv(g: GraphBuilder, x: str, dyn: str, ckpt, name: str, side: int, dims) -> str:
+    """sum_k (base[side, k] + dyn[k]) * (x shifted down k rows) per channel group: x [1, B, H],
+    dyn [1, B, K, G, 1] -> [1, B, H]."""
+    block, kernel, groups, group = dims
+    xs = g.op("Reshape", [x, g.const([1, block, groups, group])])[0]  # [1, B, G, g]
+    out = None
+    for k in range(min(kernel, block)):
+        taps = g.init(
+            f"{name}.base_kernel.{side}.{k}",
+            lambda k=k: ckpt.array(f"{name}.base_kernel")[side, k].reshape(groups, group),
+        )  # [G, g]
+        coef = g.op("Add", [taps, _pick(g, dyn, k, 2, [1, block, groups, 1])])[0]  # [1, B, G, g]
+        shifted = xs
+        if k:
+            zeros = g.const(np.zeros((1, k, groups, group)), np.float32)
+            head = g.op("Slice", [xs, g.const([0]), g.const([block - k]), g.const([1])])[0]
+            shifted = g.op("Concat", [zeros, head], axis=1)[0]
+        term = g.op("Mul", [coef, shifted])[0]
+        out = term if out is None else g.op("Add", [out, term])[0]
+    return g.op("Reshape", [out, g.const([1, block, groups * group])])[0]
+
+
+def prepare(g: GraphBuilder, h: str, ckpt, name: str, dims) -> tuple[str, str]:
+    """(conv of h, the finish conv's coefficients [1, B, K, G, 1]) for conv `name`."""
+    block, kernel, groups, _ = dims
+    dyn = _wide(g, h, ckpt, f"{name}.kernel_projection")  # [1, B, 2*K*G]
+    dyn = g.op("Reshape", [dyn, g.const([1, block, 2, kernel, groups, 1])])[0]
+    first, second = (_pick(g, dyn, s, 2, [1, block, kernel, groups, 1]) for s in (0, 1))
+    return conv(g, h, first, ckpt, name, 0, dims), second
+
+
+def dflash2_layer(g, x, layer: Layer, rope, past, mask, ctx=None, dims=None):
+    """portable_layers.decoder_layer with a conv around each sublayer (dflash2.DFlash2Layer)."""
+    eps, p, ckpt = layer.spec.rms_norm_eps, layer.prefix, layer.ckpt
+    h = rms_norm(g, x, ckpt, f"{p}.input_layernorm", eps)
+    h, dyn = prepare(g, h, ckpt, f"{p}.attention_conv", dims)
+    kv_in = h if ctx is None else g.op("Concat", [ctx, h], axis=1)[0]
+    attn, k_new, v_new = attention(g, h, kv_in, layer, rope, past, mask)
+    x = g.op("Add", [x, conv(g, attn, dyn, ckpt, f"{p}.attention_conv", 1, dims)])[0]
+    h = rms_norm(g, x, ckpt, f"{p}.post_attention_layernorm", eps)
+    h, dyn = prepare(g, h, ckpt, f"{p}.mlp_conv", dims)
+    m = conv(g, mlp(g, h, layer), dyn, ckpt, f"{p}.mlp_conv", 1, dims)
+    return g.op("Add", [x, m])[0], k_new, v_new
+
+
+def lattice(g: GraphBuilder, flat: str, logits: str, dc, ckpt, block: int) -> None:
+    """`candidate_ids`, `lattice_scores` and the greedy `draft_ids` from the draft rows `flat`
+    [R, H] and their `logits` [R, V] (R = B - 1)."""
+    rows, top = block - 1, dc.selector_top_k
+    logits = g.op("Mul", [logits, g.scalar(float(dc.output_multiplier))])[0]
+    cap = dc.final_logit_softcapping
+    if cap is not None and float(cap) > 0:
+        capped = g.op("Tanh", [g.op("Div", [logits, g.scalar(float(cap))])[0]])[0]
+        logits = g.op("Mul", [capped, g.scalar(float(cap))])[0]
+    unary, cand = g.op("TopK", [logits, g.const([top])], 2, axis=-1, largest=1, sorted=1)
+    proj = _wide(g, flat, ckpt, "candidate_selector.hidden_projection")  # [R, rank]
+    anchor = g.op("Slice", ["block_ids", g.const([0, 0]), g.const([1, 1])])[0]  # [1, 1]
+    first = g.op("Expand", [anchor, g.const([1, top])])[0]  # [1, Kc]
+    if rows > 1:
+        before = g.op("Slice", [cand, g.const([0]), g.const([rows - 1]), g.const([0])])[0]
+        pred = g.op("Concat", [first, before], axis=0)[0]  # [R, Kc]: the candidates before
+    else:
+        pred = first
+    books = {
+        side: g.init(
+            f"candidate_selector.{side}_codebook",
+            lambda side=side: ckpt.array(f"candidate_selector.{side}_codebook"),
+        )
+        for side in ("predecessor", "successor")
+    }
+    a = g.op("Gather", [books["predecessor"], pred], axis=0)[0]  # [R, Kc, rank]
+    a = g.op("Mul", [a, g.op("Unsqueeze", [proj, g.const([1])])[0]])[0]
+    b = g.op("Gather", [books["successor"], cand], axis=0)[0]  # [R, Kc, rank]
+    pair = g.op("MatMul", [a, g.op("Transpose", [b], perm=[0, 2, 1])[0]])[0]  # [R, Kc, Kc]
+    scores = g.op("Add", [pair, g.op("Unsqueeze", [unary, g.const([1])])[0]])[0]
+    g.op("Reshape", [scores, g.const([1, rows, top, top])], ["lattice_scores"])
+    g.op("Reshape", [cand, g.const([1, rows, top])], ["candidate_ids"])
+    index, path = g.const([0]), []
+    for r in range(rows):  # the greedy walk, unrolled: row r's best candidate after the previous
+        row = g.op("Gather", [_pick(g, scores, r, 0, [top, top]), index], axis=0)[0]  # [1, Kc]
+        index = g.op("ArgMax", [row], axis=1, keepdims=0)[0]  # [1]
+        path.append(g.op("Gather", [_pick(g, cand, r, 0, [top]), index], axis=0)[0])  # [1]
+    walk = path[0] if rows == 1 else g.op("Concat", path, axis=0)[0]
+    g.op("Reshape", [walk, g.const([1, rows])], ["draft_ids"])
+
+
+def build(
+    tc, dc, target_ckpt, draft_ckpt, store, out: Path, block: int, vocab=None, **kwargs
+) -> Path:
+    """portable_drafter.build_drafter for a DFlash2 drafter (same arguments; no reduced vocab:
+    the exporter refuses one)."""
+    dims = (block, dc.conv_kernel_size, dc.conv_groups, dc.conv_group_size)
+    hooks = {
+        "embed_scale": float(dc.input_embedding_scale),
+        "layer": partial(dflash2_layer, dims=dims),
+        "drafts": lambda g, flat, logits: lattice(g, flat, logits, dc, draft_ckpt, block),
+        "dims": {"Kc": dc.selector_top_k},
+    }
+    return build_drafter(tc, dc, target_ckpt, draft_ckpt, store, out, block, hooks=hooks, **kwargs)
