@@ -320,10 +320,19 @@ def test_int4_drafter_keeps_conv_and_selector_at_8_bits_and_stays_lossless(d2_bu
     manifest = json.loads((out / "manifest.json").read_text())
     assert ">= 8 bits" in manifest["graphs"]["drafter"]["quantization"]["dflash2"]
     graph = onnx.load(str(out / "drafter.onnx"), load_external_data=False).graph
-    bits = {
-        n.input[1]: next(a.i for a in n.attribute if a.name == "bits")
-        for n in graph.node
-        if n.op_type == "MatMulNBits"
+    width = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4}  # else 8 (int8 / uint8)
+    types = {i.name: i.data_type for i in graph.initializer}
+    bits = {  # the weight-only layers: DequantizeLinear (standard form) or MatMulNBits (contrib)
+        **{
+            n.input[0]: width.get(types[n.input[0]], 8)
+            for n in graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0] in types
+        },
+        **{
+            n.input[1]: next(a.i for a in n.attribute if a.name == "bits")
+            for n in graph.node
+            if n.op_type == "MatMulNBits"
+        },
     }
     wide = {k: b for k, b in bits.items() if "_conv." in k or "candidate_selector" in k}
     assert len(wide) == 2 * 2 + 1 and set(wide.values()) == {8}  # 2 layers x 2 convs + selector
