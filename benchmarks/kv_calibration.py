@@ -3,10 +3,10 @@
 On a bundle exported with `--kv-cache fp32`, each method calibrates the fused target's scales
 (timed), a hard-linked copy of the bundle gets the int8 cache with them, and the copy is compared
 with the fp32-cache target on text none of them calibrated on:
-  top1        teacher-forced top-1 agreement on the first `--eval` held-out prompts + the fp32
-              target's greedy replies (`--eval-tokens` each)
+  top1, kl    teacher-forced top-1 agreement and mean KL(fp32 || int8) in nats on the first
+              `--eval` held-out prompts + the fp32 target's greedy replies (`--eval-tokens` each)
   greedy      prompts whose greedy reply equals the fp32 cache's token for token; mean common prefix
-  long        teacher-forced top-1 agreement over one `--long`-token text (the bench prompts chained
+  long_*      the same over one `--long`-token text (the bench prompts chained
               in one chat reply): positions far beyond every calibration text
   scales      each method's scales over the greedy method's, per channel (median, 5th / 95th
               percentile), K and V
@@ -69,13 +69,27 @@ def int8_copy(src: Path, dst: Path, k, v, margin: float, method: str) -> Path:
     return dst
 
 
-def top1(gen, texts: list[tuple[list[int], int]]) -> np.ndarray:
-    """Teacher-forced argmax over rows `start - 1 ..` of each (ids, start), concatenated."""
+def log_probs(gen, texts: list[tuple[list[int], int]]) -> np.ndarray:
+    """Teacher-forced log-softmax [rows, V] (float16) over rows `start - 1 ..` of each (ids,
+    start), concatenated."""
     from dflash_edge.export.kv_cache import teacher_forced_logits
 
-    return np.concatenate(
-        [teacher_forced_logits(gen, ids, slice(s - 1, len(ids) - 1)).argmax(-1) for ids, s in texts]
-    )
+    out = []
+    for ids, s in texts:
+        x = teacher_forced_logits(gen, ids, slice(s - 1, len(ids) - 1))
+        x = x - x.max(-1, keepdims=True)
+        out.append((x - np.log(np.exp(x).sum(-1, keepdims=True))).astype(np.float16))
+    return np.concatenate(out)
+
+
+def compare(ref: np.ndarray, got: np.ndarray) -> dict:
+    """Top-1 agreement and mean KL(ref || got) in nats between two log_probs arrays."""
+    p, q = ref.astype(np.float32), got.astype(np.float32)
+    kl = (np.exp(p) * (p - q)).sum(-1)
+    return {
+        "top1": round(float((p.argmax(-1) == q.argmax(-1)).mean()), 4),
+        "kl": round(float(kl.mean()), 5),
+    }
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -129,7 +143,7 @@ def main() -> int:
         long_ids += ref.tokenizer.encode("\n\n" + p)
     long_ids = long_ids[: args.long]
     tf = [(ids + reply, len(ids)) for ids, reply in evals]
-    ref_top1, ref_long = top1(ref, tf), top1(ref, [(long_ids, 1)])
+    ref_tf, ref_long = log_probs(ref, tf), log_probs(ref, [(long_ids, 1)])
     results, scales = {}, {}
     for method in args.methods.split(","):
         t = time.perf_counter()
@@ -154,12 +168,15 @@ def main() -> int:
             "seconds": round(seconds, 1),
             "text_seconds": round(t_text, 1),
             "margin": margin,
-            "top1": round(float((top1(gen, tf) == ref_top1).mean()), 4),
+            **compare(ref_tf, log_probs(gen, tf)),
             "greedy_equal": sum(g == r for g, (_, r) in zip(greedy, want)),
             "greedy_prefix": round(
                 float(np.mean([common_prefix(g, r) for g, (_, r) in zip(greedy, want)])), 1
             ),
-            "long_top1": round(float((top1(gen, [(long_ids, 1)]) == ref_long).mean()), 4),
+            **{
+                f"long_{k}": v
+                for k, v in compare(ref_long, log_probs(gen, [(long_ids, 1)])).items()
+            },
         }
         if "greedy" in scales:
             gk, gv = scales["greedy"]
@@ -169,7 +186,7 @@ def main() -> int:
         print(method, json.dumps(results[method]), flush=True)
     out = {
         "bundle": str(src),
-        "eval_positions": len(ref_top1),
+        "eval_positions": len(ref_tf),
         "greedy_prompts_tokens": [args.greedy, args.greedy_tokens],
         "long_positions": len(long_ids),
         "load_avg": os.getloadavg(),
