@@ -247,9 +247,37 @@ def test_fp16_target_is_refused_up_front(tiny_bundle, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_export_kv_cache_int8_is_one_pass(tiny_bundle, tmp_path, prompts_file):
+def test_calibration_texts_are_prompts_and_following_prompts(tiny_bundle):
+    """Each text: one of the last `pool` prompts in the chat template, then the pool prompts after
+    it (round robin) as its reply, cut at `length` tokens; nothing decoded."""
+    from dflash_edge.export.kv_cache import calibration_texts
+    from dflash_edge.runtime import Generator
+
+    gen = Generator.load(tiny_bundle("qwen3", 8).path, threads=1, drafter=False)
+    prompts = ["ignored", "t5 t6 t7", "t8 t9", "t10"]
+    texts = calibration_texts(gen, prompts, count=3, length=40, pool=3)
+    enc = gen.tokenizer.encode
+    tail = lambda *ps: sum((enc("\n\n" + p) for p in ps), [])  # noqa: E731
+    assert len(texts) == 3 and all(len(t) == 40 for t in texts)
+    assert texts[0] == (gen.encode("t5 t6 t7") + tail("t8 t9", "t10", "t5 t6 t7") * 9)[:40]
+    assert texts[2] == (gen.encode("t10") + tail("t5 t6 t7", "t8 t9", "t10") * 9)[:40]
+    spread = calibration_texts(gen, ["t3", "t4", *prompts], count=2, length=30, pool=4)
+    assert [t[: len(gen.encode(p))] for t, p in zip(spread, prompts[::2])] == [
+        gen.encode(p) for p in prompts[::2]
+    ]  # pool prompts 0 and 2 of 4 open the two texts
+    one = calibration_texts(gen, ["t5"], count=16, length=30)  # one prompt: itself after itself
+    assert one == [(gen.encode("t5") + tail("t5") * 30)[:30]]
+
+
+def test_export_kv_cache_int8_is_one_pass(tiny_bundle, tmp_path, prompts_file, monkeypatch):
+    """Calibrated inside the export from prefill chunks alone: nothing is decoded."""
     from dflash_edge.export.exporter import ExportOptions, export_bundle
     from dflash_edge.runtime import Generator
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("the calibration decoded")
+
+    monkeypatch.setattr(Generator, "generate_ids", no_decoding)
 
     root = tiny_bundle("qwen3", 8).path.parent
     opts = ExportOptions(
@@ -265,8 +293,13 @@ def test_export_kv_cache_int8_is_one_pass(tiny_bundle, tmp_path, prompts_file):
         threads=1,
     )
     out = export_bundle(opts, progress=False)
+    monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kv8"]  # no fp32 leftovers
     gen = Generator.load(out, threads=1)
+    calibration = gen.bundle.manifest["graphs"]["target_fused"]["kv_cache"]["calibration"]
+    assert calibration["teacher_forced"] and calibration["texts"] == 4  # kv_cache.COUNT
+    room = gen.target.kv.capacity - gen.prefill_chunk  # kv_cache.LENGTH each, or what fits
+    assert calibration["positions"] == 4 * min(128, room)
     assert gen.target.kv.key.array.dtype == np.int8
     assert {g["precision"] for g in gen.bundle.manifest["graphs"].values()} == {"fp32"}
 

@@ -108,6 +108,7 @@ def write_tiny_gguf(
     untied: bool = False,
     drop: tuple = (),
     types: dict | None = None,
+    tokenizer_model: str = "gpt2",
 ) -> dict:
     """Write a tiny GGUF as llama.cpp would; return the HF-layout weights it encodes (dequantised
     where stored quantised). `types`: GGUF name suffix (e.g. "ffn_up.weight") -> quantisation type
@@ -125,7 +126,7 @@ def write_tiny_gguf(
     w.add_rope_dimension_count(HEAD_DIM)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     w.add_license("apache-2.0")
-    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_model(tokenizer_model)
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tiny_vocab())
     w.add_token_types([3] * len(SPECIALS) + [1] * (len(tiny_vocab()) - len(SPECIALS)))
