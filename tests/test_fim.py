@@ -160,3 +160,27 @@ def test_refusals_name_the_problem(tiny_bundle, qwen_gen):
         qwen_gen.infill("t5", "t6", extra=[("a.py",)])
     with pytest.raises(InvalidArgumentError, match="parse_special"):
         qwen_gen.generate(FimPrompt("t5"), chat=False, parse_special=True)
+
+
+def test_complete_cli_at_a_cursor(tiny_bundle, qwen_gen, tmp_path, capsys, monkeypatch):
+    from dflash_edge.cli import main
+    from dflash_edge.runtime.generator import Generator
+
+    src = tmp_path / "app.py"
+    src.write_text(f"{PREFIX}\n{SUFFIX}\n")
+    path = str(tiny_bundle("qwen3", 8).path)
+    assert main(["complete", path, str(src), "--line", "1"]) == 2  # this bundle: no FIM tokens
+    assert "no fill-in-the-middle tokens" in capsys.readouterr().err
+    assert main(["complete", path, str(src), "--line", "9"]) == 2
+    err = capsys.readouterr().err
+    assert "--line 9: " in err and "lines 1..3" in err
+    monkeypatch.setattr(Generator, "load", classmethod(lambda cls, *a, **k: qwen_gen))
+    want = qwen_gen.infill(PREFIX, f"\n{SUFFIX}\n", max_new_tokens=12, file_name="app.py")
+    argv = ["complete", path, str(src), "--line", "1", "--max-new-tokens", "12"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out == want.text + "\n"
+    out = tmp_path / "done.py"
+    assert main([*argv, "--column", "3", "--output", str(out)]) == 0
+    middle = qwen_gen.infill(PREFIX[:2], PREFIX[2:] + f"\n{SUFFIX}\n", max_new_tokens=12).text
+    assert out.read_text() == PREFIX[:2] + middle + PREFIX[2:] + f"\n{SUFFIX}\n"
+    assert main([*argv, "--column", "99"]) == 2 and "--column 99" in capsys.readouterr().err
