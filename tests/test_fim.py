@@ -184,3 +184,21 @@ def test_complete_cli_at_a_cursor(tiny_bundle, qwen_gen, tmp_path, capsys, monke
     middle = qwen_gen.infill(PREFIX[:2], PREFIX[2:] + f"\n{SUFFIX}\n", max_new_tokens=12).text
     assert out.read_text() == PREFIX[:2] + middle + PREFIX[2:] + f"\n{SUFFIX}\n"
     assert main([*argv, "--column", "99"]) == 2 and "--column 99" in capsys.readouterr().err
+
+
+def test_code_prompt_set_feeds_bench_and_tune(qwen_gen):
+    from dflash_edge.cli.bench import bench_prompt
+    from dflash_edge.cli.common import prompt_of
+    from dflash_edge.data import read_prompts
+    from dflash_edge.runtime.calibrate import acceptance
+
+    rows = read_prompts("code")
+    fims = [r for r in rows if "suffix" in r]
+    edits = [r for r in rows if r["category"].startswith("edit-")]
+    assert len(fims) >= 8 and len(edits) >= 10 and all(r["expected"] for r in fims)
+    assert isinstance(prompt_of(fims[0]), FimPrompt) and prompt_of(edits[0]) == edits[0]["prompt"]
+    for row in (fims[0], edits[0]):
+        out, _ = bench_prompt(qwen_gen, row, 0, 8, ("plain", "always", "default"))
+        assert out["lossless"] and out["new_tokens"] >= 1
+    accepted, used = acceptance(qwen_gen, [prompt_of(fims[1])], 8, deadline=float("inf"))
+    assert used == 1 and accepted
