@@ -323,12 +323,12 @@ class Generator:
         return Request(ids, opts, t_call, fim, tuple(references))
 
     def _fim_overflow(self, fim: FimPrompt, size: str, most_chars: int | None) -> str:
-        extra = fim.labels.get("extra", "extra")
+        where = fim.labels.get("extra", "extra") if fim.extra else fim.label
         holds = f"{self.max_context} tokens" + (
             f" ({most_chars} characters at most)" if most_chars else ""
         )
         return (
-            f"{extra}: the fill-in-the-middle prompt (prefix, suffix and {len(fim.extra)} extra "
+            f"{where}: the fill-in-the-middle prompt (prefix, suffix and {len(fim.extra)} extra "
             f"files) has {size}, more than the context of {holds} leaves room for; send fewer "
             f"or shorter extra files, a shorter prefix or suffix, or re-export with a larger "
             f"--max-context"

@@ -154,6 +154,8 @@ def test_refusals_name_the_problem(tiny_bundle, qwen_gen):
     huge = FimPrompt("t5", "t6", extra=tuple((f"f{i}.py", "t7 " * 20) for i in range(8)))
     with pytest.raises(ContextOverflowError, match=r"extra: .* 8 extra files"):
         qwen_gen.generate(huge, max_new_tokens=4)
+    with pytest.raises(ContextOverflowError, match=r"^suffix: .* 0 extra files"):
+        qwen_gen.infill("t5", "t6 " * 200, max_new_tokens=4)
     with pytest.raises(InvalidArgumentError, match="max_lines"):
         qwen_gen.infill("t5", "t6", max_lines=-1)
     with pytest.raises(InvalidArgumentError, match="extra"):
