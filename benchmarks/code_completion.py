@@ -223,6 +223,7 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--ids", default="", help="only these row ids (comma-separated)")
     ap.add_argument("--http", action="store_true", help="also the FIM rows through the server")
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--out", default=None)
@@ -232,6 +233,7 @@ def main() -> int:
     from dflash_edge.runtime import Generator
 
     rows = read_prompts("code", args.limit)
+    rows = [r for r in rows if not args.ids or r["id"] in args.ids.split(",")]
     gen = Generator.load(args.bundle, spin=False)
     report: dict = {"bundle": args.bundle, "tuned": gen.tuned is not None, "n": args.max_new_tokens}
     if not args.skip_ours:
