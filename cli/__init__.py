@@ -30,6 +30,7 @@ COMMANDS = {
     "quantize": ("quantize", "bundle -> its model re-exported at another precision + quality"),
     "build-engines": ("build_engines", "build TensorRT engines for a bundle (needs TensorRT)"),
     "run": ("run", "generate from a bundle with the speculative runtime (streams text)"),
+    "complete": ("complete", "fill in the code at a cursor in a file (fill-in-the-middle)"),
     "bench": ("bench", "speculative vs autoregressive tokens/s on a prompt set, lossless check"),
     "tune": ("tune", "measure this machine and store the best verify length in the bundle"),
     "devices": ("devices", "device profiles (detected one marked); `devices plan`: fit and speed"),

@@ -21,7 +21,7 @@ from ..runtime.errors import DflashEdgeError
 from ..runtime.memory import peak_rss_bytes
 from ..runtime.validate import check_verify_len
 from . import bench_report
-from .common import add_prompts_arg, add_thread_args, load_prompts
+from .common import add_prompts_arg, add_thread_args, load_prompts, prompt_of
 
 
 def add_arguments(p) -> None:
@@ -86,7 +86,7 @@ def bench_prompt(
             (
                 arm,
                 gen.generate(
-                    row["prompt"],
+                    prompt_of(row),
                     max_new_tokens=max_new_tokens,
                     draft=ARMS[arm],
                     verify_len=None if arm == "plain" else verify_len,

@@ -58,3 +58,13 @@ def load_prompts(spec: str | Path | None, limit: int = 0, default: str = "bench"
         return read_prompts(spec, limit, default)
     except ValueError as err:
         raise DflashEdgeError(str(err)) from err
+
+
+def prompt_of(row: dict):
+    """What a prompt row asks the Generator for: its text, or (a row with a `suffix`) the middle
+    between its `prompt` and that suffix (runtime/fim.py)."""
+    if "suffix" not in row:
+        return row["prompt"]
+    from ..runtime.fim import FimPrompt
+
+    return FimPrompt(row["prompt"], row["suffix"])

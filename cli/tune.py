@@ -16,7 +16,7 @@ import sys
 
 from ..runtime.errors import DflashEdgeError
 from ..runtime.tuning import write_tuned
-from .common import add_prompts_arg, add_thread_args, load_prompts
+from .common import add_prompts_arg, add_thread_args, load_prompts, prompt_of
 
 
 def add_arguments(p) -> None:
@@ -43,7 +43,7 @@ def run(args) -> int:
         args.bundle, provider=args.provider, threads=args.threads, spin=args.spin, use_tuned=False
     )
     tuned = tune(
-        gen, [r["prompt"] for r in prompts], args.budget_s, args.max_new_tokens, args.context, _bar
+        gen, [prompt_of(r) for r in prompts], args.budget_s, args.max_new_tokens, args.context, _bar
     )
     path = write_tuned(gen.bundle, tuned)
     print(

@@ -5,7 +5,7 @@ Floor 1 (beside devices/): pure Python, imports nothing of ours, so every room m
 come from `importlib.resources`, so a non-editable install behaves exactly like the checkout.
 
 >>> sorted(PROMPT_SETS)
-['bench', 'heldout', 'quote']
+['bench', 'code', 'heldout', 'quote']
 >>> prompt_set_path("quote").name
 'quote.jsonl'
 """
@@ -21,6 +21,10 @@ from pathlib import Path
 PROMPT_SETS = {
     "bench": "mixed everyday prompts (chat, code, maths, ...): `bench` and `tune` by default",
     "quote": "prompts whose answers quote their input (fix, rewrite, convert, extract)",
+    "code": (
+        "code edits that rewrite given code, and fill-in-the-middle cases (rows with a 'suffix': "
+        "the 'prompt' is the prefix, 'expected' the middle; need a model with FIM tokens)"
+    ),
     "heldout": (
         "held-out prompts never used in drafter training: quality reports and drafter evaluation"
     ),
@@ -60,8 +64,9 @@ def shipped_drafter(hidden_size: int, vocab_size: int, num_layers: int) -> Path 
 
 
 def read_prompts(spec: str | Path | None, limit: int = 0, default: str = "bench") -> list[dict]:
-    """Rows {"id", "category", "prompt"} from a JSONL file, or from the shipped set named `spec`
-    (None: `default`). ValueError names the file, the line and the fix.
+    """Rows {"id", "category", "prompt"[, "suffix", "expected"]} from a JSONL file, or from the
+    shipped set named `spec` (None: `default`). A row with a `suffix` is a fill-in-the-middle case:
+    `prompt` is the text before the gap. ValueError names the file, the line and the fix.
 
     >>> len(read_prompts("quote", limit=3))
     3
@@ -84,11 +89,15 @@ def read_prompts(spec: str | Path | None, limit: int = 0, default: str = "bench"
             raise ValueError(f"{path}:{n} is not valid JSON ({err})") from err
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
             raise ValueError(f"{path}:{n} needs a string field 'prompt'")
+        fim = {k: row[k] for k in ("suffix", "expected") if k in row}
+        if not all(isinstance(v, str) for v in fim.values()):
+            raise ValueError(f"{path}:{n}: 'suffix' and 'expected' must be strings")
         rows.append(
             {
                 "id": row.get("id", f"p{n}"),
                 "category": row.get("category", ""),
                 "prompt": row["prompt"],
+                **fim,
             }
         )
     return rows[:limit] if limit else rows

@@ -28,6 +28,7 @@ import numpy as np
 from .bundle import Bundle, BundleError, check_kv_fits, read_bundle
 from .emitter import Emitter
 from .errors import ContextOverflowError, DflashEdgeError
+from .fim import FimPrompt, find_template, require_template, text_cut
 from .guard import GenerationGuard
 from .io_tables import GRAPHS, io_manifest, model_dims, pick_graph
 from .kv import TARGET_MODELS, DraftModel, TargetModel
@@ -80,6 +81,8 @@ class Request:
     prompt_ids: list[int]
     options: GenerationOptions
     t_call: float = 0.0  # perf_counter() when the call began (TTFT includes tokenizing)
+    fim: FimPrompt | None = None  # a middle to fill (its stops; its extra files for lookup)
+    references: tuple[list[int], ...] = ()  # token runs lookup copies from, outside the prompt
 
 
 class Stream:
@@ -134,6 +137,7 @@ class Generator:
         self.max_context = bundle.max_context
         self.eos = frozenset(bundle.model["eos_token_ids"])
         self.tuned = tuned  # tuning.py: None until `dflash-edge tune`
+        self.fim = find_template(tokenizer)  # fim.py: None when the model has no FIM tokens
         self._guard = GenerationGuard()  # one sequence at a time (the caches are single-sequence)
 
     @classmethod
@@ -259,7 +263,8 @@ class Generator:
     def generate(
         self, prompt, options: GenerationOptions | None = None, **fields
     ) -> GenerationResult:
-        """Generate a reply to `prompt` (a string or a list of chat messages).
+        """Generate a reply to `prompt` (a string, a list of chat messages, or a `FimPrompt`: the
+        middle between a prefix and a suffix, in the model's FIM template; see `infill`).
 
         `options` (validate.GenerationOptions), or its fields by keyword (`max_new_tokens=64,
         draft="none"`): the one set of defaults; `draft="auto"` (the default) picks per step plain
@@ -286,9 +291,56 @@ class Generator:
         """
         t_call = time.perf_counter()
         opts = self._options(options, fields)  # all input checked before iterating
-        req = Request(self.encode(prompt, opts.chat, opts.parse_special), opts, t_call)
+        if isinstance(prompt, FimPrompt):
+            req = self._fim_request(prompt, opts, t_call)
+        else:
+            req = Request(self.encode(prompt, opts.chat, opts.parse_special), opts, t_call)
         self._room(req.prompt_ids)
         return Stream(self._text_pieces(req), self._guard.acquire())
+
+    def infill(
+        self, prefix: str, suffix: str = "", extra=(), options=None, **fields
+    ) -> GenerationResult:
+        """The middle between `prefix` and `suffix` (`extra`: other files as (name, text) pairs),
+        in the model's own FIM template (fim.py); InvalidArgumentError when the model has none.
+        `fields`: GenerationOptions fields, or FimPrompt's (`max_lines`, `min_indent`, ...).
+
+        >>> gen.infill("def add(a, b):\n    ", "\n\nprint(add(1, 2))").text  # doctest: +SKIP
+        """
+        fim_fields = {k: fields.pop(k) for k in list(fields) if k in FimPrompt.__dataclass_fields__}
+        return self.generate(
+            FimPrompt(prefix, suffix, tuple(extra), **fim_fields), options, **fields
+        )
+
+    def _fim_request(self, fim: FimPrompt, opts: GenerationOptions, t_call: float) -> Request:
+        """A FIM prompt's ids (control ids from the template only), checked to fit the context."""
+        template = require_template(self.fim, self.bundle.root.name, fim.label)
+        fim = fim.checked()
+        if opts.parse_special:
+            raise InvalidArgumentError(
+                "parse_special",
+                "parse_special=True: a fill-in-the-middle prompt is always text; its control "
+                "tokens come from the model's FIM template",
+            )
+        most = self.max_context * self.tokenizer.max_token_chars
+        if fim.chars > most:
+            raise ContextOverflowError(self._fim_overflow(fim, f"{fim.chars} characters", most))
+        ids, references = template.encode(self.tokenizer, fim)
+        if len(ids) >= self.max_context:
+            raise ContextOverflowError(self._fim_overflow(fim, f"{len(ids)} tokens", None))
+        return Request(ids, opts, t_call, fim, tuple(references))
+
+    def _fim_overflow(self, fim: FimPrompt, size: str, most_chars: int | None) -> str:
+        where = fim.labels.get("extra", "extra") if fim.extra else fim.label
+        holds = f"{self.max_context} tokens" + (
+            f" ({most_chars} characters at most)" if most_chars else ""
+        )
+        return (
+            f"{where}: the fill-in-the-middle prompt (prefix, suffix and {len(fim.extra)} extra "
+            f"files) has {size}, more than the context of {holds} leaves room for; send fewer "
+            f"or shorter extra files, a shorter prefix or suffix, or re-export with a larger "
+            f"--max-context"
+        )
 
     def generate_ids(
         self,
@@ -371,13 +423,18 @@ class Generator:
         return opts
 
     def _text_pieces(self, req: Request) -> Iterator[str]:
+        cut = text_cut(req.fim) if req.fim else None  # a middle's line / indent / time stops
         stats, text = (
             GenerationStats(prompt_tokens=len(req.prompt_ids)),
-            TextAssembler(self.tokenizer, req.options.stop),
+            TextAssembler(self.tokenizer, req.options.stop, cut),
         )
-        tokens = yield from text_pieces(self._loop(req, stats, self.eos), text)
-        if text.stopped:  # the text ended before the loop did
-            stats.finish_reason, stats.new_tokens = "stop", len(tokens)
+        eos = self.eos | self.fim.stop_ids if req.fim else self.eos
+        tokens = yield from text_pieces(self._loop(req, stats, eos), text)
+        if text.stopped:  # the text ended before the loop did (a cut: a limit, as llama-server)
+            stats.finish_reason, stats.new_tokens = (
+                "length" if text.was_cut else "stop",
+                len(tokens),
+            )
         return GenerationResult(text.text, tokens, stats)
 
     # ---- the loop
@@ -392,7 +449,8 @@ class Generator:
         t = time.perf_counter()
         emit.push([self._prefill(req.prompt_ids, sampling)])
         stats.prefill_s, stats.ttft_s = time.perf_counter() - t, time.perf_counter() - req.t_call
-        clock, proposer = _Clock(self, stats), self._proposer(opts, req.prompt_ids + emit.tokens)
+        clock = _Clock(self, stats)
+        proposer = self._proposer(opts, req.prompt_ids + emit.tokens, req.references)
         try:
             yield emit.tokens
             while not emit.reason:
@@ -409,13 +467,14 @@ class Generator:
         finally:
             clock.stop(emit)
 
-    def _proposer(self, opts: GenerationOptions, history: list[int]) -> Proposer:
+    def _proposer(self, opts: GenerationOptions, history: list[int], references=()) -> Proposer:
         """The proposal sources of `opts.draft` and the policy choosing among them, fresh for one
-        generation (`history`: the token ids so far, by absolute position)."""
+        generation (`history`: the token ids so far, by absolute position; `references`: token runs
+        outside the prompt that lookup may copy from)."""
         limit = self.block_size - 1
         sampling = SamplingParams(opts.temperature, opts.top_k, opts.top_p, opts.seed)
         drafter = lattice_drafter(self.drafter, sampling)  # a DFlash2 drafter: walked on the host
-        sources = make_sources(opts.draft, drafter, history, limit, self.tuned)
+        sources = make_sources(opts.draft, drafter, history, limit, self.tuned, references)
         policy = make_policy(opts.draft, self.block_size, sources, self.tuned, opts.verify_len)
         return Proposer(sources, policy, limit)
 

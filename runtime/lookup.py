@@ -23,17 +23,32 @@ are verified by the same target pass as the drafter's, so the output is still th
 [4, 4, 4]
 >>> PromptLookup([1, 2, 3, 4, 5, 1, 2, 8]).propose(2)  # "8" replaced "3": go on after it
 [4, 5]
+
+`references`: other token runs to copy from that are not in the history (files the prompt could not
+hold); indexed before the history, each after a separator no token equals, so no match spans two.
+
+>>> PromptLookup([7, 1, 2], references=[[1, 2, 3, 4]]).propose(2)
+[3, 4]
 """
 
 from __future__ import annotations
+
+SEPARATOR = -1  # between reference runs and the history: equal to no token id
 
 
 class PromptLookup:
     """An index of a growing token history: token -> ends of its earlier occurrences (each with a
     next token)."""
 
-    def __init__(self, history: list[int], max_match: int = 32, candidates: int = 64):
-        self.history: list[int] = []
+    def __init__(
+        self,
+        history: list[int],
+        max_match: int = 32,
+        candidates: int = 64,
+        references: tuple[list[int], ...] = (),
+    ):
+        self.history: list[int] = [t for ref in references for t in (SEPARATOR, *ref)]
+        self.history += [SEPARATOR] if references else []
         self.max_match = max_match  # agreement counted up to this many tokens
         self.candidates = candidates  # the latest occurrences compared (bounds the per-step cost)
         self.ends: dict[int, list[int]] = {}

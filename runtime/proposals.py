@@ -157,8 +157,9 @@ class LookupProposals:
 
     name, free, cost_s = "lookup", True, 0.0
 
-    def __init__(self, history: list[int], limit: int):
-        self.lookup = PromptLookup(history)  # token ids by absolute position, grown by `commit`
+    def __init__(self, history: list[int], limit: int, references: tuple[list[int], ...] = ()):
+        # token ids by absolute position, grown by `commit` (+ runs outside the prompt to copy from)
+        self.lookup = PromptLookup(history, references=references)
         a = np.arange(1, limit + self.lookup.max_match + 2)  # agreement 1 .. max match + limit
         self.acceptance = Acceptance(a / (a + 3.0), weight=2.0)
 
@@ -177,13 +178,13 @@ class LookupProposals:
 
 
 def make_sources(
-    draft: str, drafter, history: list[int], limit: int, tuned=None
+    draft: str, drafter, history: list[int], limit: int, tuned=None, references=()
 ) -> list[ProposalSource]:
     """The sources of a `draft` mode (validate.DRAFT_MODES), fresh for one generation; `limit` = B -
-    1."""
+    1; `references`: token runs prompt lookup also copies from (files outside the prompt)."""
     make = {
         "drafter": lambda: DrafterProposals(drafter, limit, tuned),
-        "lookup": lambda: LookupProposals(history, limit),
+        "lookup": lambda: LookupProposals(history, limit, references),
     }
     names = {"none": (), "auto": ("lookup", "drafter")}.get(draft, (draft,))
     return [make[name]() for name in names]

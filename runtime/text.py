@@ -21,8 +21,10 @@ class TextAssembler:
     decodes to whole characters; with stop strings, the last len(stop)-1 characters wait until safe.
     """
 
-    def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), cut=None):
         self.tokenizer, self.stop = tokenizer, tuple(s for s in stop if s)
+        self.cut = cut  # text -> where to end it, or None (fim.text_cut): releases whole lines
+        self.was_cut = False
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.tokens: list[int] = []
         self.prefix = self.read = self.shown = 0
@@ -55,11 +57,15 @@ class TextAssembler:
         hits = [i for i in (self.text.find(s, scan) for s in self.stop) if i >= 0]
         if hits:
             self.text, self.stopped = self.text[: min(hits)], True
+        elif self.cut is not None and (end := self.cut(self.text)) is not None:
+            self.text, self.stopped, self.was_cut = self.text[:end], True, True
 
     def _release(self, final: bool) -> str:
         end = (
             len(self.text) if final or self.stopped else max(len(self.text) - self.hold, self.shown)
         )
+        if self.cut is not None and not (final or self.stopped):  # a cut may fall at a newline
+            end = min(end, max(self.text.rfind("\n"), self.shown))
         piece, self.shown = self.text[self.shown : end], end
         return piece
 

@@ -1,6 +1,7 @@
 """The ASGI app (Starlette): OpenAI-compatible routes over one loaded Generator.
 
     POST /v1/chat/completions   POST /v1/completions   (stream: server-sent events)
+    POST /infill                (llama-server's fill-in-the-middle shape: infill.py)
     GET  /v1/models             GET  /health
 
 Errors use OpenAI's shape: 400 for bad input (the runtime's validation text, `param` = the field),
@@ -38,6 +39,7 @@ from starlette.routing import Route
 
 from ..runtime.errors import DflashEdgeError
 from ..runtime.validate import check
+from . import infill
 from .protocol import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
@@ -80,14 +82,22 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
     created = int(time.time())
 
     async def chat(request: Request):
-        return await _complete(request, chat=True)
+        return await _complete(request, parse, (True, model), Reply)
 
     async def completions(request: Request):
-        return await _complete(request, chat=False)
+        return await _complete(request, parse, (False, model), Reply)
 
-    async def _complete(request: Request, chat: bool):
+    async def fill(request: Request):
+        def reply(job, model):
+            return infill.InfillReply(job, model, generator.tokenizer.decode)
+
+        return await _complete(request, infill.parse, (model, generator.max_context), reply)
+
+    async def _complete(request: Request, parse_fn, args: tuple, make_reply):
         raw = await _read_body(request, options.max_body_bytes, options.request_timeout_s)
-        job = await run_in_threadpool(parse, raw, chat, model)  # JSON and checks off the event loop
+        job = await run_in_threadpool(parse_fn, raw, *args)  # JSON and checks off the event loop
+        if job.warmup:
+            return JSONResponse(make_reply(job, model).warmup())
         try:
             ticket = sched.submit(job.prompt, job.options)
         except ServerBusy as err:
@@ -103,7 +113,7 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
             )  # waits its turn: started, or an input error
             if kind == "started" and job.stream:
                 return StreamingResponse(
-                    _sse(Reply(job, model), events, ticket),
+                    _sse(make_reply(job, model), events, ticket),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache"},
                 )
@@ -114,7 +124,7 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
             raise
         ticket.cancel()
         if kind == "done":
-            return JSONResponse(Reply(job, model).whole(value))
+            return JSONResponse(make_reply(job, model).whole(value))
         if kind == "error":
             raise _as_api_error(value)
         return Response(status_code=499)  # the client left: nobody reads this
@@ -144,6 +154,7 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/infill", fill, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
         ],
@@ -226,10 +237,12 @@ def _lifespan(sched: Scheduler):
     return lifespan
 
 
-async def _sse(reply: Reply, events, ticket):
-    """Server-sent events: the role chunk, one chunk per text piece, the finish chunk(s), [DONE]."""
+async def _sse(reply, events, ticket):
+    """Server-sent events: the opening chunks (OpenAI: the role), one chunk per text piece, the
+    finish chunk(s), then [DONE] where the protocol sends it (`reply.done_marker`)."""
     try:
-        yield _event(reply.chunk("", first=True))
+        for chunk in reply.opening():
+            yield _event(chunk)
         async for kind, value in events:
             if kind == "piece":
                 yield _event(reply.chunk(value))
@@ -238,7 +251,8 @@ async def _sse(reply: Reply, events, ticket):
                     yield _event(chunk)
             elif kind == "error":
                 yield _event(_as_api_error(value).body)
-        yield "data: [DONE]\n\n"
+        if reply.done_marker:
+            yield "data: [DONE]\n\n"
     finally:
         ticket.cancel()  # a client that left (or any early end) frees the Generator
 

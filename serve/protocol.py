@@ -8,7 +8,9 @@ Absent sampling fields take OpenAI's defaults (temperature 1, a random seed), no
 
 Fields, as OpenAI's own API treats them (it refuses arguments it does not recognise):
 - honoured: `model`, `messages` (chat) / `prompt` (completions), SAMPLING_FIELDS, `seed`, `stop`,
-  `stream`, `stream_options`, and our `draft`;
+  `stream`, `stream_options`, and our `draft`; on completions `suffix` too: a non-empty one asks
+  for the middle between `prompt` and it, in the model's fill-in-the-middle template
+  (runtime/fim.py; a model without FIM tokens is a 400 naming `suffix`);
 - IGNORED: accepted whatever their value, because they change nothing this server computes
   (`user`, `store`...);
 - NEUTRAL: accepted only at the value that asks for what the server does anyway (`n=1`,
@@ -33,7 +35,14 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..runtime.validate import GenerationOptions, InvalidArgumentError, check_flag, check_messages
+from ..runtime.fim import FimPrompt
+from ..runtime.validate import (
+    GenerationOptions,
+    InvalidArgumentError,
+    check_flag,
+    check_messages,
+    check_text,
+)
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: ~250k tokens of text, far beyond any bundle's context
@@ -92,12 +101,13 @@ FINISH = {"stop": "stop", "length": "length", "context": "length"}
 class Job:
     """One request, checked: what to generate and how to answer."""
 
-    prompt: str | list[dict]  # the completion's text, or the chat's checked messages
+    prompt: str | list[dict] | FimPrompt  # the completion's text, a middle, or chat messages
     options: GenerationOptions  # checked
     chat: bool  # /v1/chat/completions (True) or /v1/completions
     stream: bool
     include_usage: bool  # stream_options.include_usage
     model: str | None
+    warmup: bool = False  # answer at once without generating (llama-server's n_predict 0)
 
 
 class ModelNotFoundError(InvalidArgumentError):
@@ -143,7 +153,7 @@ def parse_request(body: dict, chat: bool, served: str | None = None) -> Job:
     ModelNotFoundError."""
     model = _check_model(body.get("model"), served)
     field = "messages" if chat else "prompt"
-    _check_fields(body, field)
+    _check_fields(body, field, () if chat else ("suffix",))
     if field not in body:
         raise InvalidArgumentError(
             field, f"{field} is missing: a {'chat ' if chat else ''}completion request needs it"
@@ -153,6 +163,9 @@ def parse_request(body: dict, chat: bool, served: str | None = None) -> Job:
         prompt = prompt[0]  # OpenAI allows a one-element list of prompts
     if not chat and not isinstance(prompt, str):
         raise InvalidArgumentError("prompt", f"prompt={prompt!r:.60}: expected a string")
+    if not chat and body.get("suffix"):  # "" or null: a plain completion
+        suffix = check_text(body["suffix"], "suffix")
+        prompt = FimPrompt(check_text(prompt, "prompt"), suffix, labels={"prefix": "prompt"})
     values, labels = (
         {arg: default for arg, default in SAMPLING_FIELDS.values()},
         {"stop": "stop", "draft": "draft"},
@@ -196,19 +209,28 @@ def _check_model(model, served: str | None) -> str | None:
     return model
 
 
-def _check_fields(body: dict, prompt_field: str) -> None:
-    """Every field honoured, ignored, or at its neutral value; anything else is refused by name."""
+def _check_fields(
+    body: dict,
+    prompt_field: str,
+    also: tuple[str, ...] = (),
+    honoured=HONOURED,
+    ignored=IGNORED,
+    neutral=None,
+) -> None:
+    """Every field honoured (`honoured`, the prompt field, `also`), ignored, or at its neutral
+    value; anything else is refused by name. The tables default to the OpenAI routes' own."""
+    neutral = NEUTRAL if neutral is None else neutral
     for name, value in body.items():
-        if name == prompt_field or name in HONOURED or name in IGNORED:
+        if name == prompt_field or name in also or name in honoured or name in ignored:
             continue
-        if name not in NEUTRAL:
+        if name not in neutral:
             raise InvalidArgumentError(
                 name[:60],
                 f"unrecognized request argument {_short(name)}: this server "
                 f"refuses fields it does not know rather than ignore them (the README's "
                 f"Server section lists the fields it takes)",
             )
-        accepted = NEUTRAL[name]
+        accepted = neutral[name]
         if value is not None and not any(_same(value, a) for a in accepted):
             allowed = (
                 f"only {' or '.join(f'{name}={a!r}' for a in accepted)}"
@@ -257,6 +279,8 @@ class Reply:
     """Response bodies for one job: the whole answer, or its stream chunks (same id and
     timestamp)."""
 
+    done_marker = True  # a stream ends with `data: [DONE]`
+
     def __init__(self, job: Job, model: str):
         self.job, self.model = job, model
         self.id = f"{'chatcmpl' if job.chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -295,6 +319,10 @@ class Reply:
             "usage": usage(result),
             "dflash": extension(result),
         }
+
+    def opening(self) -> list[dict]:
+        """The stream's first chunks, before any text (the role chunk)."""
+        return [self.chunk("", first=True)]
 
     def chunk(self, piece: str, first: bool = False) -> dict:
         return {**self._head(True), "choices": [self._choice(piece, None, first)]}

@@ -28,6 +28,7 @@ VERBS = [
     "quantize",
     "build-engines",
     "run",
+    "complete",
     "bench",
     "tune",
     "devices",
