@@ -153,23 +153,25 @@ def genai_worker(args) -> Worker:
 class Ours:
     """Our bundle, in this process: the target alone (plain decoding)."""
 
-    def __init__(self, bundle: str, threads: int):
+    def __init__(self, bundle: str, threads: int, chunk: int = 0, gen=None):
         import onnxruntime
 
         from dflash_edge.runtime import Generator
 
-        self.gen = Generator.load(bundle, threads=threads, verify=False, drafter=False)
+        self.gen = gen or Generator.load(bundle, threads=threads, verify=False, drafter=False)
+        self.chunk = chunk or self.gen.bundle.manifest["prefill_chunk"]
         m = self.gen.bundle.manifest
         self.settings = {
             "onnxruntime": onnxruntime.__version__,
             "intra_op_threads": threads,
-            "prefill_chunk": self.gen.prefill_chunk,
+            "prefill_chunk": self.chunk,
             "max_context": self.gen.max_context,
             "precision": m.get("precision"),
             "target_graph": getattr(self.gen.target, "name", None),
         }
 
     def run(self, ids: list[int], new: int) -> dict:
+        self.gen.prefill_chunk = self.chunk  # the graph is dynamic in T: any chunk runs
         res = self.gen.generate_ids(ids, new, draft="none", stop_token_ids=())
         s = res.stats
         return {"tokens": res.token_ids, "prefill_s": s.prefill_s, "decode_s": s.decode_s}
@@ -292,6 +294,8 @@ def cmd_fidelity(args) -> dict:
 def cmd_speed(args) -> dict:
     ours = Ours(args.ours, args.threads)
     engines = {"ours": ours}
+    for chunk in args.ours_chunks:  # the same session, prefill in other chunk sizes
+        engines[f"ours-c{chunk}"] = Ours(args.ours, args.threads, chunk, ours.gen)
     args.ctx = args.prefill_tokens + args.new_tokens + 64
     engines["llama.cpp"] = llama_worker(args, logits_all=False)
     if args.genai:
@@ -308,6 +312,8 @@ def cmd_speed(args) -> dict:
     for i, (kind, ids) in enumerate(jobs):
         order = list(engines) if i % 2 == 0 else list(reversed(engines))
         for name in order:
+            if kind == "decode" and name.startswith("ours-c"):
+                continue  # chunk variants: the same decode as `ours`
             new = args.new_tokens if kind == "decode" else args.prefill_new
             out = engines[name].run(ids, new)
             if kind == "decode":
@@ -318,17 +324,18 @@ def cmd_speed(args) -> dict:
         last = ms if kind == "decode" else prefill
         print(
             f"{kind} {i + 1}/{len(jobs)} ({len(ids)} ids): "
-            + ", ".join(f"{k} {last[k][-1]:.3f}" for k in engines),
+            + ", ".join(f"{k} {v[-1]:.3f}" for k, v in last.items() if v),
             file=sys.stderr,
         )
     settings = {k: e.settings for k, e in engines.items()}
     for e in engines.values():
         e.close()
-    med_ms = {k: round(statistics.median(v), 2) for k, v in ms.items()}
+    med_ms = {k: round(statistics.median(v), 2) for k, v in ms.items() if v}
     med_pf = {k: round(statistics.median(v), 3) for k, v in prefill.items()}
 
     def ratios(med):
-        return {f"ours/{k}": round(med["ours"] / med[k], 3) for k in med if k != "ours"}
+        ours_ = [k for k in med if k.startswith("ours")]
+        return {f"{a}/{b}": round(med[a] / med[b], 3) for a in ours_ for b in med if b not in ours_}
 
     def same(a, b):
         pairs = [x == y for s, t in zip(tokens[a], tokens[b]) for x, y in zip(s, t)]
@@ -343,8 +350,8 @@ def cmd_speed(args) -> dict:
             "new_tokens": args.new_tokens,
             "median_ms_per_token": med_ms,
             "ratios": ratios(med_ms),
-            "all_ms_per_token": {k: [round(x, 2) for x in v] for k, v in ms.items()},
-            "same_greedy_tokens_as_ours": {k: same("ours", k) for k in engines if k != "ours"},
+            "all_ms_per_token": {k: [round(x, 2) for x in v] for k, v in ms.items() if v},
+            "same_greedy_tokens_as_ours": {k: same("ours", k) for k in med_ms if k != "ours"},
         },
         "prefill": {
             "prompt_tokens": len(long_ids),
@@ -358,13 +365,71 @@ def cmd_speed(args) -> dict:
     }
 
 
+# ---------------------------------------------------------------------------------- profile
+def cmd_profile(args) -> dict:
+    """Where our prefill's time goes: onnxruntime's profiler on the long prompt, per op type."""
+    import onnxruntime as ort
+
+    made = []
+    plain = ort.SessionOptions
+
+    def profiled():  # every session this process opens writes a profile
+        opts = plain()
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(args.out_dir) / f"ort{len(made)}")
+        made.append(opts)
+        return opts
+
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    ort.SessionOptions = profiled
+    try:
+        ours = Ours(args.ours, args.threads)
+    finally:
+        ort.SessionOptions = plain
+    long_ids = long_prompt(encoder(args.ours), args.prefill_tokens)
+    runner = ours.gen.target.runner
+    spans = {}  # chunk -> the indices of its measured run's model_run calls
+    for chunk in args.chunks:
+        ours.chunk = chunk
+        ours.run(long_ids, 2)  # warm-up of this chunk size's shapes
+        first = runner.calls
+        out = ours.run(long_ids, 2)
+        spans[chunk] = (first, runner.calls, out["prefill_s"])
+    events = json.loads(Path(runner.session.end_profiling()).read_text())
+    runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
+    nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    if len(runs) != runner.calls:
+        raise SystemExit(f"{len(runs)} model_run events for {runner.calls} runs: profile unusable")
+    report = {"prompt_tokens": len(long_ids), "threads": args.threads, "chunks": {}}
+    for chunk, (lo, hi, prefill_s) in spans.items():
+        t0, t1 = runs[lo]["ts"], runs[hi - 1]["ts"] + runs[hi - 1]["dur"]
+        by_op: dict[str, float] = {}
+        for ev in nodes:
+            if t0 <= ev["ts"] <= t1:
+                op = ev["args"]["op_name"]
+                by_op[op] = by_op.get(op, 0.0) + ev["dur"] / 1e6
+        total = sum(by_op.values())
+        report["chunks"][chunk] = {
+            "prefill_s": round(prefill_s, 3),  # profiled: a little slower than unprofiled
+            "runs": hi - lo,
+            "run_s": round((t1 - t0) / 1e6, 3),
+            "kernel_s": round(total, 3),
+            "kernel_s_by_op": {
+                k: round(v, 3) for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])
+            },
+        }
+        print(f"chunk {chunk}: {report['chunks'][chunk]}", file=sys.stderr)
+    return report
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_ref = sub.add_parser("reference", help="the fp32 reference text (transformers on the GGUF)")
     p_fid = sub.add_parser("fidelity", help="teacher-forced top-1 agreement with the reference")
     p_spd = sub.add_parser("speed", help="decode ms/token and a long prefill, interleaved")
-    for p in (p_ref, p_fid, p_spd):
+    p_pro = sub.add_parser("profile", help="our long prefill under onnxruntime's profiler")
+    for p in (p_ref, p_fid, p_spd, p_pro):
         p.add_argument("--ours", required=True, help="our bundle (exported from the same GGUF)")
         p.add_argument("--threads", type=int, default=2)
         p.add_argument("--json", default=None, help="also write the result here")
@@ -381,11 +446,25 @@ def main(argv=None) -> int:
     p_spd.add_argument("--genai-python", default="/work/peers/genai/bin/python")
     p_spd.add_argument("--prompts", type=int, default=6)
     p_spd.add_argument("--new-tokens", type=int, default=64)
-    p_spd.add_argument("--prefill-tokens", type=int, default=1000)
+    for p in (p_spd, p_pro):
+        p.add_argument("--prefill-tokens", type=int, default=1000)
+    p_pro.add_argument("--chunks", type=lambda s: [int(x) for x in s.split(",")], default=[64])
+    p_pro.add_argument("--out-dir", default="/tmp/vs_llamacpp_profile")
     p_spd.add_argument("--prefill-new", type=int, default=2, help="tokens after the long prompt")
+    p_spd.add_argument(
+        "--ours-chunks",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[],
+        help="also ours with these prefill chunk sizes, e.g. 256,512 (the bundle's: `ours`)",
+    )
     p_spd.add_argument("--rounds", type=int, default=3, help="long-prompt prefills per engine")
     args = ap.parse_args(argv)
-    run = {"reference": cmd_reference, "fidelity": cmd_fidelity, "speed": cmd_speed}[args.cmd]
+    run = {
+        "reference": cmd_reference,
+        "fidelity": cmd_fidelity,
+        "speed": cmd_speed,
+        "profile": cmd_profile,
+    }[args.cmd]
     result = run(args)
     print(json.dumps(result, indent=2))
     if args.json:
