@@ -366,6 +366,23 @@ def cmd_speed(args) -> dict:
 
 
 # ---------------------------------------------------------------------------------- profile
+def node_kinds(graph: Path) -> dict[str, str]:
+    """node name -> "MatMulNBits(bits=B, acc=A, N=.., K=..)" for the graph's MatMulNBits nodes (the
+    weight formats time is spent on)."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    kinds = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+            kinds[node.name] = (
+                f"MatMulNBits(bits={a.get('bits', 4)}, acc={a.get('accuracy_level', 0)}, "
+                f"N={a['N']}, K={a['K']})"
+            )
+    return kinds
+
+
 def cmd_profile(args) -> dict:
     """Where our prefill's time goes: onnxruntime's profiler on the long prompt, per op type."""
     import onnxruntime as ort
@@ -400,13 +417,15 @@ def cmd_profile(args) -> dict:
     nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     if len(runs) != runner.calls:
         raise SystemExit(f"{len(runs)} model_run events for {runner.calls} runs: profile unusable")
+    kinds = node_kinds(Path(args.ours) / f"{ours.gen.target.GRAPH}.onnx")
     report = {"prompt_tokens": len(long_ids), "threads": args.threads, "chunks": {}}
     for chunk, (lo, hi, prefill_s) in spans.items():
         t0, t1 = runs[lo]["ts"], runs[hi - 1]["ts"] + runs[hi - 1]["dur"]
         by_op: dict[str, float] = {}
         for ev in nodes:
             if t0 <= ev["ts"] <= t1:
-                op = ev["args"]["op_name"]
+                name = ev["name"][: -len("_kernel_time")]
+                op = kinds.get(name, ev["args"]["op_name"])
                 by_op[op] = by_op.get(op, 0.0) + ev["dur"] / 1e6
         total = sum(by_op.values())
         report["chunks"][chunk] = {
