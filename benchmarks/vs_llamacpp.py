@@ -166,8 +166,9 @@ class Ours:
             "intra_op_threads": threads,
             "prefill_chunk": self.chunk,
             "max_context": self.gen.max_context,
-            "precision": m.get("precision"),
-            "target_graph": getattr(self.gen.target, "name", None),
+            "target_graph": self.gen.target.GRAPH,
+            "precision": m["graphs"][self.gen.target.GRAPH].get("precision"),
+            "kv_cache": m["graphs"][self.gen.target.GRAPH].get("kv_cache", {}).get("dtype", "fp32"),
         }
 
     def run(self, ids: list[int], new: int) -> dict:
