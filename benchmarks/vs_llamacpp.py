@@ -247,14 +247,30 @@ def cmd_reference(args) -> dict:
         ),
         "texts": texts,
     }
+    Path(args.out).write_text(json.dumps(report) + "\n")  # first: the checkpoint may fail
     if args.checkpoint:
-        from transformers import AutoTokenizer
-
-        model.to(torch.bfloat16).save_pretrained(args.checkpoint)
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tok.save_pretrained(args.checkpoint)
-    Path(args.out).write_text(json.dumps(report) + "\n")
+        save_checkpoint(model, gguf, Path(args.checkpoint))
     return {k: v for k, v in report.items() if k != "texts"}
+
+
+def save_checkpoint(model, gguf: Path, out: Path) -> None:
+    """A bf16 Hugging Face folder of the dequantised model (transformers refuses save_pretrained on
+    a model loaded from a GGUF: its weights are written with safetensors directly)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    model.generation_config.save_pretrained(out)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
 
 
 # ---------------------------------------------------------------------------------- fidelity
