@@ -70,7 +70,7 @@ def add_arguments(p) -> None:
         "--low-bit-ops",
         default=AUTO,
         choices=(AUTO, "standard", "tensorrt", "contrib"),
-        help="int4/int8 weights: auto (tensorrt for a GPU / Jetson --device, else standard), "
+        help="int4/int8 weights: auto (tensorrt for a GPU / Jetson --device, else contrib), "
         "standard (blocked DequantizeLinear, opset 21, the source's own "
         "blocks; onnxruntime fuses it into MatMulNBits), tensorrt (the same re-quantised to "
         "TensorRT's weight-only rules: int4 blocks of 128, int8 per channel; slow on a CPU) or "

@@ -6,8 +6,8 @@ its only expert kernel whose rows do not depend on the step's length: docs/BENCH
 else fp32. With `device` set, the device plan picks the precision and max context that fit
 (device_plan.py). `draft_precision=None`: the planner's default for the target's precision.
 `kv_cache="auto"`: int8 for int4 / int8 targets that get a fused graph (calibrated on the written
-graph: kv_cache.py), else fp32. `low_bit_ops="auto"`: standard (the source's own blocks as
-DequantizeLinear), or tensorrt (TensorRT's weight-only blocks) for a GPU / Jetson `device`.
+graph: kv_cache.py), else fp32. `low_bit_ops="auto"`: contrib (MatMulNBits, the source's own
+blocks), or tensorrt (TensorRT's weight-only blocks) for a GPU / Jetson `device`.
 
 >>> resolve_choices(ExportOptions(out="b/")).precision       # doctest: +SKIP
 'fp32'

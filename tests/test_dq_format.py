@@ -342,7 +342,7 @@ def test_the_device_plan_picks_the_low_bit_form():
     from dflash_edge.devices.profiles import get_profile
     from dflash_edge.export.device_plan import low_bit_ops_for
 
-    assert low_bit_ops_for(None) == low_bit_ops_for("cpu") == "standard"
+    assert low_bit_ops_for(None) == low_bit_ops_for("cpu") == "contrib"
     assert low_bit_ops_for("jetson-orin-nx-16gb") == low_bit_ops_for("rtx-4090-24gb") == "tensorrt"
     t, d, _ = preset("qwen3-8b")
     out = plan(PlanRequest(t, d, get_profile("jetson-orin-nx-16gb"), "int4", 4096))
