@@ -126,8 +126,8 @@ def trt_readiness_line(bundle: Path) -> str:
     hint = ""
     if contrib:
         hint = (
-            "; int4/int8 graphs use onnxruntime's MatMulNBits blocks (--low-bit-ops contrib): "
-            "export with --low-bit-ops standard"
+            "; int4/int8 graphs use onnxruntime's MatMulNBits (--low-bit-ops contrib): for "
+            "TensorRT export with --low-bit-ops tensorrt (or --device for a GPU / Jetson)"
         )
     elif blocks:
         hint = (
