@@ -29,11 +29,11 @@ path, threads = sys.argv[1], int(sys.argv[2])
 config = og.Config(path)
 config.clear_providers()                                    # CPU
 cfg = json.load(open(path + "/genai_config.json"))
-assert (
-    cfg["model"]["decoder"]["session_options"].get("intra_op_num_threads") == threads
-), "threads not set"
+opts = cfg["model"]["decoder"]["session_options"]
+assert opts.get("intra_op_num_threads") == threads, "threads not set"
 model = og.Model(config)
-print(json.dumps({"ready": True}), flush=True)
+print(json.dumps({"ready": True, "settings": {"onnxruntime_genai": og.__version__,
+                                              "session_options": opts}}), flush=True)
 for line in sys.stdin:
     req = json.loads(line)
     params = og.GeneratorParams(model)
@@ -47,7 +47,7 @@ for line in sys.stdin:
         gen.generate_next_token()
         tokens.append(int(gen.get_next_tokens()[0]))
         stamps.append(time.perf_counter())
-    print(json.dumps({"tokens": tokens, "first_s": stamps[0] - t0,
+    print(json.dumps({"tokens": tokens, "prefill_s": stamps[0] - t0,
                       "decode_s": stamps[-1] - stamps[0]}), flush=True)
 """
 
@@ -56,7 +56,7 @@ class GenaiWorker:
     """One genai model in a worker process of the genai venv."""
 
     def __init__(self, python: str, path: str, threads: int):
-        _set_genai_threads(Path(path), threads)
+        set_genai_threads(Path(path), threads)
         self.proc = subprocess.Popen(
             [python, "-c", WORKER, path, str(threads)],
             stdin=subprocess.PIPE,
@@ -76,7 +76,7 @@ class GenaiWorker:
         self.proc.wait(timeout=60)
 
 
-def _set_genai_threads(path: Path, threads: int) -> None:
+def set_genai_threads(path: Path, threads: int) -> None:
     """genai reads its session options from genai_config.json: pin intra-op threads there."""
     cfg_path = path / "genai_config.json"
     cfg = json.loads(cfg_path.read_text())

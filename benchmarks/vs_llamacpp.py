@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from vs_genai import WORKER as GENAI_WORKER  # the genai worker, one copy
+from vs_genai import set_genai_threads
 
 LLAMA_WORKER = r"""
 import json, sys, time
@@ -78,35 +80,6 @@ for line in sys.stdin:
                       "decode_s": stamps[-1] - stamps[0]}), flush=True)
 """
 
-GENAI_WORKER = r"""
-import json, sys, time
-import onnxruntime_genai as og
-path, threads = sys.argv[1], int(sys.argv[2])
-config = og.Config(path)
-config.clear_providers()                                    # CPU
-cfg = json.load(open(path + "/genai_config.json"))
-opts = cfg["model"]["decoder"]["session_options"]
-assert opts.get("intra_op_num_threads") == threads, "threads not set"
-model = og.Model(config)
-print(json.dumps({"ready": True, "settings": {"onnxruntime_genai": og.__version__,
-                                              "session_options": opts}}), flush=True)
-for line in sys.stdin:
-    req = json.loads(line)
-    params = og.GeneratorParams(model)
-    n = len(req["ids"]) + req["new"]
-    params.set_search_options(do_sample=False, max_length=n, min_length=n)
-    gen = og.Generator(model, params)
-    t0 = time.perf_counter()
-    gen.append_tokens(req["ids"])
-    tokens, stamps = [], []
-    while len(tokens) < req["new"]:
-        gen.generate_next_token()
-        tokens.append(int(gen.get_next_tokens()[0]))
-        stamps.append(time.perf_counter())
-    print(json.dumps({"tokens": tokens, "prefill_s": stamps[0] - t0,
-                      "decode_s": stamps[-1] - stamps[0]}), flush=True)
-"""
-
 
 class Worker:
     """A peer engine in a worker process of its own venv's python."""
@@ -140,13 +113,8 @@ def llama_worker(args, logits_all: bool) -> Worker:
 
 
 def genai_worker(args) -> Worker:
-    """genai reads its session options from genai_config.json: pin the threads there first."""
-    cfg_path = Path(args.genai) / "genai_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    opts = cfg["model"]["decoder"].setdefault("session_options", {})
-    if opts.get("intra_op_num_threads") != args.threads:
-        opts.update(intra_op_num_threads=args.threads, inter_op_num_threads=1)
-        cfg_path.write_text(json.dumps(cfg, indent=4))
+    """genai's worker (vs_genai.py's), its threads pinned in genai_config.json first."""
+    set_genai_threads(Path(args.genai), args.threads)
     return Worker(args.genai_python, GENAI_WORKER, str(args.genai), str(args.threads))
 
 
