@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.nbits import row_form
 from .dq_format import _centred, pack, per_channel
-from .weight_format import Table, _corrected, _lazy
+from .weight_format import Table, _corrected
 
 
 def embedding_table(g, ckpt, name: str) -> Table:
@@ -30,17 +29,8 @@ class DqTable(Table):
     """weight_format.Table in standard ops: int8 codes [H, V] and scales [H/bs, V] (tensorrt: [V, H]
     and [V])."""
 
-    def __init__(self, g, ckpt, name: str):
-        self.g, self.ckpt, self.name = g, ckpt, name
-        self.bits = g.fmt.table_bits
-        if ckpt.shape(name)[1] % g.fmt.block_size:  # rows not whole blocks
-            self.bits = 0
-        if self.bits == 0:
-            self.fp32 = g.init(name, lambda: ckpt.array(name), shared="embed_tokens")
-            return
-        self.key = f"{name}_table{self.bits}"
-        self.layout, self.get = _lazy(g, self.key, self._build)
-        g.log.count(g.graph, self.layout.qtype)
+    def _lookup_operands(self) -> None:
+        """Nothing ahead: the lookup's and head's initializers are named where they are read."""
 
     def _build(self):
         if not self.g.fmt.tensorrt:
@@ -115,44 +105,37 @@ class DqTable(Table):
     def _row_terms(self) -> tuple[str | None, str | None]:
         """(zero points [H/bs, V] int8 relative to the stored codes' 2^(bits-1), offsets
         [V, H/bs, 1] float32) initializers of a looked-up row, each None when not needed."""
-        g, memo = self.g, {}
-
-        def form():
-            if "form" not in memo:
-                w = self.get(None)()
-                zero, added = row_form(w)
-                base = 0 if w.zero_points is not None else 1 << (w.bits - 1)
-                shift = None if zero is None else zero.astype(np.int16) - base
-                memo["form"] = (shift, added)
-            return memo["form"]
-
-        key = f"{self.key}_dq_rows"
+        g, key = self.g, f"{self.key}_dq_rows"
         if key not in g.store.layouts:  # first use: the blocks were just built
-            shift, added = form()
+            shift = self._zero_shift()
             if shift is not None and (shift.min() < -128 or shift.max() > 127):
                 raise ValueError(f"{self.name}: zero points out of int8 range after centring")
-            need_zero = shift is not None and bool(shift.any())
-            g.store.layouts[key] = (need_zero, added is not None)
+            need_add = self._row_form()[1] is not None
+            g.store.layouts[key] = (shift is not None and bool(shift.any()), need_add)
         need_zero, need_add = g.store.layouts[key]
         zero = (
             g.init(
                 f"{self.key}_DQzero_rows",
-                lambda: np.ascontiguousarray(form()[0].T.astype(np.int8)),
+                lambda: np.ascontiguousarray(self._zero_shift().T.astype(np.int8)),
                 "embed_tokens.DQzero_rows",
             )
             if need_zero
             else None
         )  # [H/bs, V]
         added = (
-            g.init(
-                f"{self.key}_DQoffsets",
-                lambda: np.ascontiguousarray(form()[1][..., None], np.float32),
-                "embed_tokens.DQoffsets",
-            )
+            g.init(f"{self.key}_DQoffsets", self._row_part(1), "embed_tokens.DQoffsets")
             if need_add
             else None
         )  # [V, H/bs, 1]
         return zero, added
+
+    def _zero_shift(self):
+        """A looked-up row's zero points minus the stored codes' own (int16 [V, H/bs]), or None."""
+        zero = self._row_form()[0]
+        if zero is None:
+            return None
+        w = self.get(None)()
+        return zero.astype(np.int16) - (0 if w.zero_points is not None else 1 << (w.bits - 1))
 
     def head(self, flat: str) -> str:
         """Logits [T, V] of rows `flat` [T, H]."""

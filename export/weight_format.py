@@ -288,24 +288,34 @@ class Table:
         self.key = f"{name}_table{self.bits}"
         self.layout, get = _lazy(g, self.key, self._build)
         g.log.count(g.graph, self.layout.qtype)
-        self.B = g.init(f"{self.key}_Q{self.layout.bits}", get("B"), "embed_tokens.B")
         self.get = get  # the scales are stored by the op that reads them (in its rank)
-        memo = {}
+        self._form = None  # row_form of the blocks, computed on first use
+        self._lookup_operands()
 
-        def form(i: int):  # row_form's part i, [V, H/bs, 1], computed once
-            def make():
-                if "form" not in memo:
-                    memo["form"] = row_form(get(None)())
-                part = memo["form"][i]
-                return None if part is None else part[..., None]
-
-            return make
-
-        self.row_form = form
+    def _lookup_operands(self) -> None:
+        """The lookup's codes, and whether it needs zero points / offsets (decided on the export's
+        first use of the table, when its blocks were just built)."""
+        g = self.g
+        self.B = g.init(f"{self.key}_Q{self.layout.bits}", self.get("B"), "embed_tokens.B")
         layouts = g.store.layouts
-        if f"{self.key}_rows" not in layouts:  # first use: the blocks were just built
-            layouts[f"{self.key}_rows"] = tuple(form(i)() is not None for i in (0, 1))
+        if f"{self.key}_rows" not in layouts:
+            layouts[f"{self.key}_rows"] = tuple(p is not None for p in self._row_form())
         self.gather_zero, self.gather_add = layouts[f"{self.key}_rows"]
+
+    def _row_form(self) -> tuple:
+        """models/nbits.row_form of the table's blocks: (zero points, offsets) [V, H/bs] or None."""
+        if self._form is None:
+            self._form = row_form(self.get(None)())
+        return self._form
+
+    def _row_part(self, i: int):
+        """Lazy row_form part `i` as [V, H/bs, 1] (an initializer's value)."""
+
+        def make():
+            part = self._row_form()[i]
+            return None if part is None else part[..., None]
+
+        return make
 
     def _build(self):
         """The source's own blocks when it has them (exact), else RTN at `bits`."""
@@ -339,7 +349,7 @@ class Table:
         inputs = [self.B, ids, scales3]
         if self.gather_zero:  # [V, H/bs, 1] uint8, one per block (4-bit ones too)
             inputs.append(
-                g.init(f"{self.key}_gather_zero", self.row_form(0), "embed_tokens.gather_zero")
+                g.init(f"{self.key}_gather_zero", self._row_part(0), "embed_tokens.gather_zero")
             )
         blocks = g.op(
             "GatherBlockQuantized",
@@ -351,7 +361,7 @@ class Table:
             bits=bits,
         )[0]  # [*ids, H/bs, bs]
         if self.gather_add:  # the rows' offsets, [*ids, H/bs, 1]
-            add = g.init(f"{self.key}_gather_add", self.row_form(1), "embed_tokens.gather_add")
+            add = g.init(f"{self.key}_gather_add", self._row_part(1), "embed_tokens.gather_add")
             blocks = g.op("Add", [blocks, g.op("Gather", [add, ids], axis=0)[0]])[0]
         shape = g.op("Concat", [g.op("Shape", [ids])[0], g.const([k])], axis=0)[0]
         return g.op("Reshape", [blocks, shape])[0]  # [*ids, H]
