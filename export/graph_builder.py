@@ -120,6 +120,9 @@ class GraphBuilder:
             opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
             producer_name="dflash-edge",
         )
+        # the oldest IR the opsets allow (not onnx's newest): older onnxruntime / TensorRT parsers
+        # refuse a newer IR than they know (onnxruntime 1.26 reads IR <= 13; onnx 1.23 writes 14)
+        model.ir_version = helper.find_min_ir_version_for(model.opset_import, ignore_unknown=True)
         if blocked:  # what onnxruntime's fused MatMulNBits computes with
             helper.set_model_props(model, {ACCURACY_KEY: str(self.fmt.accuracy_level)})
         if self.fmt.precision == "fp16":

@@ -53,25 +53,40 @@ class SessionConfig:
 
 
 QDQ_ACCURACY = "session.qdq_matmulnbits_accuracy_level"
-# opset 21 (blocked DequantizeLinear, int4) needs IR 10: onnxruntime 1.17 reads IR <= 9; 1.19 fuses
-# int4 DequantizeLinear + MatMul into MatMulNBits, 1.32 int8 too (docs/BENCHMARKS.md)
-ORT_FOR_OPSET = {21: (1, 19)}
+# The oldest onnxruntime that runs a graph (measured on the default bundle, docs/BENCHMARKS.md):
+# opset 21 (blocked DequantizeLinear, int4) needs IR 10, read from 1.19, which also fuses int4
+# DequantizeLinear + MatMul into MatMulNBits (1.32 int8 too); opset 23 (the fused target) needs IR
+# 11, read from 1.23; GroupQueryAttention over an int8 cache (its scale inputs) runs from 1.30.
+ORT_FOR_OPSET = {21: (1, 19), 23: (1, 23)}
+ORT_FOR_INT8_CACHE = (1, 30)
+
+
+def oldest_onnxruntime(entry: dict) -> tuple[tuple[int, int], str]:
+    """(the oldest onnxruntime (major, minor) that runs a manifest graph entry, what needs it)."""
+    need, why = (1, 17), "the bundle format"
+    for opset, version in ORT_FOR_OPSET.items():
+        if entry.get("opset", 0) >= opset and version > need:
+            need, why = version, f"its opset-{entry['opset']} graphs"
+    if (entry.get("kv_cache") or {}).get("dtype") == "int8" and ORT_FOR_INT8_CACHE > need:
+        need, why = ORT_FOR_INT8_CACHE, "its int8 KV cache (GroupQueryAttention with scales)"
+    return need, why
 
 
 def low_bit_settings(entry: dict) -> int | None:
     """The accuracy level a manifest graph entry's DequantizeLinear weights run at (None: not
-    such a graph); refuses, naming the fix, an onnxruntime too old for the graph's opset."""
+    such a graph); refuses, naming the fix, an onnxruntime too old for the graph."""
     import onnxruntime as ort
 
     have = tuple(int(p) for p in ort.__version__.split(".")[:2] if p.isdigit())
-    for opset, need in ORT_FOR_OPSET.items():
-        if entry.get("opset", 0) >= opset and have < need:
-            raise DflashEdgeError(
-                f"this bundle's graphs hold int4/int8 weights as opset-{opset} DequantizeLinear, "
-                f"which onnxruntime {ort.__version__} cannot run; pip install -U "
-                f"'onnxruntime>={need[0]}.{need[1]}' (1.32 tested), or re-export with "
-                f"--low-bit-ops contrib"
-            )
+    need, why = oldest_onnxruntime(entry)
+    if have < need:
+        raise DflashEdgeError(
+            f"this bundle needs onnxruntime >= {need[0]}.{need[1]} for {why}; onnxruntime "
+            f"{ort.__version__} is installed: pip install -U 'onnxruntime>={need[0]}.{need[1]}' "
+            f"(1.32 tested)"
+            + (", or re-export with --low-bit-ops contrib" if need == ORT_FOR_OPSET[21] else "")
+            + (", or re-export with --kv-cache fp32" if need == ORT_FOR_INT8_CACHE else "")
+        )
     settings = (entry.get("quantization") or {}).get("settings") or {}
     standard = settings.get("low_bit_ops") in ("standard", "tensorrt")
     return settings.get("accuracy_level") if standard else None

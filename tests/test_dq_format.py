@@ -304,6 +304,40 @@ def test_runtime_names_the_onnxruntime_a_standard_bundle_needs(monkeypatch):
     assert low_bit_settings({"opset": 17}) is None  # older bundles still load
 
 
+
+def test_runtime_names_the_onnxruntime_a_fused_int8_cache_needs(monkeypatch):
+    """The fused target (opset 23: IR 11) needs onnxruntime 1.23; its int8 cache (GroupQueryAttention
+    with scale inputs) 1.30: an older one is refused by name, with the re-export that avoids it."""
+    import onnxruntime
+
+    from dflash_edge.runtime.errors import DflashEdgeError
+    from dflash_edge.runtime.session import low_bit_settings
+
+    fused = {"opset": 23, "kv_cache": {"dtype": "int8"}}
+    monkeypatch.setattr(onnxruntime, "__version__", "1.26.0")
+    with pytest.raises(DflashEdgeError, match=r"int8 KV cache.*>=1.30'.*--kv-cache fp32"):
+        low_bit_settings(fused)
+    assert low_bit_settings({"opset": 23, "kv_cache": {"dtype": "float32"}}) is None
+    monkeypatch.setattr(onnxruntime, "__version__", "1.22.1")
+    with pytest.raises(DflashEdgeError, match=r"opset-23.*>=1.23'"):
+        low_bit_settings({"opset": 23})
+
+
+def test_graphs_carry_the_oldest_ir_their_opsets_allow(bundles):
+    """Not onnx's newest IR: onnxruntime 1.26 refuses IR 14 outright (its maximum is 13)."""
+    import onnx
+
+    want = {17: 8, 21: 10, 23: 11}  # onnx.helper.VERSION_TABLE
+    seen = set()
+    for out in bundles.values():
+        for path in out.glob("*.onnx"):
+            model = onnx.load(str(path), load_external_data=False)
+            opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+            assert model.ir_version == want[opset], (path, opset, model.ir_version)
+            seen.add(opset)
+    assert seen == {17, 21, 23}, seen
+
+
 def test_tensorrt_recipe_is_ready_and_lossless(bundles):
     """`--low-bit-ops tensorrt`: int4 weights re-quantised in blocks of 64 / 128, int8 (the untied
     head, the table) one scale per channel; the readiness check finds no problem, parity holds
