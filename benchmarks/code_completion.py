@@ -83,7 +83,7 @@ def ours(gen, rows, n: int, repeats: int) -> list[dict]:
         out.append(
             {
                 "id": row["id"],
-                "kind": "fim" if "suffix" in row else "edit",
+                "kind": _kind(row),
                 "prompt_tokens": plain.stats.prompt_tokens,
                 "new_tokens": len(plain.token_ids),
                 "lossless": len(ids) == 1,
@@ -103,6 +103,14 @@ def ours(gen, rows, n: int, repeats: int) -> list[dict]:
         )
         print(json.dumps({k: v for k, v in out[-1].items() if k != "text"}), file=sys.stderr)
     return out
+
+
+def _kind(row: dict) -> str:
+    """fim, editor (an edit asked as editors ask it: the code first, then "output only the edited
+    code"), or edit (asked in chat: the answer may explain itself after the code)."""
+    if "suffix" in row:
+        return "fim"
+    return "editor" if row["category"].startswith("editor-") else "edit"
 
 
 def _expected(row: dict, text: str) -> bool | None:

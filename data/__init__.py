@@ -22,7 +22,8 @@ PROMPT_SETS = {
     "bench": "mixed everyday prompts (chat, code, maths, ...): `bench` and `tune` by default",
     "quote": "prompts whose answers quote their input (fix, rewrite, convert, extract)",
     "code": (
-        "code edits that rewrite given code, and fill-in-the-middle cases (rows with a 'suffix': "
+        "code edits that rewrite given code, asked in chat (edit-*) and as editors ask, code "
+        "only (editor-*), and fill-in-the-middle cases (rows with a 'suffix': "
         "the 'prompt' is the prefix, 'expected' the middle; need a model with FIM tokens)"
     ),
     "heldout": (

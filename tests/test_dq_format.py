@@ -304,10 +304,9 @@ def test_runtime_names_the_onnxruntime_a_standard_bundle_needs(monkeypatch):
     assert low_bit_settings({"opset": 17}) is None  # older bundles still load
 
 
-
 def test_runtime_names_the_onnxruntime_a_fused_int8_cache_needs(monkeypatch):
-    """The fused target (opset 23: IR 11) needs onnxruntime 1.23; its int8 cache (GroupQueryAttention
-    with scale inputs) 1.30: an older one is refused by name, with the re-export that avoids it."""
+    """The fused target (opset 23: IR 11) needs onnxruntime 1.23, its int8 cache (GQA with scales)
+    1.30: an older one is refused by name, with the re-export that avoids it."""
     import onnxruntime
 
     from dflash_edge.runtime.errors import DflashEdgeError

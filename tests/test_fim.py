@@ -197,7 +197,9 @@ def test_code_prompt_set_feeds_bench_and_tune(qwen_gen):
     rows = read_prompts("code")
     fims = [r for r in rows if "suffix" in r]
     edits = [r for r in rows if r["category"].startswith("edit-")]
+    editor = [r for r in rows if r["category"].startswith("editor-")]
     assert len(fims) >= 8 and len(edits) >= 10 and all(r["expected"] for r in fims)
+    assert len(editor) >= 10 and all("only the edited code" in r["prompt"] for r in editor)
     assert isinstance(prompt_of(fims[0]), FimPrompt) and prompt_of(edits[0]) == edits[0]["prompt"]
     for row in (fims[0], edits[0]):
         out, _ = bench_prompt(qwen_gen, row, 0, 8, ("plain", "always", "default"))

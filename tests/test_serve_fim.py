@@ -79,6 +79,9 @@ def test_infill_whole_and_streamed_match_the_runtime(fim_gen, fim_server):
     assert events[-1]["tokens_predicted"] == len(want.token_ids)
     warm = httpx.post(f"{fim_server.url}/infill", json={**VSCODE, "n_predict": 0, "samplers": []})
     assert warm.status_code == 200 and warm.json()["content"] == ""
+    huge = httpx.post(f"{fim_server.url}/infill", json={**VSCODE, "n_predict": 10**12})
+    assert huge.status_code == 200, huge.text  # the context bounds it (or the model's end)
+    assert huge.json()["tokens_predicted"] + huge.json()["tokens_evaluated"] <= fim_gen.max_context
 
 
 @pytest.mark.parametrize(
