@@ -69,12 +69,14 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--low-bit-ops",
         default=AUTO,
-        choices=(AUTO, "standard", "tensorrt", "contrib"),
-        help="int4/int8 weights: auto (tensorrt for a GPU / Jetson --device, else contrib), "
-        "standard (blocked DequantizeLinear, opset 21, the source's own "
-        "blocks; onnxruntime fuses it into MatMulNBits), tensorrt (the same re-quantised to "
-        "TensorRT's weight-only rules: int4 blocks of 128, int8 per channel; slow on a CPU) or "
-        "contrib (MatMulNBits / GatherBlockQuantized)",
+        choices=(AUTO, "standard", "tensorrt", "contrib", "contrib+tensorrt"),
+        help="int4/int8 weights: contrib (onnxruntime's MatMulNBits / GatherBlockQuantized, the "
+        "source's own blocks: what a CPU runs), tensorrt (standard ONNX, re-quantised to "
+        "TensorRT's weight-only rules: int4 blocks of 128, int8 per channel; slow on a CPU), "
+        "contrib+tensorrt (contrib plus a TensorRT flavour in OUT/tensorrt, a second copy of "
+        "the weights), standard (blocked DequantizeLinear, opset 21, the source's own blocks; "
+        "onnxruntime fuses it into MatMulNBits); auto: tensorrt for a GPU / Jetson --device, "
+        "else contrib",
     )
     p.add_argument(
         "--device",
@@ -117,9 +119,11 @@ def trt_readiness_line(bundle: Path) -> str:
     what stops it."""
 
     summary = bundle_trt_readiness(bundle)
+    where = summary.get("flavour", bundle)  # a TensorRT flavour's folder, else the bundle
     head = f"TensorRT {summary['tensorrt_version']} readiness of {', '.join(summary['graphs'])}"
+    head += f" in {where}" if "flavour" in summary else ""
     if summary["ok"]:
-        return f"{head}: ok (`dflash-edge build-engines {bundle}` on a GPU machine)"
+        return f"{head}: ok (`dflash-edge build-engines {where}` on a GPU machine)"
     problems = [f"{n}: {p}" for n, g in summary["graphs"].items() for p in g["problems"]]
     contrib = any("MatMulNBits" in p or "GatherBlockQuantized" in p for p in problems)
     blocks = any("DequantizeLinear" in p and "blocks of" in p for p in problems)

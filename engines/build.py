@@ -17,14 +17,14 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..runtime.bundle import file_entry, inside, read_bundle, write_manifest
 from ..runtime.errors import DflashEdgeError
 from ..runtime.io_tables import portable_graphs
 from ..runtime.trt_profiles import trt_profiles
-from .readiness import check_trt_readiness
+from .readiness import check_trt_readiness, trt_flavour
 
 # precision -> TensorRT builder flags. fp32 graphs: TensorRT picks per layer among the enabled
 # types.
@@ -90,6 +90,10 @@ def build_engines(opts: EngineOptions) -> dict:
         raise DflashEdgeError(
             f"--precision {opts.precision!r} is not one of {', '.join(PRECISION_FLAGS)}"
         )
+    flavour = trt_flavour(Path(opts.bundle))
+    if flavour is not None:  # the bundle's TensorRT flavour (export/tensorrt_flavour.py)
+        print(f"build-engines: building {flavour}, this bundle's TensorRT flavour", file=sys.stderr)
+        opts = replace(opts, bundle=flavour)
     bundle = read_bundle(opts.bundle)
     graphs = opts.graphs or tuple(portable_graphs(bundle.manifest["graphs"]))
     unknown = sorted(set(graphs) - set(bundle.manifest["graphs"]))

@@ -87,10 +87,15 @@ def bundle_trt_readiness(bundle_dir: str | Path) -> dict:
     """Check every portable graph of a bundle: {tensorrt_version, table, ok, graphs: name ->
     summary} (`dflash-edge export` prints it in one line).
 
-    Graphs come from `manifest.json` when present, otherwise every `*.onnx` in the directory.
+    Graphs come from `manifest.json` when present, otherwise every `*.onnx` in the directory. A
+    bundle with a TensorRT flavour (export/tensorrt_flavour.py) is judged by that flavour's graphs:
+    `flavour` names its folder.
     """
     root = Path(bundle_dir)
     mpath = root / "manifest.json"
+    flavour = trt_flavour(root)
+    if flavour is not None:
+        return {**bundle_trt_readiness(flavour), "flavour": str(flavour)}
     if mpath.is_file():
         graphs = {
             n: inside(root, g["files"][0]["path"], f"graphs.{n}.files[0].path")
@@ -107,6 +112,17 @@ def bundle_trt_readiness(bundle_dir: str | Path) -> dict:
         "ok": all(r.ok for r in reports.values()),
         "graphs": {n: r.summary() for n, r in reports.items()},
     }
+
+
+def trt_flavour(root: Path) -> Path | None:
+    """The folder of a bundle's TensorRT flavour (its manifest's `flavours.tensorrt`), if any."""
+    mpath = Path(root) / "manifest.json"
+    if not mpath.is_file():
+        return None
+    entry = (json.loads(mpath.read_text()).get("flavours") or {}).get("tensorrt")
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        return None
+    return inside(Path(root), entry["path"], "flavours.tensorrt.path")
 
 
 def _default_opset(model) -> int | None:

@@ -7,7 +7,8 @@ else fp32. With `device` set, the device plan picks the precision and max contex
 (device_plan.py). `draft_precision=None`: the planner's default for the target's precision.
 `kv_cache="auto"`: int8 for int4 / int8 targets that get a fused graph (calibrated on the written
 graph: kv_cache.py), else fp32. `low_bit_ops="auto"`: contrib (MatMulNBits, the source's own
-blocks), or tensorrt (TensorRT's weight-only blocks) for a GPU / Jetson `device`.
+blocks) without a device or for a CPU one, tensorrt (TensorRT's weight-only blocks) for a GPU /
+Jetson one; contrib+tensorrt (a TensorRT flavour in `tensorrt/` beside the CPU graphs) by name.
 
 >>> resolve_choices(ExportOptions(out="b/")).precision       # doctest: +SKIP
 'fp32'

@@ -31,7 +31,12 @@ from ..runtime.io_tables import FLAVOURS, io_manifest
 from ..runtime.memory import MemoryMeter
 from ..runtime.publish import publish_dir
 from ..runtime.tokenizer import CHAT_TEMPLATE_FILE
-from . import dflash2_drafter, parity, portable_drafter  # modules: tests stand in for functions
+from . import (  # modules: tests stand in for functions
+    dflash2_drafter,
+    parity,
+    portable_drafter,
+    tensorrt_flavour,
+)
 from .choices import resolve_choices
 from .families import family_writers
 from .graph_builder import OPSET, OPSET_FUSED
@@ -53,7 +58,7 @@ WRITTEN = ("fp32", "fp16", "int8", "int4")  # precisions the writer stores weigh
 # onnxruntime's CPU provider fuses it into MatMulNBits: one copy for every flavour), re-quantised to
 # TensorRT's weight-only rules (tensorrt: int4 blocks of 128, int8 per channel; slow on a CPU), or
 # onnxruntime's contrib ops
-LOW_BIT_OPS = ("standard", "tensorrt", "contrib")
+LOW_BIT_OPS = ("standard", "tensorrt", "contrib", "contrib+tensorrt")
 
 
 @dataclass
@@ -84,7 +89,7 @@ class ExportOptions:
     )
     quant_block: int = 32  # weights per scale of re-quantised (non-GGUF) weights
     low_bit_ops: str = (
-        "auto"  # int4/int8 weights: auto | standard | tensorrt | contrib (LOW_BIT_OPS)
+        "auto"  # int4/int8 weights: auto or one of LOW_BIT_OPS (choices.py picks for auto)
     )
 
     @property
@@ -188,6 +193,7 @@ def export_bundle(opts: ExportOptions, progress=None, finish=None) -> Path:
     try:
         graphs = _write(opts, tmp, steps, meter)
         graphs = _int8_cache(opts, tmp, graphs, steps, meter)
+        flavour = _tensorrt_flavour(opts, tmp, steps, meter)
         if finish is not None:
             finish(tmp)
         pause_at("publish")
@@ -200,6 +206,8 @@ def export_bundle(opts: ExportOptions, progress=None, finish=None) -> Path:
     sizes = ", ".join(
         f"{n} {sum(f['bytes'] for f in g['files']) / 1e6:.0f} MB" for n, g in graphs.items()
     )
+    if flavour:
+        sizes += f", {flavour['path']}/ +{flavour['bytes'] / 1e6:.0f} MB"
     peaks = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in meter.peaks.items())
     parity = "ok" if opts.verify else "skipped"
     print(
@@ -234,6 +242,22 @@ def _int8_cache(opts: ExportOptions, tmp: Path, graphs: dict, steps, meter: Memo
         )
     bundle_mod.write_manifest(tmp, manifest)
     return manifest["graphs"]
+
+
+def _tensorrt_flavour(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict | None:
+    """`contrib+tensorrt`: the TensorRT flavour in `tmp`/tensorrt (tensorrt_flavour.py), named in
+    the main manifest's `flavours`."""
+    if opts.low_bit_ops != "contrib+tensorrt":
+        return None
+    manifest = json.loads((tmp / bundle_mod.MANIFEST).read_text())
+    steps.set_postfix_str("TensorRT flavour")
+    entry = tensorrt_flavour.write_flavour(
+        opts, tmp, lambda o, sub: _write(o, sub, steps, meter), manifest
+    )
+    if entry is not None:
+        manifest["flavours"] = {tensorrt_flavour.FLAVOUR: entry}
+        bundle_mod.write_manifest(tmp, manifest)
+    return entry
 
 
 def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:

@@ -47,7 +47,8 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
         "engines",
         "checksum",
         "quality",
-    ),  # quality: quantize's report file (path, bytes, sha256)
+        "flavours",
+    ),  # quality: quantize's report file (path, bytes, sha256); flavours: bundles in sub-folders
     "model": (
         "family",
         "vocab_size",
@@ -101,6 +102,7 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
 }
 OPTIONAL = {
     "engines",
+    "flavours",
     "source",
     "created",
     "bos_token_id",
@@ -328,6 +330,8 @@ def _named_paths(manifest: dict) -> list[tuple[str, object]]:
     ]
     if "quality" in manifest:
         named.append(("quality.path", manifest["quality"]["path"]))
+    for name, flavour in _get(manifest, "flavours", dict).items():
+        named.append((f"flavours.{name}.path", _get(flavour, "path", str)))
     for i, t in enumerate(_get(manifest.get("shared_weights"), "tensors", list)):
         named.append((f"shared_weights.tensors[{i}].file", _get(t, "file", str)))
     engines = manifest.get("engines") or {}

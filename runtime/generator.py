@@ -42,6 +42,7 @@ from .session import (
     open_graph,
     release_pages,
     shared_initializers,
+    warn_not_row_exact,
 )
 from .stats import GenerationStats
 from .text import TextAssembler, text_pieces
@@ -227,6 +228,7 @@ class Generator:
             )
 
         runner = session(name)
+        warn_not_row_exact(b.manifest["graphs"][name], provider)
         release_pages(maps)  # before the drafter's session is built beside it
         _check_cache_dtype(b, name, runner, kv_dtypes[name])
         target = TARGET_MODELS[name](

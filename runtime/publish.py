@@ -23,9 +23,7 @@ _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 def publish_dir(tmp: Path, out: Path) -> None:
     """Make `tmp` world-readable (mkdtemp/mkstemp create owner-only entries) and swap it in as
     `out`."""
-    os.chmod(tmp, 0o755)
-    for f in tmp.iterdir():
-        os.chmod(f, 0o644)
+    _readable(tmp)
     if not out.exists():
         os.replace(tmp, out)
         return
@@ -43,6 +41,16 @@ def publish_dir(tmp: Path, out: Path) -> None:
             raise
     finally:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _readable(folder: Path) -> None:
+    """Folders 0o755, files 0o644, down into sub-folders (a bundle's flavours)."""
+    os.chmod(folder, 0o755)
+    for f in folder.iterdir():
+        if f.is_dir() and not f.is_symlink():
+            _readable(f)
+        else:
+            os.chmod(f, 0o644)
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -92,6 +92,31 @@ def low_bit_settings(entry: dict) -> int | None:
     return settings.get("accuracy_level") if standard else None
 
 
+class NotRowExactWarning(UserWarning):
+    """The target's kernels may give a token different bits in a verify than in a decode."""
+
+
+def warn_not_row_exact(entry: dict, provider: str) -> None:
+    """TensorRT's int4 blocks (64 / 128) on onnxruntime's CPU: its int4 kernels give a row the same
+    bits whatever the step's length only for blocks of 16 / 32 (docs/BENCHMARKS.md), so drafting
+    can change a near-tie token of plain decoding. Said once at load, not refused (it runs)."""
+    settings = (entry.get("quantization") or {}).get("settings") or {}
+    if (
+        provider == "cpu"
+        and entry.get("precision") == "int4"
+        and settings.get("low_bit_ops") == "tensorrt"
+    ):
+        import warnings
+
+        warnings.warn(
+            "this bundle's int4 weights are in TensorRT's blocks of 64/128, whose onnxruntime CPU "
+            "kernels are not row-exact: drafting may change a token of plain decoding; on a CPU "
+            "use a bundle exported without --low-bit-ops tensorrt",
+            NotRowExactWarning,
+            stacklevel=3,
+        )
+
+
 def available_providers() -> list[str]:
     """Our provider names whose onnxruntime execution provider is present in this install."""
     import onnxruntime as ort
