@@ -83,7 +83,7 @@ def ours(gen, rows, n: int, repeats: int) -> list[dict]:
         out.append(
             {
                 "id": row["id"],
-                "kind": _kind(row),
+                "kind": row_kind(row),
                 "prompt_tokens": plain.stats.prompt_tokens,
                 "new_tokens": len(plain.token_ids),
                 "lossless": len(ids) == 1,
@@ -105,7 +105,7 @@ def ours(gen, rows, n: int, repeats: int) -> list[dict]:
     return out
 
 
-def _kind(row: dict) -> str:
+def row_kind(row: dict) -> str:
     """fim, editor (an edit asked as editors ask it: the code first, then "output only the edited
     code"), or edit (asked in chat: the answer may explain itself after the code)."""
     if "suffix" in row:

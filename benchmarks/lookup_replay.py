@@ -26,6 +26,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from code_completion import row_kind  # the same row kinds as the measured runs
+
 
 def answers(bundle: str, rows: list[dict], n: int) -> list[dict]:
     from dflash_edge.runtime import Generator
@@ -107,7 +109,7 @@ def main() -> int:
     if tuned is None:
         raise SystemExit(f"{args.bundle} has no tuned.json: run `dflash-edge tune` on it first")
     rows = [r for r in read_prompts("code") if "suffix" not in r]
-    kind = {r["id"]: "editor" if r["category"].startswith("editor-") else "edit" for r in rows}
+    kind = {r["id"]: row_kind(r) for r in rows}
     cache = Path(args.ids) if args.ids else None
     if cache and cache.is_file():
         done = json.loads(cache.read_text())

@@ -87,9 +87,14 @@ def low_bit_settings(entry: dict) -> int | None:
             + (", or re-export with --low-bit-ops contrib" if need == ORT_FOR_OPSET[21] else "")
             + (", or re-export with --kv-cache fp32" if need == ORT_FOR_INT8_CACHE else "")
         )
-    settings = (entry.get("quantization") or {}).get("settings") or {}
+    settings = _settings(entry)
     standard = settings.get("low_bit_ops") in ("standard", "tensorrt")
     return settings.get("accuracy_level") if standard else None
+
+
+def _settings(entry: dict) -> dict:
+    """A manifest graph entry's weight-format settings (export/weight_format.py), {} if none."""
+    return (entry.get("quantization") or {}).get("settings") or {}
 
 
 class NotRowExactWarning(UserWarning):
@@ -100,7 +105,7 @@ def warn_not_row_exact(entry: dict, provider: str) -> None:
     """TensorRT's int4 blocks (64 / 128) on onnxruntime's CPU: its int4 kernels give a row the same
     bits whatever the step's length only for blocks of 16 / 32 (docs/BENCHMARKS.md), so drafting
     can change a near-tie token of plain decoding. Said once at load, not refused (it runs)."""
-    settings = (entry.get("quantization") or {}).get("settings") or {}
+    settings = _settings(entry)
     if (
         provider == "cpu"
         and entry.get("precision") == "int4"

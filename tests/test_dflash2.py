@@ -109,29 +109,17 @@ def test_identity_conversion_keeps_dflash1_hidden_and_drafts(tiny_target):
 @pytest.fixture(scope="module")
 def d2_bundle(tiny_checkpoints, tmp_path_factory):
     """A tiny qwen3 target + the published-layout DFlash2 drafter, exported with parity on."""
-    from dflash_edge.export.exporter import ExportOptions, export_bundle
     from dflash_edge.models import load_target
     from dflash_edge.runtime import Generator
 
-    from fixtures_bundle import MAX_CONTEXT, PREFILL_CHUNK, TinyBundle, add_tiny_tokenizer
+    from fixtures_bundle import TinyBundle, add_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("d2-bundle")
     shutil.copytree(tiny_checkpoints["qwen3"][1], root / "target")
     add_tiny_tokenizer(root / "target")
     target = load_target(root / "target")
     write_dflash2(root / "drafter", target.config)
-    out = export_bundle(
-        ExportOptions(
-            out=root / "bundle",
-            target=str(root / "target"),
-            draft=str(root / "drafter"),
-            block_size=8,
-            max_context=MAX_CONTEXT,
-            prefill_chunk=PREFILL_CHUNK,
-            force=True,
-        ),
-        progress=False,
-    )
+    out = _export(root, root / "target", root / "drafter")
     drafter = load_drafter(root / "drafter", target_config=target.config)
     return TinyBundle(out, target, drafter, Generator.load(out))
 
@@ -235,29 +223,15 @@ def test_identity_conversion_drafts_what_dflash1_drafts_through_the_runtime(
 ):
     """DFlash1 -> DFlash2 with a neutral conv and a zero selector, exported: the same drafts at
     every step and the same acceptance lengths on every prompt."""
-    from dflash_edge.export.exporter import ExportOptions, export_bundle
     from dflash_edge.models.drafter import save_drafter
     from dflash_edge.runtime import Generator
-
-    from fixtures_bundle import MAX_CONTEXT, PREFILL_CHUNK
 
     tb = tiny_bundle("qwen3", 8)
     cfg1 = tb.drafter.config
     cfg2 = DFlash2Config(**{**vars(cfg1), "selector_rank": 4, "conv_group_size": 16})
     save_drafter(from_dflash1(tb.drafter, cfg2), tmp_path / "d2", dtype=torch.float32)
     target_dir = json.loads((tb.path / "manifest.json").read_text())["source"]["target"]
-    out = export_bundle(
-        ExportOptions(
-            out=tmp_path / "bundle",
-            target=target_dir,
-            draft=str(tmp_path / "d2"),
-            block_size=8,
-            max_context=MAX_CONTEXT,
-            prefill_chunk=PREFILL_CHUNK,
-            force=True,
-        ),
-        progress=False,
-    )
+    out = _export(tmp_path, target_dir, tmp_path / "d2")
     gen2 = Generator.load(out)
     drafts1, drafts2 = _recording(tb.generator, monkeypatch), _recording(gen2, monkeypatch)
     for prompt in PROMPTS:
