@@ -109,7 +109,7 @@ def _session(write, ckpt, m, tmp: Path, store, fmt, form: str):
     g = GraphBuilder(
         "target", store, fmt
     )  # forms of one format share one stored copy of the experts
-    g.op("Identity", [write(g, "h", ckpt, "model.layers.0", m)], ["y"])
+    g.op("Identity", [write(g, "h", ckpt, "model.layers.0", m)], "y")
     graph = helper.make_graph(
         g.nodes,
         form,

@@ -44,9 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv[:1] and argv[0] in COMMANDS else None
     try:
-        parser = _parser(
-            command
-        )  # imports the verb's module: a missing extra is named below, even for --help
+        # imports the verb's module: a missing extra is named below, even for --help
+        parser = _parser(command)
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()

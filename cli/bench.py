@@ -198,9 +198,8 @@ def summarize(rows: list[dict], raw: list[dict], gen, args) -> dict:
         return round(1 - sum(s.decode_run_s for s in stats) / wall, 4) if wall else None
 
     default = [r["default"] for r in raw]
-    drafter_arm = (
-        "always" if raw and "always" in raw[0] else "default"
-    )  # tau of the drafter's full blocks
+    # tau of the drafter's full blocks
+    drafter_arm = "always" if raw and "always" in raw[0] else "default"
     drafted = [a for r in raw for a in r[drafter_arm].acceptance_lengths]
     manifest = gen.bundle.manifest
     source = manifest.get("source", {})

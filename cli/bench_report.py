@@ -93,10 +93,11 @@ def _arm(raw: list[dict], key: str) -> list:
 def analyse(report: dict, raw: list[dict]) -> dict:
     """The report's figures: per-category tokens/s, acceptance histogram and per position, step
     breakdown."""
+    # speculative = the default (adaptive) arm
     spec, plain = (
         _arm(raw, "default"),
         _arm(raw, "plain"),
-    )  # speculative = the default (adaptive) arm
+    )
     drafted = _arm(raw, "always") or spec  # the drafter's full blocks, where run
     block = report.get("bundle", {}).get("block_size") or 16
     lengths = [n for s in drafted for n in s.acceptance_lengths]

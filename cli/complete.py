@@ -88,6 +88,7 @@ def run(args) -> int:
     text = read_text(args.file, "FILE")
     prefix, suffix = split_at(text, args.line, args.column, args.file)
     extra = tuple((Path(f).name, read_text(f, "--extra")) for f in args.extra)
+    # before loading
     fim = FimPrompt(
         prefix,
         suffix,
@@ -96,7 +97,7 @@ def run(args) -> int:
         max_lines=args.max_lines,
         label="BUNDLE",
         labels={"extra": "--extra", "max_lines": "--max-lines"},
-    ).checked()  # before loading
+    ).checked()
     options = GenerationOptions(
         args.max_new_tokens, args.temperature, seed=args.seed, draft=args.draft
     ).checked(CLI_LABELS)

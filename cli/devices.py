@@ -170,9 +170,8 @@ def bundle_request(args, device) -> PlanRequest:
 
     bundle = read_bundle(args.bundle, verify=False)
     m, man = bundle.model, bundle.manifest
-    if (
-        "target" not in man["graphs"]
-    ):  # a hybrid bundle (target_hybrid): its manifest lacks the dense dims
+    # a hybrid bundle (target_hybrid): its manifest lacks the dense dims
+    if "target" not in man["graphs"]:
         raise DeviceError(
             f"bundle {args.bundle} has a {', '.join(man['graphs'])} target, which plans from its "
             f"checkpoint: `dflash-edge devices plan --target DIR` (or a preset: --model qwen3.5-4b)"
@@ -202,12 +201,10 @@ def bundle_request(args, device) -> PlanRequest:
     )
     graphs = man["graphs"]
     files = {g: {f["path"]: f["bytes"] for f in graphs[g]["files"]} for g in (runs, "drafter")}
-    own_draft = sum(
-        b for path, b in files["drafter"].items() if path not in files[runs]
-    )  # tables: the target's
-    if (
-        "weight_bytes" in graphs["drafter"]
-    ):  # exact: what each session reads (the data files hold both flavours)
+    # tables: the target's
+    own_draft = sum(b for path, b in files["drafter"].items() if path not in files[runs])
+    # exact: what each session reads (the data files hold both flavours)
+    if "weight_bytes" in graphs["drafter"]:
         borrowed = sum(  # a region two tensors name (the table's head and lookup) once
             {
                 (t["file"], t["offset"]): t["length"]
@@ -255,14 +252,12 @@ def bundle_request(args, device) -> PlanRequest:
         table_bytes=_table_bytes(man),
         draft_precision=man["graphs"]["drafter"]["precision"],
     )
-    if (
-        target.intermediate_size and drafter.intermediate_size
-    ):  # stated by the manifest (session 13+)
+    # stated by the manifest (session 13+)
+    if target.intermediate_size and drafter.intermediate_size:
         return req
     sized = _with_intermediate(req, m.get("draft_vocab_size") or m["vocab_size"])
-    return (
-        replace(sized, target=target) if target.num_experts else sized
-    )  # MoE: the manifest states its widths
+    # MoE: the manifest states its widths
+    return replace(sized, target=target) if target.num_experts else sized
 
 
 def _table_bytes(man: dict) -> tuple[float, float] | None:
@@ -305,17 +300,15 @@ def _with_intermediate(req: PlanRequest, draft_vocab: int) -> PlanRequest:
     estimate)."""
     t, d, bpw = req.target, req.drafter, bytes_per_weight(req)
     embed, head = head_bytes(req)
-    if (
-        req.precision not in FLOAT_PRECISIONS and not req.table_bytes
-    ):  # quantisers differ on the embedding
+    # quantisers differ on the embedding
+    if req.precision not in FLOAT_PRECISIONS and not req.table_bytes:
         embed, head = 0.0, t.embed_params * (1 if t.tie_word_embeddings else 2) * bpw
     inter = ((req.target_weight_bytes - embed - head) / bpw / t.num_layers - t.attn_params) / (
         3 * t.hidden_size
     )
     draft_head = head * draft_vocab / t.vocab_size
-    if (
-        req.table_bytes
-    ):  # tables shared with the target: the drafter holds only a reduced head's rows
+    # tables shared with the target: the drafter holds only a reduced head's rows
+    if req.table_bytes:
         draft_head = 0.0 if draft_vocab == t.vocab_size else draft_head
     else:  # older bundles: the drafter holds its own copy of the tables
         draft_head += embed

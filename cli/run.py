@@ -75,9 +75,8 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from ..runtime.generator import Generator
 
-    prompt = check_prompt(
-        args.prompt, CLI_LABELS["prompt"], chat=not args.raw
-    )  # all checked before loading
+    # all checked before loading
+    prompt = check_prompt(args.prompt, CLI_LABELS["prompt"], chat=not args.raw)
     options = GenerationOptions(
         args.max_new_tokens,
         args.temperature,
@@ -91,9 +90,8 @@ def run(args) -> int:
         args.parse_special,
     ).checked(CLI_LABELS)
     gen = Generator.load(args.bundle, provider=args.provider, threads=args.threads, spin=args.spin)
-    stream = gen.stream(
-        prompt, options.checked(CLI_LABELS, gen.block_size)
-    )  # verify_len vs the block size
+    # verify_len vs the block size
+    stream = gen.stream(prompt, options.checked(CLI_LABELS, gen.block_size))
     for piece in stream:
         sys.stdout.write(piece)
         sys.stdout.flush()

@@ -61,9 +61,10 @@ class LinearDims:
         )
 
     @property
+    # all layers, one token: decay, rank-1 update and read of the state
     def token_flops(
         self,
-    ) -> int:  # all layers, one token: decay, rank-1 update and read of the state
+    ) -> int:
         return self.num_layers * 6 * self.num_value_heads * self.key_head_dim * self.value_head_dim
 
 

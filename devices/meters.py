@@ -255,9 +255,8 @@ class TegrastatsMeter(SampledMeter):
                 ) from err
             lines = self.proc.stdout
         self.lines = iter(lines)
-        super().__init__(
-            interval_s=0, clock=clock
-        )  # tegrastats paces itself: the sampler reads lines as they come
+        # tegrastats paces itself: the sampler reads lines as they come
+        super().__init__(interval_s=0, clock=clock)
 
     def power_w(self) -> float:
         for line in self.lines:

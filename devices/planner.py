@@ -41,10 +41,11 @@ COMPUTE_CHAIN = {
     "int4": ("fp16", "fp32"),
     "fp4": ("fp4", "fp8", "fp16", "fp32"),
 }
+# a low-bit target's embedding / LM head (export.weight_formats)
 TABLE_PRECISION = {
     "int4": "int8",
     "int8": "int8",
-}  # a low-bit target's embedding / LM head (export.weight_formats)
+}
 MIN_CONTEXT = 256
 STATE_BYTES = 4  # linear-attention states and their per-token rows stay fp32 (runtime/io_tables.py)
 
@@ -268,9 +269,8 @@ def _roofline_ms(
             f"device {req.device.name!r} has no bandwidth figure; detect it first (cpu) or fix "
             "its profile"
         )
-    low = (
-        precision or req.precision
-    ) in TABLE_PRECISION  # int4 / int8: the class's low-bit figures
+    # int4 / int8: the class's low-bit figures
+    low = (precision or req.precision) in TABLE_PRECISION
 
     def factor(name):
         return f.get(f"{name}_low_bit", f[name]) if low else f[name]

@@ -142,9 +142,8 @@ def build_engines(opts: EngineOptions) -> dict:
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "build_seconds": round(seconds, 1),
         }
-        write_manifest(
-            bundle.root, bundle.manifest
-        )  # after each graph: an interrupted run keeps what is done
+        # after each graph: an interrupted run keeps what is done
+        write_manifest(bundle.root, bundle.manifest)
         print(f"built {rel} ({len(plan) / 1e6:.1f} MB) in {seconds:.0f} s", file=sys.stderr)
     return engines
 
@@ -269,9 +268,8 @@ def _keep_norms_fp32(trt, network, config) -> None:
 def _is_pow(trt, layer) -> bool:
     if layer.type != trt.LayerType.ELEMENTWISE:
         return False
-    layer.__class__ = (
-        trt.IElementWiseLayer
-    )  # the Python API's documented downcast (as in Polygraphy)
+    # the Python API's documented downcast (as in Polygraphy)
+    layer.__class__ = trt.IElementWiseLayer
     return layer.op == trt.ElementWiseOperation.POW
 
 

@@ -103,9 +103,8 @@ def bundle_trt_readiness(bundle_dir: str | Path) -> dict:
         }
     else:
         graphs = {p.stem: p for p in sorted(root.glob("*.onnx"))}
-    reports = {
-        n: check_trt_readiness(graphs[n], n) for n in portable_graphs(graphs)
-    }  # TensorRT never sees fused ones
+    # TensorRT never sees fused ones
+    reports = {n: check_trt_readiness(graphs[n], n) for n in portable_graphs(graphs)}
     return {
         "tensorrt_version": sup.SOURCE["tensorrt_version"],
         "table": sup.SOURCE["url"],

@@ -40,36 +40,37 @@ def _wide(g: GraphBuilder, x: str, ckpt, name: str) -> str:
 
 def _pick(g: GraphBuilder, x: str, i: int, axis: int, shape: list[int]) -> str:
     """x's index `i` along `axis`, reshaped to `shape` (the axis dropped)."""
-    return g.op("Reshape", [g.op("Gather", [x, g.const([i])], axis=axis)[0], g.const(shape)])[0]
+    return g.op("Reshape", [g.op("Gather", [x, g.const([i])], axis=axis), g.const(shape)])
 
 
 def conv(g: GraphBuilder, x: str, dyn: str, ckpt, name: str, side: int, dims) -> str:
     """sum_k (base[side, k] + dyn[k]) * (x shifted down k rows) per channel group: x [1, B, H],
     dyn [1, B, K, G, 1] -> [1, B, H]."""
     block, kernel, groups, group = dims
-    xs = g.op("Reshape", [x, g.const([1, block, groups, group])])[0]  # [1, B, G, g]
+    xs = g.op("Reshape", [x, g.const([1, block, groups, group])])  # [1, B, G, g]
     out = None
     for k in range(min(kernel, block)):
+        # [G, g]
         taps = g.init(
             f"{name}.base_kernel.{side}.{k}",
             lambda k=k: ckpt.array(f"{name}.base_kernel")[side, k].reshape(groups, group),
-        )  # [G, g]
-        coef = g.op("Add", [taps, _pick(g, dyn, k, 2, [1, block, groups, 1])])[0]  # [1, B, G, g]
+        )
+        coef = g.op("Add", [taps, _pick(g, dyn, k, 2, [1, block, groups, 1])])  # [1, B, G, g]
         shifted = xs
         if k:
             zeros = g.const(np.zeros((1, k, groups, group)), np.float32)
-            head = g.op("Slice", [xs, g.const([0]), g.const([block - k]), g.const([1])])[0]
-            shifted = g.op("Concat", [zeros, head], axis=1)[0]
-        term = g.op("Mul", [coef, shifted])[0]
-        out = term if out is None else g.op("Add", [out, term])[0]
-    return g.op("Reshape", [out, g.const([1, block, groups * group])])[0]
+            head = g.op("Slice", [xs, g.const([0]), g.const([block - k]), g.const([1])])
+            shifted = g.op("Concat", [zeros, head], axis=1)
+        term = g.op("Mul", [coef, shifted])
+        out = term if out is None else g.op("Add", [out, term])
+    return g.op("Reshape", [out, g.const([1, block, groups * group])])
 
 
 def prepare(g: GraphBuilder, h: str, ckpt, name: str, dims) -> tuple[str, str]:
     """(conv of h, the finish conv's coefficients [1, B, K, G, 1]) for conv `name`."""
     block, kernel, groups, _ = dims
     dyn = _wide(g, h, ckpt, f"{name}.kernel_projection")  # [1, B, 2*K*G]
-    dyn = g.op("Reshape", [dyn, g.const([1, block, 2, kernel, groups, 1])])[0]
+    dyn = g.op("Reshape", [dyn, g.const([1, block, 2, kernel, groups, 1])])
     first, second = (_pick(g, dyn, s, 2, [1, block, kernel, groups, 1]) for s in (0, 1))
     return conv(g, h, first, ckpt, name, 0, dims), second
 
@@ -79,31 +80,31 @@ def dflash2_layer(g, x, layer: Layer, rope, past, mask, ctx=None, dims=None):
     eps, p, ckpt = layer.spec.rms_norm_eps, layer.prefix, layer.ckpt
     h = rms_norm(g, x, ckpt, f"{p}.input_layernorm", eps)
     h, dyn = prepare(g, h, ckpt, f"{p}.attention_conv", dims)
-    kv_in = h if ctx is None else g.op("Concat", [ctx, h], axis=1)[0]
+    kv_in = h if ctx is None else g.op("Concat", [ctx, h], axis=1)
     attn, k_new, v_new = attention(g, h, kv_in, layer, rope, past, mask)
-    x = g.op("Add", [x, conv(g, attn, dyn, ckpt, f"{p}.attention_conv", 1, dims)])[0]
+    x = g.op("Add", [x, conv(g, attn, dyn, ckpt, f"{p}.attention_conv", 1, dims)])
     h = rms_norm(g, x, ckpt, f"{p}.post_attention_layernorm", eps)
     h, dyn = prepare(g, h, ckpt, f"{p}.mlp_conv", dims)
     m = conv(g, mlp(g, h, layer), dyn, ckpt, f"{p}.mlp_conv", 1, dims)
-    return g.op("Add", [x, m])[0], k_new, v_new
+    return g.op("Add", [x, m]), k_new, v_new
 
 
 def lattice(g: GraphBuilder, flat: str, logits: str, dc, ckpt, block: int) -> None:
     """`candidate_ids`, `lattice_scores` and the greedy `draft_ids` from the draft rows `flat`
     [R, H] and their `logits` [R, V] (R = B - 1)."""
     rows, top = block - 1, dc.selector_top_k
-    logits = g.op("Mul", [logits, g.scalar(float(dc.output_multiplier))])[0]
+    logits = g.op("Mul", [logits, g.scalar(float(dc.output_multiplier))])
     cap = dc.final_logit_softcapping
     if cap is not None and float(cap) > 0:
-        capped = g.op("Tanh", [g.op("Div", [logits, g.scalar(float(cap))])[0]])[0]
-        logits = g.op("Mul", [capped, g.scalar(float(cap))])[0]
-    unary, cand = g.op("TopK", [logits, g.const([top])], 2, axis=-1, largest=1, sorted=1)
+        capped = g.op("Tanh", [g.op("Div", [logits, g.scalar(float(cap))])])
+        logits = g.op("Mul", [capped, g.scalar(float(cap))])
+    unary, cand = g.ops("TopK", [logits, g.const([top])], 2, axis=-1, largest=1, sorted=1)
     proj = _wide(g, flat, ckpt, "candidate_selector.hidden_projection")  # [R, rank]
-    anchor = g.op("Slice", ["block_ids", g.const([0, 0]), g.const([1, 1])])[0]  # [1, 1]
-    first = g.op("Expand", [anchor, g.const([1, top])])[0]  # [1, Kc]
+    anchor = g.op("Slice", ["block_ids", g.const([0, 0]), g.const([1, 1])])  # [1, 1]
+    first = g.op("Expand", [anchor, g.const([1, top])])  # [1, Kc]
     if rows > 1:
-        before = g.op("Slice", [cand, g.const([0]), g.const([rows - 1]), g.const([0])])[0]
-        pred = g.op("Concat", [first, before], axis=0)[0]  # [R, Kc]: the candidates before
+        before = g.op("Slice", [cand, g.const([0]), g.const([rows - 1]), g.const([0])])
+        pred = g.op("Concat", [first, before], axis=0)  # [R, Kc]: the candidates before
     else:
         pred = first
     books = {
@@ -113,20 +114,20 @@ def lattice(g: GraphBuilder, flat: str, logits: str, dc, ckpt, block: int) -> No
         )
         for side in ("predecessor", "successor")
     }
-    a = g.op("Gather", [books["predecessor"], pred], axis=0)[0]  # [R, Kc, rank]
-    a = g.op("Mul", [a, g.op("Unsqueeze", [proj, g.const([1])])[0]])[0]
-    b = g.op("Gather", [books["successor"], cand], axis=0)[0]  # [R, Kc, rank]
-    pair = g.op("MatMul", [a, g.op("Transpose", [b], perm=[0, 2, 1])[0]])[0]  # [R, Kc, Kc]
-    scores = g.op("Add", [pair, g.op("Unsqueeze", [unary, g.const([1])])[0]])[0]
-    g.op("Reshape", [scores, g.const([1, rows, top, top])], ["lattice_scores"])
-    g.op("Reshape", [cand, g.const([1, rows, top])], ["candidate_ids"])
+    a = g.op("Gather", [books["predecessor"], pred], axis=0)  # [R, Kc, rank]
+    a = g.op("Mul", [a, g.op("Unsqueeze", [proj, g.const([1])])])
+    b = g.op("Gather", [books["successor"], cand], axis=0)  # [R, Kc, rank]
+    pair = g.op("MatMul", [a, g.op("Transpose", [b], perm=[0, 2, 1])])  # [R, Kc, Kc]
+    scores = g.op("Add", [pair, g.op("Unsqueeze", [unary, g.const([1])])])
+    g.op("Reshape", [scores, g.const([1, rows, top, top])], "lattice_scores")
+    g.op("Reshape", [cand, g.const([1, rows, top])], "candidate_ids")
     index, path = g.const([0]), []
     for r in range(rows):  # the greedy walk, unrolled: row r's best candidate after the previous
-        row = g.op("Gather", [_pick(g, scores, r, 0, [top, top]), index], axis=0)[0]  # [1, Kc]
-        index = g.op("ArgMax", [row], axis=1, keepdims=0)[0]  # [1]
-        path.append(g.op("Gather", [_pick(g, cand, r, 0, [top]), index], axis=0)[0])  # [1]
-    walk = path[0] if rows == 1 else g.op("Concat", path, axis=0)[0]
-    g.op("Reshape", [walk, g.const([1, rows])], ["draft_ids"])
+        row = g.op("Gather", [_pick(g, scores, r, 0, [top, top]), index], axis=0)  # [1, Kc]
+        index = g.op("ArgMax", [row], axis=1, keepdims=0)  # [1]
+        path.append(g.op("Gather", [_pick(g, cand, r, 0, [top]), index], axis=0))  # [1]
+    walk = path[0] if rows == 1 else g.op("Concat", path, axis=0)
+    g.op("Reshape", [walk, g.const([1, rows])], "draft_ids")
 
 
 def build(

@@ -144,8 +144,8 @@ def dq_matmul(g, x: str, key: str, lazy, out: str | None = None, shared: str | N
                 _share(shared, "DQzero_points"),
             )
         )
-    w_t = g.op("DequantizeLinear", inputs, axis=0, block_size=lay.block_size)[0]  # [K, N]
-    return g.op("MatMul", [x, w_t], [out] if out else 1)[0]
+    w_t = g.op("DequantizeLinear", inputs, axis=0, block_size=lay.block_size)  # [K, N]
+    return g.op("MatMul", [x, w_t], out)
 
 
 def _per_channel_matmul(g, x: str, key: str, get, out, shared) -> str:
@@ -154,13 +154,14 @@ def _per_channel_matmul(g, x: str, key: str, get, out, shared) -> str:
     codes = g.init(
         f"{key}_DQ8", lambda: pack(_centred(weight()).T, 8, signed=True), _share(shared, "DQ")
     )
+    # [N]
     scales = g.init(
         f"{key}_DQscales",
         lambda: np.ascontiguousarray(weight().scales[:, 0]),
         _share(shared, "DQscales"),
-    )  # [N]
-    w_t = g.op("DequantizeLinear", [codes, scales], axis=1)[0]  # [K, N]
-    return g.op("MatMul", [x, w_t], [out] if out else 1)[0]
+    )
+    w_t = g.op("DequantizeLinear", [codes, scales], axis=1)  # [K, N]
+    return g.op("MatMul", [x, w_t], out)
 
 
 def _share(shared: str | None, part: str) -> str | None:

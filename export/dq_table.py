@@ -46,17 +46,19 @@ class DqTable(Table):
         g = self.g
         if "trt_table" not in g.memo:
             weight = lambda: self.get(None)()  # noqa: E731
+            # [V, H]
             codes = g.init(
                 f"{self.key}_DQ8",
                 lambda: pack(_centred(weight()), 8, signed=True),
                 "embed_tokens.DQ",
-            )  # [V, H]
+            )
+            # [V]
             scales = g.init(
                 f"{self.key}_DQscales",
                 lambda: np.ascontiguousarray(weight().scales[:, 0]),
                 "embed_tokens.DQscales",
-            )  # [V]
-            g.memo["trt_table"] = g.op("DequantizeLinear", [codes, scales], axis=0)[0]  # [V, H]
+            )
+            g.memo["trt_table"] = g.op("DequantizeLinear", [codes, scales], axis=0)  # [V, H]
         return g.memo["trt_table"]
 
     def _operands(self, use: str) -> tuple[str, str]:
@@ -65,16 +67,18 @@ class DqTable(Table):
         DequantizeLinear into MatMulNBits only when nothing else reads its initializers."""
         g, suffix = self.g, "" if use == "head" else "_rows"
         weight = lambda: self.get(None)()  # noqa: E731
+        # [H, V]
         codes = g.init(
             f"{self.key}_DQ8{suffix}",
             lambda: pack(_centred(weight()).T, 8, signed=True),
             f"embed_tokens.DQ{suffix}",
-        )  # [H, V]
+        )
+        # [H/bs, V]
         scales = g.init(
             f"{self.key}_DQscales{suffix}",
             lambda: np.ascontiguousarray(weight().scales.T),
             f"embed_tokens.DQscales{suffix}",
-        )  # [H/bs, V]
+        )
         return codes, scales
 
     def gather(self, ids: str) -> str:
@@ -83,24 +87,24 @@ class DqTable(Table):
         dequantisation, as weight_format.Table)."""
         g = self.g
         if self.bits == 0:
-            return g.op("Gather", [self.fp32, ids], axis=0)[0]
+            return g.op("Gather", [self.fp32, ids], axis=0)
         if g.fmt.tensorrt:
-            return g.op("Gather", [self._rows_table(), ids], axis=0)[0]
+            return g.op("Gather", [self._rows_table(), ids], axis=0)
         zero, added = self._row_terms()
         codes, scales = self._operands("rows")
-        flat = g.op("Reshape", [ids, g.const([-1])])[0]  # [n]
-        inputs = [g.op("Gather", [t, flat], axis=1)[0] for t in (codes, scales)]  # [H | H/bs, n]
+        flat = g.op("Reshape", [ids, g.const([-1])])  # [n]
+        inputs = [g.op("Gather", [t, flat], axis=1) for t in (codes, scales)]  # [H | H/bs, n]
         if zero is not None:  # (q - zero) from the stored q - 2^(bits-1): a zero point per block
-            inputs.append(g.op("Gather", [zero, flat], axis=1)[0])
+            inputs.append(g.op("Gather", [zero, flat], axis=1))
         bs, k = self.layout.block_size, self.layout.k
-        rows = g.op("DequantizeLinear", inputs, axis=0, block_size=bs)[0]
-        rows = g.op("Transpose", [rows], perm=[1, 0])[0]  # [n, H]
+        rows = g.op("DequantizeLinear", inputs, axis=0, block_size=bs)
+        rows = g.op("Transpose", [rows], perm=[1, 0])  # [n, H]
         if added is not None:  # + the rows' offsets, one per block
-            blocks = g.op("Reshape", [rows, g.const([0, k // bs, bs])])[0]
-            offsets = g.op("Gather", [added, flat], axis=0)[0]  # [n, H/bs, 1]
-            rows = g.op("Reshape", [g.op("Add", [blocks, offsets])[0], g.const([0, k])])[0]
-        shape = g.op("Concat", [g.op("Shape", [ids])[0], g.const([k])], axis=0)[0]
-        return g.op("Reshape", [rows, shape])[0]  # [*ids, H]
+            blocks = g.op("Reshape", [rows, g.const([0, k // bs, bs])])
+            offsets = g.op("Gather", [added, flat], axis=0)  # [n, H/bs, 1]
+            rows = g.op("Reshape", [g.op("Add", [blocks, offsets]), g.const([0, k])])
+        shape = g.op("Concat", [g.op("Shape", [ids]), g.const([k])], axis=0)
+        return g.op("Reshape", [rows, shape])  # [*ids, H]
 
     def _row_terms(self) -> tuple[str | None, str | None]:
         """(zero points [H/bs, V] int8 relative to the stored codes' 2^(bits-1), offsets
@@ -113,6 +117,7 @@ class DqTable(Table):
             need_add = self._row_form()[1] is not None
             g.store.layouts[key] = (shift is not None and bool(shift.any()), need_add)
         need_zero, need_add = g.store.layouts[key]
+        # [H/bs, V]
         zero = (
             g.init(
                 f"{self.key}_DQzero_rows",
@@ -121,12 +126,13 @@ class DqTable(Table):
             )
             if need_zero
             else None
-        )  # [H/bs, V]
+        )
+        # [V, H/bs, 1]
         added = (
             g.init(f"{self.key}_DQoffsets", self._row_part(1), "embed_tokens.DQoffsets")
             if need_add
             else None
-        )  # [V, H/bs, 1]
+        )
         return zero, added
 
     def _zero_shift(self):
@@ -141,14 +147,15 @@ class DqTable(Table):
         """Logits [T, V] of rows `flat` [T, H]."""
         g = self.g
         if self.bits == 0:
-            return g.op("Gemm", [flat, self.fp32], transB=1)[0]
+            return g.op("Gemm", [flat, self.fp32], transB=1)
         if g.fmt.tensorrt:
-            return g.op("Gemm", [flat, self._rows_table()], transB=1)[0]
+            return g.op("Gemm", [flat, self._rows_table()], transB=1)
+        # [H, V]
         w_t = g.op(
             "DequantizeLinear",
             list(self._operands("head")),
             axis=0,
             block_size=self.layout.block_size,
-        )[0]  # [H, V]
-        y = g.op("MatMul", [flat, w_t])[0]
+        )
+        y = g.op("MatMul", [flat, w_t])
         return _corrected(g, flat, self.key, self.layout, self.get, y, None, "embed_tokens")

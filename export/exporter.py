@@ -315,9 +315,8 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
         pause_at("parity")
         report = _parity(src, paths, opts, meter, log)
         timings["parity"] = time.perf_counter() - t
-    shutil.rmtree(
-        tmp / SCRATCH, ignore_errors=True
-    )  # nothing reads it from here on; never published
+    # nothing reads it from here on; never published
+    shutil.rmtree(tmp / SCRATCH, ignore_errors=True)
     steps.update(1)
     shared = store.manifest()
     graphs = {
@@ -417,9 +416,8 @@ def _graph_entry(root: Path, name: str, static_shapes: dict, shared: list[dict],
         "flavour": FLAVOURS[name].kind,
         "weight_bytes": _weight_bytes(root / f"{name}.onnx"),
     }
-    if log.sources.get(
-        name
-    ):  # low-bit weights: where each came from (GGUF type, or "rtn": re-quantised)
+    # low-bit weights: where each came from (GGUF type, or "rtn": re-quantised)
+    if log.sources.get(name):
         entry["quantization"] = {
             "from": "checkpoint",
             "writer": "stream",
@@ -549,9 +547,8 @@ def _copy_tokenizer(src: Path, dst: Path) -> dict:
     if config is not None:
         (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     config = None if config is None else "tokenizer_config.json"
-    checksums = [
-        bundle_mod.file_entry(dst, f) for f in ("tokenizer.json", config) if f
-    ]  # verified at load
+    # verified at load
+    checksums = [bundle_mod.file_entry(dst, f) for f in ("tokenizer.json", config) if f]
     return {"file": "tokenizer.json", "config": config, "checksums": checksums}
 
 

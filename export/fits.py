@@ -34,9 +34,8 @@ def peak_weight_bytes(params: int, table_params: int, precision: str) -> int:
     the one float32 table parity's torch reference holds (the LM head, or the tied embedding; an
     untied embedding is read by rows; measured: docs/BENCHMARKS.md, "Exact low-bit imports")."""
     extra = 4 * table_params if precision in ("int8", "int4") else 0
-    return int(
-        params * BYTES_PER_WEIGHT.get(precision, 4.0) + extra
-    )  # unknown: named by the exporter later
+    # unknown: named by the exporter later
+    return int(params * BYTES_PER_WEIGHT.get(precision, 4.0) + extra)
 
 
 class InsufficientMemoryError(DflashEdgeError):

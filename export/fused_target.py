@@ -39,21 +39,22 @@ def _norm_weight(g: GraphBuilder, ckpt, name: str) -> str:
 def _head_norm(g: GraphBuilder, x: str, layer: Layer, norm: str, heads: int) -> str:
     """Per-head RMSNorm (qwen3's q_norm / k_norm) on [1, T, heads * D]."""
     s = layer.spec
-    split = g.op("Reshape", [x, g.const([0, 0, heads, s.head_dim])])[0]  # [1, T, h, D]
+    split = g.op("Reshape", [x, g.const([0, 0, heads, s.head_dim])])  # [1, T, h, D]
     weight = _norm_weight(g, layer.ckpt, f"{layer.prefix}.self_attn.{norm}")
-    normed = g.op("RMSNormalization", [split, weight], axis=-1, epsilon=s.rms_norm_eps)[0]
-    return g.op("Reshape", [normed, g.const([0, 0, heads * s.head_dim])])[0]  # [1, T, h*D]
+    normed = g.op("RMSNormalization", [split, weight], axis=-1, epsilon=s.rms_norm_eps)
+    return g.op("Reshape", [normed, g.const([0, 0, heads * s.head_dim])])  # [1, T, h*D]
 
 
 def _skip_norm(g: GraphBuilder, y: str, x: str, ckpt, name: str, eps: float) -> tuple[str, str]:
     """(RMSNorm(x + y), x + y) in one op: the residual add fused into the next norm."""
-    normed, _, _, total = g.op(
+    # no mean/inv-std
+    normed, _, _, total = g.ops(
         "SkipSimplifiedLayerNormalization",
         [y, x, _norm_weight(g, ckpt, name)],
         [f"{name}.out", "", "", f"{name}.residual"],
         domain=MS,
         epsilon=eps,
-    )  # no mean/inv-std
+    )
     return normed, total
 
 
@@ -72,15 +73,14 @@ def _attention(g: GraphBuilder, h: str, layer: Layer, i: int, io: dict) -> str:
     width = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim
     if s.qk_norm:  # per-head norms before rotary
         sizes = g.const([s.num_heads * s.head_dim, *[s.num_kv_heads * s.head_dim] * 2])
-        q, k, v = g.op("Split", [qkv, sizes], 3, axis=-1)
+        q, k, v = g.ops("Split", [qkv, sizes], 3, axis=-1)
         q = _head_norm(g, q, layer, "q_norm", s.num_heads)
         k = _head_norm(g, k, layer, "k_norm", s.num_kv_heads)
-        qkv = g.op("Concat", [q, k, v], axis=-1)[0]
-    pad = g.init(
-        f"pad_row_{width}", np.zeros((1, 1, width), np.float32)
-    )  # one constant for all layers
-    padded = g.op("Concat", [qkv, pad], axis=1)[0]  # [1, T + 1, (Hq + 2Hkv) D]
-    out = g.op(
+        qkv = g.op("Concat", [q, k, v], axis=-1)
+    # one constant for all layers
+    pad = g.init(f"pad_row_{width}", np.zeros((1, 1, width), np.float32))
+    padded = g.op("Concat", [qkv, pad], axis=1)  # [1, T + 1, (Hq + 2Hkv) D]
+    out = g.ops(
         "GroupQueryAttention",  # present = past's buffer
         [
             padded,
@@ -100,9 +100,8 @@ def _attention(g: GraphBuilder, h: str, layer: Layer, i: int, io: dict) -> str:
         do_rotary=1,
         rotary_interleaved=0,
     )[0]
-    real = g.op("Slice", [out, g.const([0]), g.const([-1]), g.const([1])])[
-        0
-    ]  # [1, T, Hq D]: pad row dropped
+    # [1, T, Hq D]: pad row dropped
+    real = g.op("Slice", [out, g.const([0]), g.const([-1]), g.const([1])])
     return linear(g, real, layer.ckpt, f"{layer.prefix}.self_attn.o_proj", s.o_bias)  # [1, T, H]
 
 
@@ -141,15 +140,15 @@ def build_fused_target(
     embed = embedding(g, ckpt)
     io = _rope_halves(g, cfg, reach)
     one32 = g.const(1, np.int32)
-    io["seqlens"] = g.op("Add", ["seqlens_k", one32])[0]  # lengths with the pad row
-    io["total"] = g.op("Add", ["total_sequence_length", one32])[0]
+    io["seqlens"] = g.op("Add", ["seqlens_k", one32])  # lengths with the pad row
+    io["total"] = g.op("Add", ["total_sequence_length", one32])
     x = embed.gather("input_ids")  # [1, T, H]
     h = g.op(
         "RMSNormalization",
         [x, _norm_weight(g, ckpt, "model.layers.0.input_layernorm")],
         axis=-1,
         epsilon=eps,
-    )[0]
+    )
     captured, mlps = {}, family_writers(cfg.model_type).mlp_writers(cfg)
     for i in range(cfg.num_hidden_layers):
         layer = Layer(ckpt, f"model.layers.{i}", spec)
@@ -162,9 +161,9 @@ def build_fused_target(
         )
         if i in capture:
             captured[i] = x
-    g.op("Concat", [captured[i] for i in capture], ["hidden"], axis=-1)  # [1, T, N]
+    g.op("Concat", [captured[i] for i in capture], "hidden", axis=-1)  # [1, T, N]
     lm_head(g, h, cfg, ckpt, embed, "logits")  # as the portable graph's head
-    g.op("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0)  # [1, T]
+    g.op("ArgMax", ["logits"], "next_ids", axis=-1, keepdims=0)  # [1, T]
     dims = {
         "L": cfg.num_hidden_layers,
         "Hkv": cfg.num_key_value_heads,

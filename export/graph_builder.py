@@ -6,7 +6,7 @@ symbols), so a written graph has exactly the I/O contract the runtime, the Tenso
 tests expect.
 
 >>> g = GraphBuilder("drafter", store)                                   # doctest: +SKIP
->>> y = g.op("MatMul", ["x", g.init("w.T", lambda: w.T)])[0]            # doctest: +SKIP
+>>> y = g.op("MatMul", ["x", g.init("w.T", lambda: w.T)])  # doctest: +SKIP
 >>> g.save(Path("b/drafter.onnx"), dims, opsets={"": 17})               # doctest: +SKIP
 """
 
@@ -35,10 +35,11 @@ class GraphBuilder:
 
     def __init__(self, graph: str, store: WeightStore, fmt=None, log=None):
         self.graph, self.store = graph, store
+        # how weights are stored; what was done
         self.fmt, self.log = (
             fmt or WeightFormat(),
             log or FormatLog(),
-        )  # how weights are stored; what was done
+        )
         self.memo: dict = {}  # per-graph shared nodes (block sums)
         self.nodes, self.inits, self._n = [], [], 0
         self._consts: dict[tuple, str] = {}
@@ -46,10 +47,17 @@ class GraphBuilder:
         store.open_graph(graph)
 
     def op(
-        self, op_type: str, inputs: list[str], outs: int | list[str] = 1, domain: str = "", **attrs
+        self, op_type: str, inputs: list[str], out: str | None = None, domain: str = "", **attrs
+    ) -> str:
+        """Append a one-output node and return its output's name (`out`, or a fresh one). `attrs`:
+        ONNX attributes. Example: `y = g.op("MatMul", [x, w])`."""
+        return self.ops(op_type, inputs, [out] if out else 1, domain, **attrs)[0]
+
+    def ops(
+        self, op_type: str, inputs: list[str], outs: int | list[str], domain: str = "", **attrs
     ) -> list[str]:
-        """Append a node; `outs`: how many outputs to name automatically, or their names. `attrs`:
-        ONNX attributes."""
+        """Append a node with several outputs: `outs` is how many to name automatically, or their
+        names. Example: `q, k, v = g.ops("Split", [qkv, sizes], 3, axis=-1)`."""
         from onnx import helper
 
         self._n += 1
@@ -104,9 +112,8 @@ class GraphBuilder:
                 for t in expand_specs(spec[side], dims)
             ]
 
-        if any(
-            n.domain == MS for n in self.nodes
-        ):  # low-bit weights: MatMulNBits / GatherBlockQuantized
+        # low-bit weights: MatMulNBits / GatherBlockQuantized
+        if any(n.domain == MS for n in self.nodes):
             opsets = {MS: 1, **opsets}
         blocked = any(n.op_type == "DequantizeLinear" for n in self.nodes)
         if blocked and opsets.get("", OPSET) < OPSET_DQ:  # low-bit weights in standard ops

@@ -30,11 +30,12 @@ def hybrid_reference(src, block: int):
         model = load_hybrid(src.target_dir, src.target_cfg, ckpt=src.target_ckpt)
         full = [i for i, kind in enumerate(src.target_cfg.layer_types) if kind != LINEAR]
         vocab = None if src.vocab is None else torch.as_tensor(src.vocab)
+        # a drafter borrows
         host = SimpleNamespace(
             model=SimpleNamespace(embed_tokens=model.embed_tokens),
             lm_head=model.lm_head,
             config=src.target_cfg,
-        )  # a drafter borrows
+        )
         graph = WindowedDrafterGraph if src.draft_cfg.window_layers else DrafterGraph
         drafter = graph(host, _lazy_drafter(src), vocab)
         with torch.no_grad():
@@ -54,9 +55,10 @@ def _target_cases(model, full: list[int], cases: list[tuple]) -> list[tuple]:
     for feeds in cases:
         ids, start = torch.from_numpy(feeds[0][0]), state.length
         logits, state, _ = model.step(ids, state)  # [T, V]
+        # [T, Lf, Hkv, D]
         rows = [
             torch.stack([cache[i][:, start:] for i in full]).permute(2, 0, 1, 3).numpy()
             for cache in (state.keys, state.values)
-        ]  # [T, Lf, Hkv, D]
+        ]
         out.append((logits[None].numpy(), logits.argmax(-1)[None].numpy(), *rows))
     return out

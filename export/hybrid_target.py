@@ -54,28 +54,28 @@ MAX_TOKENS = 64  # the most tokens one call may carry (the solve's factor count 
 
 def centred_norm(g: GraphBuilder, x: str, ckpt, name: str, eps: float) -> str:
     """x / rms(x) * (1 + w) over the last axis (the zero-centred weight is stored as 1 + w)."""
-    mean = g.op("ReduceMean", [g.op("Mul", [x, x])[0]], axes=[-1], keepdims=1)[0]
-    normed = g.op("Div", [x, g.op("Sqrt", [g.op("Add", [mean, g.scalar(eps)])[0]])[0]])[0]
+    mean = g.op("ReduceMean", [g.op("Mul", [x, x])], axes=[-1], keepdims=1)
+    normed = g.op("Div", [x, g.op("Sqrt", [g.op("Add", [mean, g.scalar(eps)])])])
     return g.op(
         "Mul", [normed, g.init(f"{name}.weight+1", lambda: 1.0 + ckpt.array(f"{name}.weight"))]
-    )[0]
+    )
 
 
 def _silu(g: GraphBuilder, x: str) -> str:
-    return g.op("Mul", [x, g.op("Sigmoid", [x])[0]])[0]
+    return g.op("Mul", [x, g.op("Sigmoid", [x])])
 
 
 def _heads(g: GraphBuilder, x: str, num: int, dim: int) -> str:
     """[T, num*dim] -> [num, T, dim]."""
-    return g.op("Transpose", [g.op("Reshape", [x, g.const([-1, num, dim])])[0]], perm=[1, 0, 2])[0]
+    return g.op("Transpose", [g.op("Reshape", [x, g.const([-1, num, dim])])], perm=[1, 0, 2])
 
 
 def _unit_lower_inverse(g: GraphBuilder, a: str, eye: str) -> str:
     """(I + A)^-1 for strictly lower A [h, T, T] (T <= MAX_TOKENS): (I - A)(I + A^2)(I + A^4)..."""
-    inverse, power = g.op("Sub", [eye, a])[0], a
+    inverse, power = g.op("Sub", [eye, a]), a
     for _ in range(math.ceil(math.log2(MAX_TOKENS)) - 1):
-        power = g.op("MatMul", [power, power])[0]
-        inverse = g.op("MatMul", [inverse, g.op("Add", [eye, power])[0]])[0]
+        power = g.op("MatMul", [power, power])
+        inverse = g.op("MatMul", [inverse, g.op("Add", [eye, power])])
     return inverse
 
 
@@ -100,27 +100,25 @@ def _commit(g: GraphBuilder, c: Carried, hv: int, km1: int) -> tuple[str, str]:
     """The states after the previous call's `kept` tokens (models/linear_attention.py's unrolled
     rule): conv = the K-1 inputs before token `kept`, S = e^{G_a} S_base + sum_{s<kept} e^{G_a -
     G_s} k_s u_s^T."""
-    seq = g.op("Concat", [c.conv_base, g.op("Transpose", [c.qkv], perm=[1, 0])[0]], axis=1)[
-        0
-    ]  # [Cv, K-1+Tp]
-    conv = g.op("Slice", [seq, c.kept, g.op("Add", [c.kept, g.const([km1])])[0], g.const([1])])[
-        0
-    ]  # [Cv, K-1]
-    decay = g.op("Transpose", [c.decay], perm=[1, 0])[0]  # [Hv, Tp]
-    padded = g.op("Concat", [g.const(np.zeros((hv, 1)), np.float32), decay], axis=1)[
-        0
-    ]  # [Hv, 1+Tp]: G_0 = 0
-    last = g.op("Gather", [padded, c.kept], axis=1)[0]  # [Hv, 1]: G_a
+    # [Cv, K-1+Tp]
+    seq = g.op("Concat", [c.conv_base, g.op("Transpose", [c.qkv], perm=[1, 0])], axis=1)
+    # [Cv, K-1]
+    conv = g.op("Slice", [seq, c.kept, g.op("Add", [c.kept, g.const([km1])]), g.const([1])])
+    decay = g.op("Transpose", [c.decay], perm=[1, 0])  # [Hv, Tp]
+    # [Hv, 1+Tp]: G_0 = 0
+    padded = g.op("Concat", [g.const(np.zeros((hv, 1)), np.float32), decay], axis=1)
+    last = g.op("Gather", [padded, c.kept], axis=1)  # [Hv, 1]: G_a
     weight = g.op(
-        "Exp", [g.op("Where", [c.valid, g.op("Sub", [last, decay])[0], g.scalar(float_min())])[0]]
-    )[0]
+        "Exp", [g.op("Where", [c.valid, g.op("Sub", [last, decay]), g.scalar(float_min())])]
+    )
+    # [Hv, Dk, Tp]
     keys = g.op(
         "Mul",
-        [g.op("Transpose", [c.k], perm=[1, 2, 0])[0], g.op("Unsqueeze", [weight, g.const([1])])[0]],
-    )[0]  # [Hv, Dk, Tp]
-    update = g.op("MatMul", [keys, g.op("Transpose", [c.u], perm=[1, 0, 2])[0]])[0]  # [Hv, Dk, Dv]
-    grow = g.op("Exp", [g.op("Unsqueeze", [last, g.const([2])])[0]])[0]  # [Hv, 1, 1]
-    return conv, g.op("Add", [g.op("Mul", [grow, c.rec_base])[0], update])[0]
+        [g.op("Transpose", [c.k], perm=[1, 2, 0]), g.op("Unsqueeze", [weight, g.const([1])])],
+    )
+    update = g.op("MatMul", [keys, g.op("Transpose", [c.u], perm=[1, 0, 2])])  # [Hv, Dk, Dv]
+    grow = g.op("Exp", [g.op("Unsqueeze", [last, g.const([2])])])  # [Hv, 1, 1]
+    return conv, g.op("Add", [g.op("Mul", [grow, c.rec_base]), update])
 
 
 def gated_deltanet(g: GraphBuilder, h: str, cfg, ckpt, name: str, carried: Carried, tri):
@@ -137,25 +135,23 @@ def gated_deltanet(g: GraphBuilder, h: str, cfg, ckpt, name: str, carried: Carri
     )
     conv_state, rec_state = _commit(g, carried, hv, cfg.linear_conv_kernel_dim - 1)
     qkv = linear(g, h, ckpt, f"{name}.in_proj_qkv", False)  # [T, Cv]
-    seq = g.op("Concat", [conv_state, g.op("Transpose", [qkv], perm=[1, 0])[0]], axis=1)[
-        0
-    ]  # [Cv, K-1+T]
+    seq = g.op("Concat", [conv_state, g.op("Transpose", [qkv], perm=[1, 0])], axis=1)  # [Cv, K-1+T]
+    # [1, Cv, T]
     conv = g.op(
         "Conv",
         [
-            g.op("Unsqueeze", [seq, g.const([0])])[0],
+            g.op("Unsqueeze", [seq, g.const([0])]),
             g.init(f"{name}.conv1d.weight", lambda: ckpt.array(f"{name}.conv1d.weight")),
         ],
         group=cfg.conv_dim,
-    )[0]  # [1, Cv, T]
-    mixed = g.op("Transpose", [_silu(g, g.op("Squeeze", [conv, g.const([0])])[0])], perm=[1, 0])[
-        0
-    ]  # [T, Cv]
+    )
+    # [T, Cv]
+    mixed = g.op("Transpose", [_silu(g, g.op("Squeeze", [conv, g.const([0])]))], perm=[1, 0])
     kd = hk * dk
-    q, k, v = g.op("Split", [mixed, g.const([kd, kd, hv * dv])], 3, axis=1)
+    q, k, v = g.ops("Split", [mixed, g.const([kd, kd, hv * dv])], 3, axis=1)
 
     def keyed(t: str) -> str:  # [T, Hk*Dk] -> L2-normalised, one copy per value head [Hv, T, Dk]
-        t = g.op("Reshape", [t, g.const([-1, hk, 1, dk])])[0]  # [T, Hk, 1, Dk]
+        t = g.op("Reshape", [t, g.const([-1, hk, 1, dk])])  # [T, Hk, 1, Dk]
         t = g.op(
             "Div",
             [
@@ -166,82 +162,73 @@ def gated_deltanet(g: GraphBuilder, h: str, cfg, ckpt, name: str, carried: Carri
                         g.op(
                             "Add",
                             [
-                                g.op(
-                                    "ReduceSum", [g.op("Mul", [t, t])[0], g.const([-1])], keepdims=1
-                                )[0],
+                                g.op("ReduceSum", [g.op("Mul", [t, t]), g.const([-1])], keepdims=1),
                                 g.scalar(1e-6),
                             ],
-                        )[0]
+                        )
                     ],
-                )[0],
+                ),
             ],
-        )[0]
-        t = g.op("Expand", [t, g.const([1, hk, hv // hk, dk])])[0]  # [T, Hk, G, Dk]
-        return g.op("Transpose", [g.op("Reshape", [t, g.const([-1, hv, dk])])[0]], perm=[1, 0, 2])[
-            0
-        ]
+        )
+        t = g.op("Expand", [t, g.const([1, hk, hv // hk, dk])])  # [T, Hk, G, Dk]
+        return g.op("Transpose", [g.op("Reshape", [t, g.const([-1, hv, dk])])], perm=[1, 0, 2])
 
-    q = g.op("Mul", [keyed(q), g.scalar(1 / math.sqrt(dk))])[0]  # [Hv, T, Dk]
+    q = g.op("Mul", [keyed(q), g.scalar(1 / math.sqrt(dk))])  # [Hv, T, Dk]
     k, v = keyed(k), _heads(g, v, hv, dv)  # [Hv, T, Dv]
+    # [Hv, T]
     beta = g.op(
         "Transpose",
-        [g.op("Sigmoid", [linear(g, h, ckpt, f"{name}.in_proj_b", False)])[0]],
+        [g.op("Sigmoid", [linear(g, h, ckpt, f"{name}.in_proj_b", False)])],
         perm=[1, 0],
-    )[0]  # [Hv, T]
+    )
     dt = g.op(
         "Add",
         [
             linear(g, h, ckpt, f"{name}.in_proj_a", False),
             g.init(f"{name}.dt_bias", lambda: ckpt.array(f"{name}.dt_bias")),
         ],
-    )[0]
+    )
     decay = g.op(
         "Mul",
         [
-            g.op("Softplus", [dt])[0],
+            g.op("Softplus", [dt]),
             g.init(f"{name}.-exp(A_log)", lambda: -np.exp(ckpt.array(f"{name}.A_log"))),
         ],
-    )[0]
-    cum = g.op("CumSum", [g.op("Transpose", [decay], perm=[1, 0])[0], g.const(1)])[
-        0
-    ]  # [Hv, T]: G_t
+    )
+    cum = g.op("CumSum", [g.op("Transpose", [decay], perm=[1, 0]), g.const(1)])  # [Hv, T]: G_t
     diff = g.op(
         "Sub",
-        [g.op("Unsqueeze", [cum, g.const([2])])[0], g.op("Unsqueeze", [cum, g.const([1])])[0]],
-    )[0]
-    gap = g.op("Exp", [g.op("Where", [lower, diff, g.scalar(float_min())])[0]])[
-        0
-    ]  # [Hv, T, T]: e^{G_t-G_s}
-    grow = g.op("Unsqueeze", [g.op("Exp", [cum])[0], g.const([2])])[0]  # [Hv, T, 1]: e^{G_t}
-    beta3 = g.op("Unsqueeze", [beta, g.const([2])])[0]  # [Hv, T, 1]
-    k_t = g.op("Transpose", [k], perm=[0, 2, 1])[0]  # [Hv, Dk, T]
-    a = g.op(
-        "Mul", [g.op("Mul", [beta3, g.op("MatMul", [k, k_t])[0]])[0], g.op("Mul", [gap, strict])[0]]
-    )[0]  # [Hv, T, T]
-    read = g.op("MatMul", [k, rec_state])[0]  # [Hv, T, Dv]: k^T S0
-    rhs = g.op("Mul", [beta3, g.op("Sub", [v, g.op("Mul", [grow, read])[0]])[0]])[0]
-    u = g.op("MatMul", [_unit_lower_inverse(g, a, eye), rhs])[0]  # [Hv, T, Dv]
-    seen = g.op("Mul", [g.op("MatMul", [q, k_t])[0], gap])[0]  # [Hv, T, T]
+        [g.op("Unsqueeze", [cum, g.const([2])]), g.op("Unsqueeze", [cum, g.const([1])])],
+    )
+    # [Hv, T, T]: e^{G_t-G_s}
+    gap = g.op("Exp", [g.op("Where", [lower, diff, g.scalar(float_min())])])
+    grow = g.op("Unsqueeze", [g.op("Exp", [cum]), g.const([2])])  # [Hv, T, 1]: e^{G_t}
+    beta3 = g.op("Unsqueeze", [beta, g.const([2])])  # [Hv, T, 1]
+    k_t = g.op("Transpose", [k], perm=[0, 2, 1])  # [Hv, Dk, T]
+    # [Hv, T, T]
+    a = g.op("Mul", [g.op("Mul", [beta3, g.op("MatMul", [k, k_t])]), g.op("Mul", [gap, strict])])
+    read = g.op("MatMul", [k, rec_state])  # [Hv, T, Dv]: k^T S0
+    rhs = g.op("Mul", [beta3, g.op("Sub", [v, g.op("Mul", [grow, read])])])
+    u = g.op("MatMul", [_unit_lower_inverse(g, a, eye), rhs])  # [Hv, T, Dv]
+    seen = g.op("Mul", [g.op("MatMul", [q, k_t]), gap])  # [Hv, T, T]
     o = g.op(
         "Add",
-        [g.op("Mul", [grow, g.op("MatMul", [q, rec_state])[0]])[0], g.op("MatMul", [seen, u])[0]],
-    )[0]
-    o = g.op("Transpose", [o], perm=[1, 0, 2])[0]  # [T, Hv, Dv]
-    mean = g.op("ReduceMean", [g.op("Mul", [o, o])[0]], axes=[-1], keepdims=1)[0]
-    o = g.op("Div", [o, g.op("Sqrt", [g.op("Add", [mean, g.scalar(cfg.rms_norm_eps)])[0]])[0]])[0]
-    o = g.op("Mul", [o, g.init(f"{name}.norm.weight", lambda: ckpt.array(f"{name}.norm.weight"))])[
-        0
-    ]
-    z = g.op("Reshape", [linear(g, h, ckpt, f"{name}.in_proj_z", False), g.const([-1, hv, dv])])[
-        0
-    ]  # [T, Hv, Dv]
-    o = g.op("Reshape", [g.op("Mul", [o, _silu(g, z)])[0], g.const([-1, hv * dv])])[0]  # [T, Hv*Dv]
+        [g.op("Mul", [grow, g.op("MatMul", [q, rec_state])]), g.op("MatMul", [seen, u])],
+    )
+    o = g.op("Transpose", [o], perm=[1, 0, 2])  # [T, Hv, Dv]
+    mean = g.op("ReduceMean", [g.op("Mul", [o, o])], axes=[-1], keepdims=1)
+    o = g.op("Div", [o, g.op("Sqrt", [g.op("Add", [mean, g.scalar(cfg.rms_norm_eps)])])])
+    o = g.op("Mul", [o, g.init(f"{name}.norm.weight", lambda: ckpt.array(f"{name}.norm.weight"))])
+    # [T, Hv, Dv]
+    z = g.op("Reshape", [linear(g, h, ckpt, f"{name}.in_proj_z", False), g.const([-1, hv, dv])])
+    o = g.op("Reshape", [g.op("Mul", [o, _silu(g, z)]), g.const([-1, hv * dv])])  # [T, Hv*Dv]
+    # [T, ...] each
     rows = (
         qkv,
-        g.op("Transpose", [k], perm=[1, 0, 2])[0],
-        g.op("Transpose", [u], perm=[1, 0, 2])[0],
-        g.op("Transpose", [cum], perm=[1, 0])[0],
-    )  # [T, ...] each
+        g.op("Transpose", [k], perm=[1, 0, 2]),
+        g.op("Transpose", [u], perm=[1, 0, 2]),
+        g.op("Transpose", [cum], perm=[1, 0]),
+    )
     return linear(g, o, ckpt, f"{name}.out_proj", False), (conv_state, rec_state), rows
 
 
@@ -250,20 +237,19 @@ def gated_attention(g: GraphBuilder, h: str, cfg, ckpt, name: str, rope, past, m
     Hkv, T, D])."""
     hq, hkv, d, rot = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim
     bias = cfg.attention_bias
-    qg = g.op("Reshape", [linear(g, h, ckpt, f"{name}.q_proj", bias), g.const([-1, hq, 2 * d])])[
-        0
-    ]  # [T, Hq, 2D]
-    q, gate = g.op("Split", [qg, g.const([d, d])], 2, axis=2)
+    # [T, Hq, 2D]
+    qg = g.op("Reshape", [linear(g, h, ckpt, f"{name}.q_proj", bias), g.const([-1, hq, 2 * d])])
+    q, gate = g.ops("Split", [qg, g.const([d, d])], 2, axis=2)
 
     def place(t: str, norm: str | None) -> str:  # [T, n, D] -> normed, [1, n, T, D], rotated
         t = centred_norm(g, t, ckpt, f"{name}.{norm}", cfg.rms_norm_eps) if norm else t
-        return g.op("Unsqueeze", [g.op("Transpose", [t], perm=[1, 0, 2])[0], g.const([0])])[0]
+        return g.op("Unsqueeze", [g.op("Transpose", [t], perm=[1, 0, 2]), g.const([0])])
 
     q = apply_rope(g, place(q, "q_norm"), rope[0], rope[1], d, rot)
     k = apply_rope(
         g,
         place(
-            g.op("Reshape", [linear(g, h, ckpt, f"{name}.k_proj", bias), g.const([-1, hkv, d])])[0],
+            g.op("Reshape", [linear(g, h, ckpt, f"{name}.k_proj", bias), g.const([-1, hkv, d])]),
             "k_norm",
         ),
         rope[0],
@@ -272,15 +258,12 @@ def gated_attention(g: GraphBuilder, h: str, cfg, ckpt, name: str, rope, past, m
         rot,
     )
     v = place(
-        g.op("Reshape", [linear(g, h, ckpt, f"{name}.v_proj", bias), g.const([-1, hkv, d])])[0],
+        g.op("Reshape", [linear(g, h, ckpt, f"{name}.v_proj", bias), g.const([-1, hkv, d])]),
         None,
     )
-    out = g.op("Reshape", [attend(g, q, k, v, past, mask, hq, hkv, d), g.const([-1, hq * d])])[
-        0
-    ]  # [T, Hq*D]
-    out = g.op(
-        "Mul", [out, g.op("Sigmoid", [g.op("Reshape", [gate, g.const([-1, hq * d])])[0]])[0]]
-    )[0]
+    # [T, Hq*D]
+    out = g.op("Reshape", [attend(g, q, k, v, past, mask, hq, hkv, d), g.const([-1, hq * d])])
+    out = g.op("Mul", [out, g.op("Sigmoid", [g.op("Reshape", [gate, g.const([-1, hq * d])])])])
     return linear(g, out, ckpt, f"{name}.o_proj", bias), k, v
 
 
@@ -288,30 +271,29 @@ def _masks(g: GraphBuilder, offsets: str) -> tuple[str, str, str]:
     """(lower incl. diagonal bool, strictly lower float, identity float) [T, T] over this call's
     tokens."""
     rows, cols = (
-        g.op("Unsqueeze", [offsets, g.const([1])])[0],
-        g.op("Unsqueeze", [offsets, g.const([0])])[0],
+        g.op("Unsqueeze", [offsets, g.const([1])]),
+        g.op("Unsqueeze", [offsets, g.const([0])]),
     )
-    as_float = lambda b: g.op("Cast", [b], to=1)[0]  # noqa: E731
+    as_float = lambda b: g.op("Cast", [b], to=1)  # noqa: E731
     return (
-        g.op("GreaterOrEqual", [rows, cols])[0],
-        as_float(g.op("Greater", [rows, cols])[0]),
-        as_float(g.op("Equal", [rows, cols])[0]),
+        g.op("GreaterOrEqual", [rows, cols]),
+        as_float(g.op("Greater", [rows, cols])),
+        as_float(g.op("Equal", [rows, cols])),
     )
 
 
 def _per_layer(g: GraphBuilder, name: str, count: int, axis: int) -> list[str]:
     """Input `name` split along `axis` into `count` per-layer tensors, that axis dropped."""
-    parts = g.op("Split", [name, g.const([1] * count)], count, axis=axis) if count > 1 else [name]
-    return [g.op("Squeeze", [t, g.const([axis])])[0] for t in parts]
+    parts = g.ops("Split", [name, g.const([1] * count)], count, axis=axis) if count > 1 else [name]
+    return [g.op("Squeeze", [t, g.const([axis])]) for t in parts]
 
 
 def _carried(g: GraphBuilder, count: int) -> list[Carried]:
     """Each linear layer's `Carried` from the graph inputs (layer axis 0 of the bases, 1 of the
     rows)."""
     kept = "kept"
-    valid = g.op("Less", [int_range(g, g.op("Shape", ["prev_decay"], start=0, end=1)[0]), kept])[
-        0
-    ]  # [Tp]
+    # [Tp]
+    valid = g.op("Less", [int_range(g, g.op("Shape", ["prev_decay"], start=0, end=1)), kept])
     bases = [_per_layer(g, n, count, 0) for n in ("conv_base", "rec_base")]
     rows = [_per_layer(g, n, count, 1) for n in ("prev_qkv", "prev_k", "prev_u", "prev_decay")]
     return [Carried(*b, *r, kept, valid) for b, r in zip(zip(*bases), zip(*rows))]
@@ -319,9 +301,7 @@ def _carried(g: GraphBuilder, count: int) -> list[Carried]:
 
 def _stack(g: GraphBuilder, parts: list[str], out: str, axis: int) -> str:
     """Per-layer tensors stacked on a new `axis` as graph output `out`."""
-    return g.op(
-        "Concat", [g.op("Unsqueeze", [t, g.const([axis])])[0] for t in parts], [out], axis=axis
-    )[0]
+    return g.op("Concat", [g.op("Unsqueeze", [t, g.const([axis])]) for t in parts], out, axis=axis)
 
 
 def check_options(opts) -> None:
@@ -349,20 +329,19 @@ def build_hybrid_target(
     if opts is not None:
         check_options(opts)
     p = cfg.weight_prefix
-    g = GraphBuilder(
-        GRAPH, store, fmt, log
-    )  # its weights go to the target's data file (DATA_FILES)
-    num_new = g.op("Shape", ["input_ids"], start=1, end=2)[0]  # [1] = T
-    num_past = g.op("Shape", ["past_key"], start=0, end=1)[0]  # [1] = S
+    # its weights go to the target's data file (DATA_FILES)
+    g = GraphBuilder(GRAPH, store, fmt, log)
+    num_new = g.op("Shape", ["input_ids"], start=1, end=2)  # [1] = T
+    num_past = g.op("Shape", ["past_key"], start=0, end=1)  # [1] = S
     offsets = int_range(g, num_new)  # [T]
     table = rope_table(g, "rope", cfg, cfg.rotary_dim, opts and opts.positions)
-    rope = rope_rows(g, table, g.op("Add", ["start", offsets])[0])  # [T, R]
+    rope = rope_rows(g, table, g.op("Add", ["start", offsets]))  # [T, R]
     mask = causal_mask(
         g, num_new, num_past, offsets, cfg.num_attention_heads // cfg.num_key_value_heads
     )
     tri = _masks(g, offsets)
     embed = embedding_table(g, ckpt, f"{p}.embed_tokens.weight")  # shared with the drafter
-    x = embed.gather(g.op("Squeeze", ["input_ids", g.const([0])])[0])  # [T, H]
+    x = embed.gather(g.op("Squeeze", ["input_ids", g.const([0])]))  # [T, H]
     linear_ids = cfg.linear_layers
     full_ids = [i for i in range(cfg.num_hidden_layers) if i not in linear_ids]
     past = dict(
@@ -387,21 +366,21 @@ def build_hybrid_target(
             h, k, v = gated_attention(g, h, cfg, ckpt, f"{name}.self_attn", rope, past[i], mask)
             new_k.append(k)
             new_v.append(v)
-        x = g.op("Add", [x, h])[0]
+        x = g.op("Add", [x, h])
         m = mlp(
             g,
             centred_norm(g, x, ckpt, f"{name}.post_attention_layernorm", cfg.rms_norm_eps),
             Layer(ckpt, name, spec),
         )
-        x = g.op("Add", [x, m])[0]  # [T, H]
+        x = g.op("Add", [x, m])  # [T, H]
         if i in capture:
             captured[i] = x
-    hidden = g.op("Concat", [captured[i] for i in capture], axis=-1)[0]  # [T, N]
-    g.op("Unsqueeze", [hidden, g.const([0])], ["hidden"])  # [1, T, N]
+    hidden = g.op("Concat", [captured[i] for i in capture], axis=-1)  # [T, N]
+    g.op("Unsqueeze", [hidden, g.const([0])], "hidden")  # [1, T, N]
     normed = centred_norm(g, x, ckpt, f"{p}.norm", cfg.rms_norm_eps)
     head = embed.head(normed) if cfg.tie_word_embeddings else untied_head(g, normed, ckpt)  # [T, V]
-    g.op("Unsqueeze", [head, g.const([0])], ["logits"])  # [1, T, V]
-    g.op("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0)  # [1, T]
+    g.op("Unsqueeze", [head, g.const([0])], "logits")  # [1, T, V]
+    g.op("ArgMax", ["logits"], "next_ids", axis=-1, keepdims=0)  # [1, T]
     stack_new(g, new_k, "new_key")  # [T, Lf, Hkv, D]
     stack_new(g, new_v, "new_value")
     for j, out_name in enumerate(("conv_start", "rec_start")):  # [Ll, ...]: this call's

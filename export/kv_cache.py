@@ -185,9 +185,8 @@ def int8_cache_graph(model, k_scales: np.ndarray, v_scales: np.ndarray) -> dict:
                 numpy_helper.from_array(v_scales[i].astype(np.float32), f"kv.v_scale.{i}"),
             ]
         )
-        inputs = list(node.input) + [""] * (
-            12 - len(node.input)
-        )  # position_ids, attention_bias, head_sink
+        # position_ids, attention_bias, head_sink
+        inputs = list(node.input) + [""] * (12 - len(node.input))
         del node.input[:]
         node.input.extend([*inputs[:12], f"kv.k_scale.{i}", f"kv.v_scale.{i}"])
         node.attribute.extend(
@@ -254,13 +253,14 @@ def write_int8_cache(
     `root` is a bundle being written (the exporter's temp folder), `manifest` its manifest.
     """
     t = time.perf_counter()
+    # the target alone
     gen = Generator.load(
         read_bundle(root, verify=False),
         target_graph="target_fused",
         threads=threads,
         use_tuned=False,
         drafter=False,
-    )  # the target alone
+    )
     room = gen.target.kv.capacity - gen.prefill_chunk  # what calibrate runs of a text
     texts = calibration_texts(gen, prompts, count, min(length, room))
     k_scales, v_scales = calibrate(gen, texts, margin)

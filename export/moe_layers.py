@@ -117,9 +117,8 @@ def stacked(g: GraphBuilder, ckpt, prefix: str, m, kind: StackKind) -> Stack:
             return out
 
         return Stack(g.init(f"{key}_interleaved" if kind is FC1 else key, fp32), None, n, k)
-    for e in range(
-        m.num_experts
-    ):  # what parity's reference must dequantise; weights_by_source counts
+    # what parity's reference must dequantise; weights_by_source counts
+    for e in range(m.num_experts):
         for t in kind.tensors:
             g.log.stored[(ckpt.root, f"{prefix}.mlp.experts.{e}.{t}.weight")] = ("rtn", bits, bs)
             g.log.count(g.graph, "rtn")
@@ -128,9 +127,8 @@ def stacked(g: GraphBuilder, ckpt, prefix: str, m, kind: StackKind) -> Stack:
     def build() -> dict:
         codes = np.empty((m.num_experts, n, k * bits // 8), np.uint8)  # [E, N, K*bits/8]
         scales = np.empty((m.num_experts, n, k // bs), np.float32)  # [E, N, K/bs]
-        for e in range(
-            m.num_experts
-        ):  # one expert's fp32 matrix at a time: read, quantised, dropped
+        # one expert's fp32 matrix at a time: read, quantised, dropped
+        for e in range(m.num_experts):
             w = rtn(kind.read(ckpt, prefix, m, e), bits, bs)
             codes[e] = w.B.reshape(n, -1)  # [N, K*bits/8]
             scales[e] = w.scales
@@ -152,48 +150,44 @@ def stacked(g: GraphBuilder, ckpt, prefix: str, m, kind: StackKind) -> Stack:
 def router_logits(g: GraphBuilder, h: str, ckpt, prefix: str) -> str:
     """h [1, T, H] @ gate^T -> router logits [1, T, E] (fp32 weight)."""
     name = f"{prefix}.mlp.gate.weight"
-    return g.op("MatMul", [h, g.init(f"{name}.T", lambda: ckpt.array(name).T)])[0]
+    return g.op("MatMul", [h, g.init(f"{name}.T", lambda: ckpt.array(name).T)])
 
 
 def route(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> tuple[str, str]:
     """(weights [1, T, k], expert ids [1, T, k]) of tokens h [1, T, H]: softmax, top-k, renormalised
     if asked."""
-    probs = g.op("Softmax", [router_logits(g, h, ckpt, prefix)], axis=-1)[0]  # [1, T, E]
-    weights, ids = g.op(
-        "TopK", [probs, g.const([m.top_k])], 2, axis=-1, largest=1, sorted=1
-    )  # [1, T, k] each
+    probs = g.op("Softmax", [router_logits(g, h, ckpt, prefix)], axis=-1)  # [1, T, E]
+    # [1, T, k] each
+    weights, ids = g.ops("TopK", [probs, g.const([m.top_k])], 2, axis=-1, largest=1, sorted=1)
     if m.norm_topk_prob:
-        weights = g.op(
-            "Div", [weights, g.op("ReduceSum", [weights, g.const([-1])], keepdims=1)[0]]
-        )[0]
+        weights = g.op("Div", [weights, g.op("ReduceSum", [weights, g.const([-1])], keepdims=1)])
     return weights, ids
 
 
 def chosen(g: GraphBuilder, s: Stack, ids: str, m) -> str:
     """The stacked matrices of experts `ids` [R] as fp32 [R, N, K] (low-bit ones dequantised after
     the Gather, so only the chosen experts' codes are read)."""
-    w = g.op("Gather", [s.weights, ids], axis=0)[0]  # [R, N, K or K*bits/8]
+    w = g.op("Gather", [s.weights, ids], axis=0)  # [R, N, K or K*bits/8]
     if s.scales is None:
         return w
     bits, bs = expert_blocks(g, m)
-    q = g.op("Cast", [w], to=FLOAT)[0]
+    q = g.op("Cast", [w], to=FLOAT)
     if bits == 4:  # byte = low + 16 * high, low nibble first (models/nbits.rtn)
-        high = g.op("Floor", [g.op("Div", [q, g.scalar(16.0)])[0]])[0]  # [R, N, K/2]
-        low = g.op("Sub", [q, g.op("Mul", [high, g.scalar(16.0)])[0]])[0]
-        pairs = [
-            g.op("Reshape", [x, g.const([-1, s.n, s.k // 2, 1])])[0] for x in (low, high)
-        ]  # [R, N, K/2, 1]
-        q = g.op("Concat", pairs, axis=-1)[0]  # [R, N, K/2, 2]
+        high = g.op("Floor", [g.op("Div", [q, g.scalar(16.0)])])  # [R, N, K/2]
+        low = g.op("Sub", [q, g.op("Mul", [high, g.scalar(16.0)])])
+        # [R, N, K/2, 1]
+        pairs = [g.op("Reshape", [x, g.const([-1, s.n, s.k // 2, 1])]) for x in (low, high)]
+        q = g.op("Concat", pairs, axis=-1)  # [R, N, K/2, 2]
+    # [R, N, K/bs, bs]
     blocks = g.op(
         "Reshape",
-        [g.op("Sub", [q, g.scalar(float(1 << (bits - 1)))])[0], g.const([-1, s.n, s.k // bs, bs])],
-    )[0]  # [R, N, K/bs, bs]
+        [g.op("Sub", [q, g.scalar(float(1 << (bits - 1)))]), g.const([-1, s.n, s.k // bs, bs])],
+    )
+    # [R, N, K/bs, 1]
     scales = g.op(
-        "Reshape", [g.op("Gather", [s.scales, ids], axis=0)[0], g.const([-1, s.n, s.k // bs, 1])]
-    )[0]  # [R, N, K/bs, 1]
-    return g.op("Reshape", [g.op("Mul", [blocks, scales])[0], g.const([-1, s.n, s.k])])[
-        0
-    ]  # [R, N, K]
+        "Reshape", [g.op("Gather", [s.scales, ids], axis=0), g.const([-1, s.n, s.k // bs, 1])]
+    )
+    return g.op("Reshape", [g.op("Mul", [blocks, scales]), g.const([-1, s.n, s.k])])  # [R, N, K]
 
 
 def moe_gather(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> str:
@@ -204,22 +198,20 @@ def moe_gather(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> str:
     widths: 0.5 GB, against 4 GB for all slots at once)."""
     weights, ids = route(g, h, ckpt, prefix, m)  # [1, T, k] each
     fc1, fc2 = stacked(g, ckpt, prefix, m, FC1), stacked(g, ckpt, prefix, m, FC2)
-    x = g.op("Reshape", [h, g.const([-1, m.hidden_size, 1])])[0]  # [T, H, 1]
-    slot_ids = g.op("Split", [ids, g.const([1] * m.top_k)], m.top_k, axis=-1)  # k x [1, T, 1]
-    slot_weights = g.op("Split", [weights, g.const([1] * m.top_k)], m.top_k, axis=-1)
+    x = g.op("Reshape", [h, g.const([-1, m.hidden_size, 1])])  # [T, H, 1]
+    slot_ids = g.ops("Split", [ids, g.const([1] * m.top_k)], m.top_k, axis=-1)  # k x [1, T, 1]
+    slot_weights = g.ops("Split", [weights, g.const([1] * m.top_k)], m.top_k, axis=-1)
     out = None
     for ids_s, weight_s in zip(slot_ids, slot_weights):
-        flat_ids = g.op("Reshape", [ids_s, g.const([-1])])[0]  # [T]
-        gate_up = g.op("MatMul", [chosen(g, fc1, flat_ids, m), x])[0]  # [T, 2I, 1]
-        pairs = g.op("Reshape", [gate_up, g.const([-1, m.intermediate, 2])])[0]  # [T, I, 2]
-        gate, up = g.op("Split", [pairs, g.const([1, 1])], 2, axis=-1)  # [T, I, 1] each
-        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])[0]])[0], up])[
-            0
-        ]  # silu(gate) * up
-        y = g.op("MatMul", [chosen(g, fc2, flat_ids, m), act])[0]  # [T, H, 1]
-        y = g.op("Mul", [y, g.op("Reshape", [weight_s, g.const([-1, 1, 1])])[0]])[0]
-        out = y if out is None else g.op("Add", [out, y])[0]
-    return g.op("Reshape", [out, g.const([1, -1, m.hidden_size])])[0]  # [1, T, H]
+        flat_ids = g.op("Reshape", [ids_s, g.const([-1])])  # [T]
+        gate_up = g.op("MatMul", [chosen(g, fc1, flat_ids, m), x])  # [T, 2I, 1]
+        pairs = g.op("Reshape", [gate_up, g.const([-1, m.intermediate, 2])])  # [T, I, 2]
+        gate, up = g.ops("Split", [pairs, g.const([1, 1])], 2, axis=-1)  # [T, I, 1] each
+        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])  # silu(gate) * up
+        y = g.op("MatMul", [chosen(g, fc2, flat_ids, m), act])  # [T, H, 1]
+        y = g.op("Mul", [y, g.op("Reshape", [weight_s, g.const([-1, 1, 1])])])
+        out = y if out is None else g.op("Add", [out, y])
+    return g.op("Reshape", [out, g.const([1, -1, m.hidden_size])])  # [1, T, H]
 
 
 def moe_fused(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> str:
@@ -232,15 +224,16 @@ def moe_fused(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> str:
     decode and a verify; top-1 rows do not (benchmarks/moe_slice.py op: rows_stable). The op still
     runs each chosen expert once on all the rows that chose it."""
     weights, ids = route(g, h, ckpt, prefix, m)  # [1, T, k] each
-    flat_ids = g.op("Reshape", [ids, g.const([-1])])[0]  # [T*k]
+    flat_ids = g.op("Reshape", [ids, g.const([-1])])  # [T*k]
     one_hot = g.op(
         "OneHot", [flat_ids, g.const(m.num_experts), g.const([0.0, 1.0], np.float32)], axis=-1
-    )[0]
+    )
+    # [T, k, H]
     rows = g.op(
         "Expand",
-        [g.op("Reshape", [h, g.const([-1, 1, m.hidden_size])])[0], g.const([1, m.top_k, 1])],
-    )[0]  # [T, k, H]
-    rows = g.op("Reshape", [rows, g.const([-1, m.hidden_size])])[0]  # [T*k, H]
+        [g.op("Reshape", [h, g.const([-1, 1, m.hidden_size])]), g.const([1, m.top_k, 1])],
+    )
+    rows = g.op("Reshape", [rows, g.const([-1, m.hidden_size])])  # [T*k, H]
     fc1, fc2 = stacked(g, ckpt, prefix, m, FC1), stacked(g, ckpt, prefix, m, FC2)
     attrs = dict(
         k=1,
@@ -251,9 +244,8 @@ def moe_fused(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> str:
         activation_beta=0.0,
     )
     if fc1.scales is None:
-        y = g.op("MoE", [rows, one_hot, fc1.weights, "", fc2.weights], domain=MS, **attrs)[
-            0
-        ]  # [T*k, H]
+        # [T*k, H]
+        y = g.op("MoE", [rows, one_hot, fc1.weights, "", fc2.weights], domain=MS, **attrs)
     else:
         bits, bs = expert_blocks(g, m)
         if bits == 8 and not g.fmt.accuracy_level:
@@ -263,6 +255,7 @@ def moe_fused(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> str:
                 "export with accuracy_level 4 (the default), at int4, or without the fused target "
                 "(--no-fused)"
             )
+        # [T*k, H]
         y = g.op(
             "QMoE",
             [rows, one_hot, fc1.weights, fc1.scales, "", fc2.weights, fc2.scales],
@@ -272,16 +265,17 @@ def moe_fused(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> str:
             block_size=bs,
             accuracy_level=g.fmt.accuracy_level,
             weights_prepacked=0,
-        )[0]  # [T*k, H]
+        )
+    # [T, k, H]
     slots = g.op(
         "Mul",
         [
-            g.op("Reshape", [y, g.const([-1, m.top_k, m.hidden_size])])[0],
-            g.op("Reshape", [weights, g.const([-1, m.top_k, 1])])[0],
+            g.op("Reshape", [y, g.const([-1, m.top_k, m.hidden_size])]),
+            g.op("Reshape", [weights, g.const([-1, m.top_k, 1])]),
         ],
-    )[0]  # [T, k, H]
-    parts = g.op("Split", [slots, g.const([1] * m.top_k)], m.top_k, axis=1)  # k x [T, 1, H]
+    )
+    parts = g.ops("Split", [slots, g.const([1] * m.top_k)], m.top_k, axis=1)  # k x [T, 1, H]
     out = parts[0]
     for part in parts[1:]:  # slot order, elementwise: the same sum for every T
-        out = g.op("Add", [out, part])[0]
-    return g.op("Reshape", [out, g.const([1, -1, m.hidden_size])])[0]  # [1, T, H]
+        out = g.op("Add", [out, part])
+    return g.op("Reshape", [out, g.const([1, -1, m.hidden_size])])  # [1, T, H]

@@ -101,9 +101,8 @@ def _session(path):
     opts.log_severity_level = 3
     low_bit, level = _low_bit(path)
     if not low_bit:  # no second (packed) copy of each float weight; MatMulNBits without its packed
-        opts.add_session_config_entry(
-            "session.disable_prepacking", "1"
-        )  # copy repacks per call, and holds more
+        # copy repacks per call, and holds more
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     if level is not None:  # DequantizeLinear weights: what the fused MatMulNBits computes with
         opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", level)
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
@@ -177,11 +176,12 @@ def run_hybrid(session, probe: Probe) -> tuple[dict, dict, np.ndarray, int]:
     names = io_names("target_hybrid", "inputs")
     outputs = [o.name for o in session.get_outputs()]
     shapes = {i.name: i.shape for i in session.get_inputs()}
+    # S = Tp = 0; zero states
     feeds = {
         n: np.zeros([0 if isinstance(s, str) else s for s in shapes[n]], np.float32)
         for n in names
         if n not in ("input_ids", "start", "kept")
-    }  # S = Tp = 0; zero states
+    }
     prompt, cases, got = probe.prompt_ids, [], []
     calls = [(prompt, 0)]
     for step in range(2):
@@ -234,21 +234,23 @@ def drafter_cases(
         return tuple(got.get(n) for n in _OUTPUTS["drafter"])
 
     caches = _DRAFTER_IN[3:]
+    # no past rows; W-1 empty window rows
     empty = {
         n: np.zeros((0, *shapes[n][1:]) if n.startswith("past") else shapes[n], np.float32)
         for n in caches
         if n in shapes
-    }  # no past rows; W-1 empty window rows
+    }
     first = (block, features, np.array([0], np.int64), *(empty.get(n) for n in caches))
     out = run(first)
     new = dict(zip(caches, out[1:]))  # past_key <- new_key, window_key <- new_window_key
     split = features.shape[1] - max(1, features.shape[1] // 3)
+    # windows: the W-1 rows before `split`
     kept = {
         n: new[n][:split]
         if n.startswith("past")
         else np.concatenate([empty[n], new[n][:split]])[split:]
         for n in empty
-    }  # windows: the W-1 rows before `split`
+    }
     second = (
         block,
         features[:, split:],
@@ -280,6 +282,7 @@ def run_fused(session, steps) -> list[tuple]:
         lengths = (np.array([start + num_new - 1], np.int32), np.array(start + num_new, np.int32))
         feeds = {**dict(zip(_FUSED_IN[1:3], lengths)), _FUSED_IN[0]: ids, **cache}
         out = dict(zip(names, _owned(session.run(None, feeds))))
+        # [T, L, Hkv, D]
         rows = [
             np.stack(
                 [
@@ -289,7 +292,7 @@ def run_fused(session, steps) -> list[tuple]:
                 axis=1,
             )
             for kv in ("key", "value")
-        ]  # [T, L, Hkv, D]
+        ]
         outs.append((out["logits"], out["next_ids"], out["hidden"], *rows))
         cache.update(
             {
@@ -429,9 +432,8 @@ def first_non_finite(path, feeds: tuple) -> str:
     known = {o.name for o in model.graph.output}
     order = [(n, o) for n in model.graph.node for o in n.output if o and o not in known]
     model.graph.output.extend(onnx.ValueInfoProto(name=o) for _, o in order)
-    fd, probe = tempfile.mkstemp(
-        suffix=".onnx", dir=os.path.dirname(path)
-    )  # beside its external data
+    # beside its external data
+    fd, probe = tempfile.mkstemp(suffix=".onnx", dir=os.path.dirname(path))
     os.close(fd)
     try:
         onnx.save_model(model, probe)

@@ -44,7 +44,7 @@ def _head(g: GraphBuilder, flat: str, tc, target_ckpt, embed, vocab) -> str:
         rows = g.init(
             "lm_head.draft_vocab.weight.T", lambda: target_ckpt.array(head)[np.asarray(vocab)].T
         )
-        return g.op("MatMul", [flat, rows])[0]
+        return g.op("MatMul", [flat, rows])
     if tc.tie_word_embeddings:
         return embed.head(flat)
     return untied_head(g, flat, target_ckpt)
@@ -64,21 +64,18 @@ def _layer_mask(
     and not after it if `causal`); None for a full non-causal layer (every key visible)."""
     if window is None and not causal:
         return None
-    keys = g.op("Concat", [held, new_pos], axis=0)[0]  # [K]
-    ahead = g.op("Sub", [g.op("Unsqueeze", [block_pos, g.const([1])])[0], keys])[0]  # [B, K]: q - k
-    keep = g.op(
-        "Expand", [g.op("GreaterOrEqual", [keys, g.const(0)])[0], g.op("Shape", [ahead])[0]]
-    )[0]  # [B, K]
+    keys = g.op("Concat", [held, new_pos], axis=0)  # [K]
+    ahead = g.op("Sub", [g.op("Unsqueeze", [block_pos, g.const([1])]), keys])  # [B, K]: q - k
+    # [B, K]
+    keep = g.op("Expand", [g.op("GreaterOrEqual", [keys, g.const(0)]), g.op("Shape", [ahead])])
     if causal:
-        keep = g.op("And", [keep, g.op("GreaterOrEqual", [ahead, g.const(0)])[0]])[0]
+        keep = g.op("And", [keep, g.op("GreaterOrEqual", [ahead, g.const(0)])])
     if window is not None:
-        keep = g.op("And", [keep, g.op("Less", [ahead, g.const(window)])[0]])[0]
+        keep = g.op("And", [keep, g.op("Less", [ahead, g.const(window)])])
         if not causal:  # nor W or more after
-            keep = g.op("And", [keep, g.op("Less", [g.op("Neg", [ahead])[0], g.const(window)])[0]])[
-                0
-            ]
-    mask = g.op("Where", [keep, g.scalar(0.0), g.scalar(float_min())])[0]  # [B, K]
-    return mask if rep == 1 else g.op("Tile", [mask, g.const([rep, 1])])[0]  # [rep*B, K]
+            keep = g.op("And", [keep, g.op("Less", [g.op("Neg", [ahead]), g.const(window)])])
+    mask = g.op("Where", [keep, g.scalar(0.0), g.scalar(float_min())])  # [B, K]
+    return mask if rep == 1 else g.op("Tile", [mask, g.const([rep, 1])])  # [rep*B, K]
 
 
 def build_drafter(
@@ -102,27 +99,26 @@ def build_drafter(
     hooks = hooks or {}
     spec = attention_spec(dc)
     g = GraphBuilder("drafter", store, fmt, log)
-    num_ctx = g.op("Shape", ["ctx_hidden"], start=1, end=2)[0]  # [1] = C
-    ctx_pos = g.op("Add", ["start", int_range(g, num_ctx)])[0]  # [C]
-    block_start = g.op("Add", ["start", num_ctx])[0]  # [1]
-    block_pos = g.op("Add", [block_start, g.const(np.arange(block))])[0]  # [B]
+    num_ctx = g.op("Shape", ["ctx_hidden"], start=1, end=2)  # [1] = C
+    ctx_pos = g.op("Add", ["start", int_range(g, num_ctx)])  # [C]
+    block_start = g.op("Add", ["start", num_ctx])  # [1]
+    block_pos = g.op("Add", [block_start, g.const(np.arange(block))])  # [B]
     table = rope_table(g, "rope", dc, rows=reach)
     cos_q, sin_q = rope_rows(g, table, block_pos)  # [B, D]
-    cos_kv, sin_kv = rope_rows(
-        g, table, g.op("Concat", [ctx_pos, block_pos], axis=0)[0]
-    )  # [C + B, D]
+    cos_kv, sin_kv = rope_rows(g, table, g.op("Concat", [ctx_pos, block_pos], axis=0))  # [C + B, D]
     rope = Rope(cos_q, sin_q, cos_kv, sin_kv)
     embed = embedding(g, target_ckpt)
     x = embed.gather("block_ids")  # [1, B, H]
     if hooks.get("embed_scale", 1.0) != 1.0:
-        x = g.op("Mul", [x, g.scalar(hooks["embed_scale"])])[0]
+        x = g.op("Mul", [x, g.scalar(hooks["embed_scale"])])
+    # [1, C, H]
     ctx = rms_norm(
         g,
         linear(g, "ctx_hidden", draft_ckpt, "fc", False),
         draft_ckpt,
         "hidden_norm",
         dc.rms_norm_eps,
-    )  # [1, C, H]
+    )
     slid = dc.window_layers
     full = [i for i in range(dc.num_hidden_layers) if i not in slid]
     past = {}  # layer -> (K, V, positions)
@@ -131,11 +127,11 @@ def build_drafter(
             continue
         keys, values = (split_past(g, f"{name}_{kv}", len(layers)) for kv in ("key", "value"))
         if held is None:  # [S]: 0 .. S-1
-            positions = int_range(g, g.op("Shape", [f"{name}_key"], start=0, end=1)[0])
+            positions = int_range(g, g.op("Shape", [f"{name}_key"], start=0, end=1))
         else:  # [W-1]: the rows before start
-            positions = g.op("Add", ["start", g.const(np.arange(1 - held, 0))])[0]
+            positions = g.op("Add", ["start", g.const(np.arange(1 - held, 0))])
         past.update({i: (keys[j], values[j], positions) for j, i in enumerate(layers)})
-    new_pos = g.op("Concat", [ctx_pos, block_pos], axis=0)[0]  # [C + B]
+    new_pos = g.op("Concat", [ctx_pos, block_pos], axis=0)  # [C + B]
     rep, masks = spec.num_heads // spec.num_kv_heads, {}
     new_k, new_v = [], []
     zero, axis = g.const([0]), g.const([2])
@@ -146,19 +142,19 @@ def build_drafter(
         x, k, v = hooks.get("layer", decoder_layer)(
             g, x, Layer(draft_ckpt, f"layers.{i}", spec), rope, past[i][:2], masks[kind], ctx=ctx
         )
-        new_k.append(g.op("Slice", [k, zero, num_ctx, axis])[0])  # [1, Hkv, C, D]: block
-        new_v.append(g.op("Slice", [v, zero, num_ctx, axis])[0])  # K/V dropped
+        new_k.append(g.op("Slice", [k, zero, num_ctx, axis]))  # [1, Hkv, C, D]: block
+        new_v.append(g.op("Slice", [v, zero, num_ctx, axis]))  # K/V dropped
     h = rms_norm(g, x, draft_ckpt, "norm", dc.rms_norm_eps)  # [1, B, H]
-    drafted = g.op("Slice", [h, g.const([1]), g.const([block]), g.const([1])])[0]  # [1, B-1, H]
-    flat = g.op("Reshape", [drafted, g.const([-1, tc.hidden_size])])[0]  # [B-1, H]
+    drafted = g.op("Slice", [h, g.const([1]), g.const([block]), g.const([1])])  # [1, B-1, H]
+    flat = g.op("Reshape", [drafted, g.const([-1, tc.hidden_size])])  # [B-1, H]
     logits = _head(g, flat, tc, target_ckpt, embed, vocab)  # [B-1, V]
     if "drafts" in hooks:
         hooks["drafts"](g, flat, logits)
     else:
-        ids = g.op("ArgMax", [logits], axis=-1, keepdims=0)[0]  # [B-1]
+        ids = g.op("ArgMax", [logits], axis=-1, keepdims=0)  # [B-1]
         if vocab is not None:  # local row -> token id
-            ids = g.op("Gather", [g.const(np.asarray(vocab)), ids], axis=0)[0]
-        g.op("Reshape", [ids, g.const([1, block - 1])], ["draft_ids"])  # [1, B-1]
+            ids = g.op("Gather", [g.const(np.asarray(vocab)), ids], axis=0)
+        g.op("Reshape", [ids, g.const([1, block - 1])], "draft_ids")  # [1, B-1]
     for layers, name in ((full, "new"), (slid, "new_window")):  # [C, Ld or Lw, Hkv, D]
         if layers:
             stack_new(g, [new_k[i] for i in layers], f"{name}_key")

@@ -53,17 +53,17 @@ def linear(g: GraphBuilder, x: str, ckpt, name: str, bias: bool) -> str:
     (weight_format.py)."""
     y = matmul(g, x, ckpt, [f"{name}.weight"], f"{name}.weight")
     if bias:
-        y = g.op("Add", [y, g.init(f"{name}.bias", lambda: ckpt.array(f"{name}.bias"))])[0]
+        y = g.op("Add", [y, g.init(f"{name}.bias", lambda: ckpt.array(f"{name}.bias"))])
     return y
 
 
 def rms_norm(g: GraphBuilder, x: str, ckpt, name: str, eps: float) -> str:
     """weight * x / sqrt(mean(x^2) + eps) over the last axis, as models/layers.RMSNorm is
     exported."""
-    mean = g.op("ReduceMean", [g.op("Pow", [x, g.scalar(2.0)])[0]], axes=[-1], keepdims=1)[0]
-    inv = g.op("Div", [g.scalar(1.0), g.op("Sqrt", [g.op("Add", [mean, g.scalar(eps)])[0]])[0]])[0]
-    normed = g.op("Mul", [x, inv])[0]
-    return g.op("Mul", [g.init(f"{name}.weight", lambda: ckpt.array(f"{name}.weight")), normed])[0]
+    mean = g.op("ReduceMean", [g.op("Pow", [x, g.scalar(2.0)])], axes=[-1], keepdims=1)
+    inv = g.op("Div", [g.scalar(1.0), g.op("Sqrt", [g.op("Add", [mean, g.scalar(eps)])])])
+    normed = g.op("Mul", [x, inv])
+    return g.op("Mul", [g.init(f"{name}.weight", lambda: ckpt.array(f"{name}.weight")), normed])
 
 
 def apply_rope(
@@ -72,19 +72,18 @@ def apply_rope(
     """x * cos + rotate_half(x) * sin on [1, heads, T, D] with cos/sin [T, R]: the first R =
     `rotary` dims rotate (default all), the rest pass through (Qwen3.5's partial rotary)."""
     rot, axis = rotary or head_dim, g.const([-1])
-    turning = (
-        x if rot == head_dim else g.op("Slice", [x, g.const([0]), g.const([rot]), axis])[0]
-    )  # [1, h, T, R]
+    # [1, h, T, R]
+    turning = x if rot == head_dim else g.op("Slice", [x, g.const([0]), g.const([rot]), axis])
     half = g.const([rot // 2])
-    x2 = g.op("Slice", [turning, half, g.const([rot]), axis])[0]  # [1, h, T, R/2]
-    x1 = g.op("Slice", [turning, g.const([0]), half, axis])[0]
-    rotated = g.op("Concat", [g.op("Neg", [x2])[0], x1], axis=-1)[0]  # [1, h, T, R]
-    y = g.op("Add", [g.op("Mul", [turning, cos])[0], g.op("Mul", [rotated, sin])[0]])[0]
+    x2 = g.op("Slice", [turning, half, g.const([rot]), axis])  # [1, h, T, R/2]
+    x1 = g.op("Slice", [turning, g.const([0]), half, axis])
+    rotated = g.op("Concat", [g.op("Neg", [x2]), x1], axis=-1)  # [1, h, T, R]
+    y = g.op("Add", [g.op("Mul", [turning, cos]), g.op("Mul", [rotated, sin])])
     if rot == head_dim:
         return y
     return g.op(
-        "Concat", [y, g.op("Slice", [x, g.const([rot]), g.const([head_dim]), axis])[0]], axis=-1
-    )[0]
+        "Concat", [y, g.op("Slice", [x, g.const([rot]), g.const([head_dim]), axis])], axis=-1
+    )
 
 
 def packed_qkv(g: GraphBuilder, h: str, layer: Layer) -> str:
@@ -93,12 +92,11 @@ def packed_qkv(g: GraphBuilder, h: str, layer: Layer) -> str:
     target.onnx.data)."""
     name, ckpt = f"{layer.prefix}.self_attn", layer.ckpt
     projs = [f"{name}.{p}_proj" for p in "qkv"]
-    y = matmul(
-        g, h, ckpt, [f"{p}.weight" for p in projs], f"{name}.qkv_proj.weight"
-    )  # [1, T, (Hq + 2Hkv) D]
+    # [1, T, (Hq + 2Hkv) D]
+    y = matmul(g, h, ckpt, [f"{p}.weight" for p in projs], f"{name}.qkv_proj.weight")
     if layer.spec.qkv_bias:
         bias = lambda: np.concatenate([ckpt.array(f"{p}.bias") for p in projs])  # noqa: E731
-        y = g.op("Add", [y, g.init(f"{name}.qkv_proj.bias", bias)])[0]
+        y = g.op("Add", [y, g.init(f"{name}.qkv_proj.bias", bias)])
     return y
 
 
@@ -109,7 +107,7 @@ def projections(g: GraphBuilder, h: str, kv_in: str, layer: Layer) -> list[str]:
     s = layer.spec
     if h == kv_in:
         sizes = g.const([s.num_heads * s.head_dim] + [s.num_kv_heads * s.head_dim] * 2)
-        return g.op("Split", [packed_qkv(g, h, layer), sizes], 3, axis=-1)
+        return g.ops("Split", [packed_qkv(g, h, layer), sizes], 3, axis=-1)
     name = f"{layer.prefix}.self_attn"
     return [
         linear(g, x, layer.ckpt, f"{name}.{p}_proj", s.qkv_bias)
@@ -121,10 +119,10 @@ def heads(g: GraphBuilder, y: str, layer: Layer, num: int, norm: str | None) -> 
     """A projection y [1, T, num * D] split into heads [1, num, T, D] (per-head RMSNorm `norm` if
     the family has it)."""
     s = layer.spec
-    t = g.op("Reshape", [y, g.const([0, 0, num, s.head_dim])])[0]  # [1, T, n, D]
+    t = g.op("Reshape", [y, g.const([0, 0, num, s.head_dim])])  # [1, T, n, D]
     if norm and s.qk_norm:
         t = rms_norm(g, t, layer.ckpt, f"{layer.prefix}.self_attn.{norm}", s.rms_norm_eps)
-    return g.op("Transpose", [t], perm=[0, 2, 1, 3])[0]  # [1, n, T, D]
+    return g.op("Transpose", [t], perm=[0, 2, 1, 3])  # [1, n, T, D]
 
 
 def attention(
@@ -144,17 +142,19 @@ def attention(
     s = layer.spec
     q, k, v = projections(g, h, kv_in, layer)
     q = apply_rope(g, heads(g, q, layer, s.num_heads, "q_norm"), rope.cos_q, rope.sin_q, s.head_dim)
+    # [1, Hkv, Tkv, D]
     k_new = apply_rope(
         g, heads(g, k, layer, s.num_kv_heads, "k_norm"), rope.cos_kv, rope.sin_kv, s.head_dim
-    )  # [1, Hkv, Tkv, D]
+    )
     v_new = heads(g, v, layer, s.num_kv_heads, None)
+    # [1, T, Hq*D]
     out = g.op(
         "Reshape",
         [
             attend(g, q, k_new, v_new, past, mask, s.num_heads, s.num_kv_heads, s.head_dim),
             g.const([0, 0, s.num_heads * s.head_dim]),
         ],
-    )[0]  # [1, T, Hq*D]
+    )
     return linear(g, out, layer.ckpt, f"{layer.prefix}.self_attn.o_proj", s.o_bias), k_new, v_new
 
 
@@ -172,20 +172,17 @@ def attend(
     """Scaled dot-product attention of q [1, Hq, T, D] over [past ; new] keys and values [1, Hkv, S
     + Tkv, D] (query heads grouped per KV head) -> [1, T, Hq, D]. `mask`: additive [rep*T, S + Tkv],
     or None."""
-    k = g.op("Concat", [past[0], k_new], axis=2)[0]  # [1, Hkv, S + Tkv, D]
-    v = g.op("Concat", [past[1], v_new], axis=2)[0]
-    grouped = g.op("Reshape", [q, g.const([1, num_kv_heads, -1, head_dim])])[
-        0
-    ]  # [1, Hkv, rep*T, D]
-    scores = g.op("MatMul", [grouped, g.op("Transpose", [k], perm=[0, 1, 3, 2])[0]])[
-        0
-    ]  # [1, Hkv, rep*T, S']
-    scores = g.op("Div", [scores, g.scalar(math.sqrt(head_dim))])[0]
+    k = g.op("Concat", [past[0], k_new], axis=2)  # [1, Hkv, S + Tkv, D]
+    v = g.op("Concat", [past[1], v_new], axis=2)
+    grouped = g.op("Reshape", [q, g.const([1, num_kv_heads, -1, head_dim])])  # [1, Hkv, rep*T, D]
+    # [1, Hkv, rep*T, S']
+    scores = g.op("MatMul", [grouped, g.op("Transpose", [k], perm=[0, 1, 3, 2])])
+    scores = g.op("Div", [scores, g.scalar(math.sqrt(head_dim))])
     if mask is not None:
-        scores = g.op("Add", [scores, mask])[0]
-    out = g.op("MatMul", [g.op("Softmax", [scores], axis=-1)[0], v])[0]  # [1, Hkv, rep*T, D]
-    out = g.op("Reshape", [out, g.const([1, num_heads, -1, head_dim])])[0]  # [1, Hq, T, D]
-    return g.op("Transpose", [out], perm=[0, 2, 1, 3])[0]  # [1, T, Hq, D]
+        scores = g.op("Add", [scores, mask])
+    out = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])  # [1, Hkv, rep*T, D]
+    out = g.op("Reshape", [out, g.const([1, num_heads, -1, head_dim])])  # [1, Hq, T, D]
+    return g.op("Transpose", [out], perm=[0, 2, 1, 3])  # [1, T, Hq, D]
 
 
 def mlp(g: GraphBuilder, h: str, layer: Layer) -> str:
@@ -193,21 +190,20 @@ def mlp(g: GraphBuilder, h: str, layer: Layer) -> str:
     name = f"{layer.prefix}.mlp"
     if g.fmt.bits:  # low-bit: gate and up as one MatMulNBits over stacked rows (one op and one
         width = layer.ckpt.shape(f"{name}.gate_proj.weight")[0]  # correction fewer), both flavours
+        # [1, T, 2I]
         both = matmul(
             g,
             h,
             layer.ckpt,
             [f"{name}.{p}_proj.weight" for p in ("gate", "up")],
             f"{name}.gate_up_proj.weight",
-        )  # [1, T, 2I]
-        gate, up = g.op("Split", [both, g.const([width, width])], 2, axis=-1)  # [1, T, I] each
+        )
+        gate, up = g.ops("Split", [both, g.const([width, width])], 2, axis=-1)  # [1, T, I] each
     else:
         gate = linear(g, h, layer.ckpt, f"{name}.gate_proj", False)  # [1, T, I]
         up = linear(g, h, layer.ckpt, f"{name}.up_proj", False)
-    silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])[0]])[0]
-    return linear(
-        g, g.op("Mul", [silu, up])[0], layer.ckpt, f"{name}.down_proj", False
-    )  # [1, T, H]
+    silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
+    return linear(g, g.op("Mul", [silu, up]), layer.ckpt, f"{name}.down_proj", False)  # [1, T, H]
 
 
 def decoder_layer(
@@ -225,34 +221,34 @@ def decoder_layer(
     """
     eps = layer.spec.rms_norm_eps
     h = rms_norm(g, x, layer.ckpt, f"{layer.prefix}.input_layernorm", eps)
-    kv_in = h if ctx is None else g.op("Concat", [ctx, h], axis=1)[0]  # [1, C + T, H]
+    kv_in = h if ctx is None else g.op("Concat", [ctx, h], axis=1)  # [1, C + T, H]
     attn, k_new, v_new = attention(g, h, kv_in, layer, rope, past, mask)
-    x = g.op("Add", [x, attn])[0]
+    x = g.op("Add", [x, attn])
     write_mlp = layer.write_mlp or mlp  # the family's (export/families), else dense
     h = rms_norm(g, x, layer.ckpt, f"{layer.prefix}.post_attention_layernorm", eps)
     m = write_mlp(g, h, layer)
-    return g.op("Add", [x, m])[0], k_new, v_new
+    return g.op("Add", [x, m]), k_new, v_new
 
 
 def split_past(g: GraphBuilder, past: str, num_layers: int) -> list[str]:
     """[S, L, Hkv, D] -> L tensors [1, Hkv, S, D] (one Transpose, one Split)."""
-    per_layer = g.op("Transpose", [past], perm=[1, 2, 0, 3])[0]  # [L, Hkv, S, D]
+    per_layer = g.op("Transpose", [past], perm=[1, 2, 0, 3])  # [L, Hkv, S, D]
     if num_layers == 1:
         return [per_layer]
-    return g.op("Split", [per_layer, g.const([1] * num_layers)], num_layers, axis=0)
+    return g.ops("Split", [per_layer, g.const([1] * num_layers)], num_layers, axis=0)
 
 
 def stack_new(g: GraphBuilder, new: list[str], out: str) -> str:
     """L tensors [1, Hkv, T, D] -> `out` [T, L, Hkv, D]."""
-    stacked = new[0] if len(new) == 1 else g.op("Concat", new, axis=0)[0]  # [L, Hkv, T, D]
-    return g.op("Transpose", [stacked], [out], perm=[2, 0, 1, 3])[0]
+    stacked = new[0] if len(new) == 1 else g.op("Concat", new, axis=0)  # [L, Hkv, T, D]
+    return g.op("Transpose", [stacked], out, perm=[2, 0, 1, 3])
 
 
 def rope_rows(g: GraphBuilder, table: tuple[str, str], positions: str) -> tuple[str, str]:
     """cos / sin rows [T, D] of the tables [P, D] at `positions` [T]."""
-    return g.op("Gather", [table[0], positions], axis=0)[0], g.op(
+    return g.op("Gather", [table[0], positions], axis=0), g.op(
         "Gather", [table[1], positions], axis=0
-    )[0]
+    )
 
 
 def rope_table(
@@ -281,8 +277,8 @@ def rope_table(
 
 def int_range(g: GraphBuilder, length: str) -> str:
     """0 .. length-1 (int64) for a 1-element length tensor [1]."""
-    n = g.op("Squeeze", [length, g.const([0])])[0]  # scalar
-    return g.op("Range", [g.const(0), n, g.const(1)])[0]
+    n = g.op("Squeeze", [length, g.const([0])])  # scalar
+    return g.op("Range", [g.const(0), n, g.const(1)])
 
 
 def float_min() -> float:

@@ -59,21 +59,21 @@ def lm_head(g: GraphBuilder, h: str, cfg, ckpt, embed: Table, out: str) -> str:
     """logits `out` [1, T, V]: the embedding table itself when tied (Gemm with transB, or
     MatMulNBits on its blocks: stored once), the shared lm_head weight when not."""
     if cfg.tie_word_embeddings:
-        flat = g.op("Reshape", [h, g.const([-1, cfg.hidden_size])])[0]  # [T, H]
+        flat = g.op("Reshape", [h, g.const([-1, cfg.hidden_size])])  # [T, H]
         logits = embed.head(flat)  # [T, V]
-        return g.op("Reshape", [logits, g.const([1, -1, cfg.vocab_size])], [out])[0]  # [1, T, V]
+        return g.op("Reshape", [logits, g.const([1, -1, cfg.vocab_size])], out)  # [1, T, V]
     return untied_head(g, h, ckpt, out)
 
 
 def causal_mask(g: GraphBuilder, num_new: str, num_past: str, offsets: str, rep: int) -> str:
     """Additive mask [rep*T, S + T]: new token t sees the past and new tokens 0..t (tiled over `rep`
     query heads)."""
-    total = g.op("Add", [num_past, num_new])[0]  # [1]
+    total = g.op("Add", [num_past, num_new])  # [1]
     keys = int_range(g, total)  # [S + T]
-    limit = g.op("Unsqueeze", [g.op("Add", [num_past, offsets])[0], g.const([1])])[0]  # [T, 1]
-    allowed = g.op("LessOrEqual", [keys, limit])[0]  # [T, S + T]
-    mask = g.op("Where", [allowed, g.scalar(0.0), g.scalar(float_min())])[0]
-    return mask if rep == 1 else g.op("Tile", [mask, g.const([rep, 1])])[0]  # [rep*T, S + T]
+    limit = g.op("Unsqueeze", [g.op("Add", [num_past, offsets]), g.const([1])])  # [T, 1]
+    allowed = g.op("LessOrEqual", [keys, limit])  # [T, S + T]
+    mask = g.op("Where", [allowed, g.scalar(0.0), g.scalar(float_min())])
+    return mask if rep == 1 else g.op("Tile", [mask, g.const([rep, 1])])  # [rep*T, S + T]
 
 
 def build_target(
@@ -91,10 +91,10 @@ def build_target(
     max_position_embeddings)."""
     spec = family_spec(cfg)
     g = GraphBuilder("target", store, fmt, log)
-    num_new = g.op("Shape", ["input_ids"], start=1, end=2)[0]  # [1] = T
-    num_past = g.op("Shape", ["past_key"], start=0, end=1)[0]  # [1] = S
+    num_new = g.op("Shape", ["input_ids"], start=1, end=2)  # [1] = T
+    num_past = g.op("Shape", ["past_key"], start=0, end=1)  # [1] = S
     offsets = int_range(g, num_new)  # [T]
-    positions = g.op("Add", ["start", offsets])[0]  # [T]
+    positions = g.op("Add", ["start", offsets])  # [T]
     mask = causal_mask(g, num_new, num_past, offsets, spec.num_heads // spec.num_kv_heads)
     cos, sin = rope_rows(g, rope_table(g, "rope", cfg, rows=reach), positions)  # [T, D] each
     rope = Rope(cos, sin, cos, sin)
@@ -110,10 +110,10 @@ def build_target(
         new_v.append(v)
         if i in capture:
             captured[i] = x
-    g.op("Concat", [captured[i] for i in capture], ["hidden"], axis=-1)  # [1, T, N]
+    g.op("Concat", [captured[i] for i in capture], "hidden", axis=-1)  # [1, T, N]
     h = rms_norm(g, x, ckpt, "model.norm", cfg.rms_norm_eps)
     lm_head(g, h, cfg, ckpt, embed, "logits")
-    g.op("ArgMax", ["logits"], ["next_ids"], axis=-1, keepdims=0)  # [1, T]
+    g.op("ArgMax", ["logits"], "next_ids", axis=-1, keepdims=0)  # [1, T]
     stack_new(g, new_k, "new_key")  # [T, L, Hkv, D]
     stack_new(g, new_v, "new_value")
     dims = {

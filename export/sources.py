@@ -186,9 +186,8 @@ def reference(src: Sources, block: int):
 
         target, drafter = _lazy_target(src), _lazy_drafter(src)
         vocab = None if src.vocab is None else torch.as_tensor(src.vocab)
-        drafter_graph = (
-            WindowedDrafterGraph if src.draft_cfg.window_layers else DrafterGraph
-        )  # its I/O
+        # its I/O
+        drafter_graph = WindowedDrafterGraph if src.draft_cfg.window_layers else DrafterGraph
         if hasattr(src.draft_cfg, "selector_top_k"):  # DFlash2: + the lattice outputs
             drafter_graph = WindowedDrafterGraph
         modules = {

@@ -28,12 +28,13 @@ from ..models.nbits import concat_rows, dequantize, dequantize_rows, row_form, r
 
 # onnxruntime's contrib-op domain (MatMulNBits, GroupQueryAttention, ...): graph_builder.MS
 MS = "com.microsoft"
+# fp16: float weights stored as float16 (graph_builder)
 BITS = {
     "fp32": 0,
     "fp16": 0,
     "int8": 8,
     "int4": 4,
-}  # fp16: float weights stored as float16 (graph_builder)
+}
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,8 @@ class FormatLog:
 
     sources: dict = field(default_factory=dict)
     requantised: dict = field(default_factory=dict)
-    stored: dict = field(
-        default_factory=dict
-    )  # (checkpoint root, weight) -> its operands' recipe, for parity
+    # (checkpoint root, weight) -> its operands' recipe, for parity
+    stored: dict = field(default_factory=dict)
 
     def count(self, graph: str, qtype: str) -> None:
         self.sources.setdefault(graph, Counter())[qtype] += 1
@@ -191,23 +191,22 @@ def nbits_node(g, x: str, key: str, lazy, out: str | None = None, shared: str | 
     attrs = {"K": lay.k, "N": lay.n, "bits": lay.bits, "block_size": lay.block_size}
     if g.fmt.accuracy_level:
         attrs["accuracy_level"] = g.fmt.accuracy_level
-    y = g.op("MatMulNBits", inputs, [out] if out and not lay.correction else 1, domain=MS, **attrs)[
-        0
-    ]
+    y = g.op("MatMulNBits", inputs, None if lay.correction else out, domain=MS, **attrs)
     return _corrected(g, x, key, lay, get, y, out, shared)
 
 
 def _corrected(g, x: str, key: str, lay, get, y: str, out: str | None, shared: str | None) -> str:
     """y + blocksum(x) @ correction for an affine weight; y itself otherwise."""
     if lay.correction:
+        # [.., N]
         corr = g.op(
             "MatMul",
             [
                 block_sums(g, x, lay.k, lay.block_size),
                 g.init(f"{key}_correction", get("correction"), _share(shared, "correction")),
             ],
-        )[0]  # [.., N]
-        y = g.op("Add", [y, corr], [out] if out else 1)[0]
+        )
+        y = g.op("Add", [y, corr], out)
     return y
 
 
@@ -221,11 +220,12 @@ def block_sums(g, x: str, k: int, bs: int) -> str:
     docs/BENCHMARKS.md)."""
     key = ("block_sums", x, bs)
     if key not in g.memo:
+        # [K, K/bs]
         ones = g.init(
             f"block_sum_{k}_{bs}",
             lambda: np.kron(np.eye(k // bs, dtype=np.float32), np.ones((bs, 1), np.float32)),
-        )  # [K, K/bs]
-        g.memo[key] = g.op("MatMul", [x, ones])[0]  # [.., K/bs]
+        )
+        g.memo[key] = g.op("MatMul", [x, ones])  # [.., K/bs]
     return g.memo[key]
 
 
@@ -244,26 +244,25 @@ def matmul(
     table's)."""
     bits = g.fmt.bits if bits is None else bits
     if bits == 0:
+        # [K, sum N]
         make = (
             (lambda: ckpt.array(names[0]).T)
             if len(names) == 1
             else (lambda: np.concatenate([ckpt.array(n) for n in names]).T)
-        )  # [K, sum N]
-        return g.op("MatMul", [x, g.init(f"{key}.T", make, shared)], [out] if out else 1)[0]
+        )
+        return g.op("MatMul", [x, g.init(f"{key}.T", make, shared)], out)
     lazies = {n: _lazy(g, n, lambda n=n: _operands(g, ckpt, n, bits)) for n in names}
     for layout, _ in lazies.values():
         g.log.count(g.graph, layout.qtype)
     if len(names) == 1:  # `key` is the weight's own name
         return nbits_node(g, x, key, lazies[names[0]], out, shared)
-    if (
-        len({layout.packs_with() for layout, _ in lazies.values()}) == 1
-    ):  # one MatMulNBits, rows stacked
-        packed = _lazy(
-            g, key, lambda: concat_rows([get(None)() for _, get in lazies.values()])
-        )  # read once
+    # one MatMulNBits, rows stacked
+    if len({layout.packs_with() for layout, _ in lazies.values()}) == 1:
+        # read once
+        packed = _lazy(g, key, lambda: concat_rows([get(None)() for _, get in lazies.values()]))
         return nbits_node(g, x, key, packed, out, shared)
     parts = [nbits_node(g, x, n, lazies[n]) for n in names]
-    return g.op("Concat", parts, [out] if out else 1, axis=-1)[0]
+    return g.op("Concat", parts, out, axis=-1)
 
 
 class Table:
@@ -278,9 +277,8 @@ class Table:
     def __init__(self, g, ckpt, name: str):
         self.g, self.ckpt, self.name = g, ckpt, name
         self.bits = g.fmt.table_bits
-        if (
-            ckpt.shape(name)[1] % g.fmt.block_size
-        ):  # rows not whole blocks: GatherBlockQuantized cannot take them
+        # rows not whole blocks: GatherBlockQuantized cannot take them
+        if ckpt.shape(name)[1] % g.fmt.block_size:
             self.bits = 0
         if self.bits == 0:
             self.fp32 = g.init(name, lambda: ckpt.array(name), shared="embed_tokens")
@@ -339,18 +337,20 @@ class Table:
         """Rows `ids` [*] -> [*, H]."""
         g = self.g
         if self.bits == 0:
-            return g.op("Gather", [self.fp32, ids], axis=0)[0]
+            return g.op("Gather", [self.fp32, ids], axis=0)
         bits, bs, k = self.layout.bits, self.layout.block_size, self.layout.k
+        # [V, H/bs, 1]
         scales3 = g.init(
             f"{self.key}_gather_scales",
             lambda: self.get("scales")()[:, :, None],
             "embed_tokens.gather_scales",
-        )  # [V, H/bs, 1]
+        )
         inputs = [self.B, ids, scales3]
         if self.gather_zero:  # [V, H/bs, 1] uint8, one per block (4-bit ones too)
             inputs.append(
                 g.init(f"{self.key}_gather_zero", self._row_part(0), "embed_tokens.gather_zero")
             )
+        # [*ids, H/bs, bs]
         blocks = g.op(
             "GatherBlockQuantized",
             inputs,
@@ -359,18 +359,18 @@ class Table:
             quantize_axis=2,
             block_size=bs,
             bits=bits,
-        )[0]  # [*ids, H/bs, bs]
+        )
         if self.gather_add:  # the rows' offsets, [*ids, H/bs, 1]
             add = g.init(f"{self.key}_gather_add", self._row_part(1), "embed_tokens.gather_add")
-            blocks = g.op("Add", [blocks, g.op("Gather", [add, ids], axis=0)[0]])[0]
-        shape = g.op("Concat", [g.op("Shape", [ids])[0], g.const([k])], axis=0)[0]
-        return g.op("Reshape", [blocks, shape])[0]  # [*ids, H]
+            blocks = g.op("Add", [blocks, g.op("Gather", [add, ids], axis=0)])
+        shape = g.op("Concat", [g.op("Shape", [ids]), g.const([k])], axis=0)
+        return g.op("Reshape", [blocks, shape])  # [*ids, H]
 
     def head(self, flat: str) -> str:
         """Logits [T, V] of rows `flat` [T, H] (the tied LM head)."""
         g = self.g
         if self.bits == 0:
-            return g.op("Gemm", [flat, self.fp32], transB=1)[0]
+            return g.op("Gemm", [flat, self.fp32], transB=1)
         return nbits_node(g, flat, self.key, (self.layout, self.get), shared="embed_tokens")
 
 
@@ -404,9 +404,8 @@ class StoredWeights:
             )
             rows_of = dequantize if recipe[0] == "exact" else dequantize_rows  # the lookup's form
             return rows_of(w).reshape(-1, *self.ckpt.shape(name)[1:])
-        n = self.ckpt.shape(name)[
-            0
-        ]  # re-quantised `chunk` rows at a time: never the blocks of all of W
+        # re-quantised `chunk` rows at a time: never the blocks of all of W
+        n = self.ckpt.shape(name)[0]
         start, stop, _ = (rows or slice(None)).indices(n)
         out = np.empty((max(stop - start, 0), *self.ckpt.shape(name)[1:]), np.float32)
         for at in range(start, stop, chunk):

@@ -33,6 +33,7 @@ DATA_FILES = {
     "drafter": "drafter.onnx.data",
     "target_hybrid": "target.onnx.data",
 }
+# TensorProto enums
 ONNX_DTYPES = {
     "int64": 7,
     "int32": 6,
@@ -42,7 +43,7 @@ ONNX_DTYPES = {
     "int8": 3,
     "uint4": 21,
     "int4": 22,
-}  # TensorProto enums
+}
 
 
 class Packed(NamedTuple):
@@ -60,17 +61,14 @@ class WeightStore:
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self.placed: dict[
-            tuple[str, str], tuple[int, int, str, tuple]
-        ] = {}  # (file, name) -> offset, length,
-        self.hashes: dict[
-            tuple[str, bytes], tuple[int, int]
-        ] = {}  # dtype, shape; (file, sha) -> offset, length
+        # (file, name) -> offset, length,
+        self.placed: dict[tuple[str, str], tuple[int, int, str, tuple]] = {}
+        # dtype, shape; (file, sha) -> offset, length
+        self.hashes: dict[tuple[str, bytes], tuple[int, int]] = {}
         self.shared: dict[str, dict] = {}  # key -> manifest entry
         self.stats: dict[str, dict[str, int]] = {}
-        self.layouts: dict[
-            str, tuple
-        ] = {}  # weight key -> its MatMulNBits layout (export/weight_format.py)
+        # weight key -> its MatMulNBits layout (export/weight_format.py)
+        self.layouts: dict[str, tuple] = {}
 
     def open_graph(self, graph: str) -> None:
         """Create `graph`'s data file (empty) so the manifest can name it even if every tensor is

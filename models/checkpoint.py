@@ -44,12 +44,13 @@ ITEM_BYTES = {
     "I64": 8,
     "F64": 8,
 }
+# read as; BF16 widened to float32
 _NUMPY = {
     "F32": "<f4",
     "F16": "<f2",
     "BF16": "<u2",
     "F64": "<f8",
-}  # read as; BF16 widened to float32
+}
 # config.json's torch_dtype (transformers >= 5: `dtype`) -> safetensors dtype
 CONFIG_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 

@@ -95,9 +95,8 @@ class TargetConfig:
         raw = dict(raw)
         _refuse_unsupported_moe(raw)
         _refuse_sliding_window(raw)
-        raw.setdefault(
-            "num_experts", raw.get("num_local_experts")
-        )  # transformers 5 writes num_local_experts
+        # transformers 5 writes num_local_experts
+        raw.setdefault("num_experts", raw.get("num_local_experts"))
         raw.setdefault("torch_dtype", raw.get("dtype"))  # transformers >= 5 writes `dtype`
         # transformers >= 5 folds rope_theta and rope_scaling into one `rope_parameters` dict.
         rope = raw.pop("rope_parameters", None)

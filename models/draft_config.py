@@ -74,9 +74,8 @@ class DraftConfig(TargetConfig):
     num_target_layers: int = 0
     mask_token_id: int = 0
     target_layer_ids: list[int] = field(default_factory=list)
-    layer_types: list[str] = field(
-        default_factory=list
-    )  # per draft layer: FULL or SLIDING ([] -> all FULL)
+    # per draft layer: FULL or SLIDING ([] -> all FULL)
+    layer_types: list[str] = field(default_factory=list)
     sliding_window: int | None = None  # W of the SLIDING layers (None when none slides)
     causal: bool | None = (
         None  # `is_causal` / `dflash_config.causal`; None: sliding layers causal, full not
@@ -170,14 +169,14 @@ class DraftConfig(TargetConfig):
         kinds = layer_types_of(merged, (FULL, SLIDING))
         causal = merged.get("is_causal", dflash.get("causal"))
         window = merged.get("sliding_window") if SLIDING in kinds else None
-        cfg = super().from_dict(
-            {k: v for k, v in merged.items() if k not in _WINDOW_KEYS}
-        )  # (the target's
+        # (the target's
+        cfg = super().from_dict({k: v for k, v in merged.items() if k not in _WINDOW_KEYS})
+        # refusal of windows)
         cfg.layer_types, cfg.sliding_window, cfg.causal = (
             kinds,
             window,
             causal,
-        )  # refusal of windows)
+        )
         cfg.check_windows()
         return cfg
 

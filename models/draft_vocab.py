@@ -52,9 +52,8 @@ def load_draft_vocab(drafter_dir: str | Path | None, size: int, vocab_size: int)
             f"without --draft-vocab"
         )
     ranked = [t for t in json.loads(path.read_text())["token_ids"] if 0 <= t < vocab_size][:size]
-    if (
-        len(ranked) < size
-    ):  # pad with the lowest ids (BPE merge order, roughly frequency) not yet taken
+    # pad with the lowest ids (BPE merge order, roughly frequency) not yet taken
+    if len(ranked) < size:
         taken = set(ranked)
         ranked += [t for t in range(vocab_size) if t not in taken][: size - len(ranked)]
     return torch.tensor(sorted(ranked), dtype=torch.long)

@@ -210,9 +210,8 @@ def nbits_operands(data, qtype, shape=None, name: str = "tensor") -> NBitsWeight
         raise UnsupportedQuantType(type_name, shape)
     raw = np.asarray(data).view(np.uint8)
     n, k = _shape(raw, spec, shape, name)
-    q, scale, offset = spec.decode(
-        raw.reshape(n, k // spec.gguf_block, spec.type_size)
-    )  # q [N, K/g, g]
+    # q [N, K/g, g]
+    q, scale, offset = spec.decode(raw.reshape(n, k // spec.gguf_block, spec.type_size))
     shift = (1 << (spec.bits - 1)) - spec.centre  # codes stored + shift: the op's default zp
     q = np.ascontiguousarray(q).reshape(n, k) + np.uint8(shift)  # [N, K]
     scales = np.ascontiguousarray(scale.reshape(n, -1), dtype=np.float32)  # [N, K/bs]

@@ -37,9 +37,8 @@ class RotaryTable(nn.Module):
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_pos: int):
         super().__init__()
-        self.inv_freq, self.scale = rope_inv_freq(
-            head_dim, theta, scaling, max_pos
-        )  # numpy, even on "meta"
+        # numpy, even on "meta"
+        self.inv_freq, self.scale = rope_inv_freq(head_dim, theta, scaling, max_pos)
         self.max_pos = max_pos
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,9 +48,10 @@ class RotaryTable(nn.Module):
                 f"positions {where.min()}..{where.max()} outside the model's {self.max_pos}"
             )
         cos, sin = rope_at(where, self.inv_freq, self.scale)
+        # [..., D]
         return torch.from_numpy(cos).to(positions.device), torch.from_numpy(sin).to(
             positions.device
-        )  # [..., D]
+        )
 
 
 def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -100,9 +100,8 @@ class Attention(nn.Module):
         scores = q @ k.transpose(-1, -2) / math.sqrt(s.head_dim)  # [b, Hkv, rep*T, S]
         if mask is not None:
             mask = mask[:, None, None] if mask.dim() == 3 else mask  # [b, 1, 1, T, S]
-            scores = (
-                scores.view(b, s.num_kv_heads, rep, -1, k.shape[2]) + mask
-            )  # [b, Hkv, rep, T, S]
+            # [b, Hkv, rep, T, S]
+            scores = scores.view(b, s.num_kv_heads, rep, -1, k.shape[2]) + mask
             scores = scores.reshape(b, s.num_kv_heads, -1, k.shape[2])
         out = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v  # [b, Hkv, rep*T, D]
         out = out.reshape(b, s.num_heads, -1, s.head_dim).transpose(1, 2)  # [b, T, Hq, D]

@@ -139,12 +139,13 @@ class GatedDeltaNet(nn.Module):
         kd = c.linear_num_key_heads * c.linear_key_head_dim
         q, k, v = mixed.split([kd, kd, c.value_dim], dim=-1)
         group = c.linear_num_value_heads // c.linear_num_key_heads  # value heads per key head
+        # [T, Hv, Dk]
         q, k = (
             _l2norm(t.reshape(num, -1, c.linear_key_head_dim).float()).repeat_interleave(
                 group, dim=1
             )
             for t in (q, k)
-        )  # [T, Hv, Dk]
+        )
         q = q / math.sqrt(c.linear_key_head_dim)
         v = v.reshape(num, -1, c.linear_value_head_dim).float()  # [T, Hv, Dv]
         beta = torch.sigmoid(self.in_proj_b(x).float())  # [T, Hv]
@@ -193,9 +194,8 @@ class GatedAttention(nn.Module):
         """x [T, H] at rows cos/sin [T, R] after past K/V [Hkv, S, D] -> (out [T, H], new K, new V
         [Hkv, T, D])."""
         c, num = self.cfg, x.shape[0]
-        qg = self.q_proj(x).reshape(
-            num, c.num_attention_heads, 2 * c.head_dim
-        )  # [T, Hq, 2D]: query | gate
+        # [T, Hq, 2D]: query | gate
+        qg = self.q_proj(x).reshape(num, c.num_attention_heads, 2 * c.head_dim)
         q, gate = qg.split(c.head_dim, dim=-1)
         q = _partial_rope(self.q_norm(q).transpose(0, 1), cos, sin)  # [Hq, T, D]
         k = _partial_rope(
@@ -204,15 +204,15 @@ class GatedAttention(nn.Module):
         v = self.v_proj(x).reshape(num, -1, c.head_dim).transpose(0, 1)  # [Hkv, T, D]
         keys, values = torch.cat([past_k, k], 1), torch.cat([past_v, v], 1)  # [Hkv, S+T, D]
         rep = c.num_attention_heads // c.num_key_value_heads
+        # [Hq, S+T, D]
         keys, values = (
             keys.repeat_interleave(rep, 0),
             values.repeat_interleave(rep, 0),
-        )  # [Hq, S+T, D]
+        )
         scores = q @ keys.transpose(1, 2) / math.sqrt(c.head_dim)  # [Hq, T, S+T]
         past = past_k.shape[1]
-        seen = (
-            torch.arange(past + num)[None, :] <= (past + torch.arange(num))[:, None]
-        )  # causal [T, S+T]
+        # causal [T, S+T]
+        seen = torch.arange(past + num)[None, :] <= (past + torch.arange(num))[:, None]
         scores = scores.masked_fill(~seen, -math.inf)
         out = torch.softmax(scores.float(), -1).to(values.dtype) @ values  # [Hq, T, D]
         out = out.transpose(0, 1).reshape(num, -1) * torch.sigmoid(gate.reshape(num, -1))

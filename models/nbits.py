@@ -105,13 +105,14 @@ def concat_rows(parts: list[NBitsWeight], qtype: str | None = None) -> NBitsWeig
     corr = None
     if any(p.correction is not None for p in parts):
         blocks = first.scales.shape[1]
+        # [K/bs, sum N]
         corr = np.concatenate(
             [
                 p.correction if p.correction is not None else np.zeros((blocks, p.n), np.float32)
                 for p in parts
             ],
             axis=1,
-        )  # [K/bs, sum N]
+        )
     return replace(
         first,
         n=sum(p.n for p in parts),
@@ -157,9 +158,8 @@ def rtn(
     scales = np.zeros((n, blocks), np.float32)
     zps = None if symmetric else np.zeros((n, -(-blocks // (8 // bits))), np.uint8)
     for start in range(0, n, rows):
-        chunk = np.ascontiguousarray(
-            read(slice(start, start + rows)).T, dtype=np.float32
-        )  # [K, rows]
+        # [K, rows]
+        chunk = np.ascontiguousarray(read(slice(start, start + rows)).T, dtype=np.float32)
         packed[start : start + rows], scales[start : start + rows], zp = pack_blocks(
             chunk, bits, block_size, symmetric
         )
@@ -226,9 +226,8 @@ def _dequantize_rows(w: NBitsWeight) -> np.ndarray:
     blocks = w.scales.shape[1]
     zero = unpacked_zero_points(w)
     zp = np.full((w.n, blocks), 1 << (w.bits - 1), np.uint8) if zero is None else zero
-    x = (_codes(w).astype(np.float32) - zp[..., None].astype(np.float32)) * w.scales[
-        ..., None
-    ]  # [N, K/bs, bs]
+    # [N, K/bs, bs]
+    x = (_codes(w).astype(np.float32) - zp[..., None].astype(np.float32)) * w.scales[..., None]
     if w.correction is not None:
         x = x + w.correction.T[..., None]
     return x.reshape(w.n, -1)[:, : w.k]

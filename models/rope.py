@@ -93,8 +93,7 @@ def rope_at(
 ) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [*positions.shape, D] of the given positions: exactly the rows `rope_tables`
     holds for them."""
-    freqs = np.multiply.outer(np.asarray(positions).astype(_F32), inv_freq).astype(
-        _F32
-    )  # [..., D/2]
+    # [..., D/2]
+    freqs = np.multiply.outer(np.asarray(positions).astype(_F32), inv_freq).astype(_F32)
     emb = np.concatenate([freqs, freqs], axis=-1)  # [..., D]
     return (np.cos(emb) * _F32(scale)).astype(_F32), (np.sin(emb) * _F32(scale)).astype(_F32)

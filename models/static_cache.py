@@ -26,9 +26,8 @@ class StaticKVCache:
         max_len: int,
         dtype: torch.dtype = torch.float32,
     ):
-        self.k = torch.zeros(
-            num_layers, 1, num_kv_heads, max_len, head_dim, dtype=dtype
-        )  # [L, 1, Hkv, S, D]
+        # [L, 1, Hkv, S, D]
+        self.k = torch.zeros(num_layers, 1, num_kv_heads, max_len, head_dim, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.max_len = max_len
         self.length = 0

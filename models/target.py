@@ -26,9 +26,8 @@ def lm_logits(lm_head: nn.Linear, h: torch.Tensor) -> torch.Tensor:
 @dataclass
 class TargetOutput:
     logits: torch.Tensor  # [1, T, V]
-    hidden: (
-        torch.Tensor | None
-    )  # [1, T, len(capture) * H]: outputs of the captured layers, concatenated
+    # [1, T, len(capture) * H]: outputs of the captured layers, concatenated
+    hidden: torch.Tensor | None
 
 
 class _Body(nn.Module):
@@ -99,9 +98,8 @@ class TargetModel(nn.Module):
         hidden = (
             torch.cat([captured[capture.index(i)] for i in capture], dim=-1) if capture else None
         )
-        logits = lm_logits(
-            self.lm_head, self.model.norm(x[:, -1:] if last_logits_only else x)
-        )  # [b, T or 1, V]
+        # [b, T or 1, V]
+        logits = lm_logits(self.lm_head, self.model.norm(x[:, -1:] if last_logits_only else x))
         return logits, hidden, new_k, new_v
 
     def forward(

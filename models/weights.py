@@ -46,9 +46,8 @@ def load_streamed(
     with torch.device("meta"):
         model = build()
     for name in check_names(model, ckpt, ignore):
-        _set(
-            model, name, ckpt.get(name).to(dtype)
-        )  # no copy when the checkpoint is already in `dtype`
+        # no copy when the checkpoint is already in `dtype`
+        _set(model, name, ckpt.get(name).to(dtype))
     ckpt.close()
     return model
 

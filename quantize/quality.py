@@ -52,10 +52,11 @@ def _text_metrics(ref, quant, texts: list[tuple[list[int], list[int]]]) -> dict:
     for prompt, reply in texts:
         ids, rows = prompt + reply, slice(len(prompt) - 1, len(prompt) + len(reply) - 1)
         tokens = np.asarray(reply)
+        # [len(reply), V]
         lr, lq = (
             teacher_forced_logits(ref, ids, rows),
             teacher_forced_logits(quant, ids, rows),
-        )  # [len(reply), V]
+        )
         agree += int((lr.argmax(-1) == lq.argmax(-1)).sum())
         total += len(reply)
         nll["reference"] -= float(_log_softmax_at(lr, tokens).sum())
@@ -145,10 +146,11 @@ def quality_report(
             "ratio": total["quantized"] / total["reference"],
         },
         "kv_cache": {
+            # what each target ran
             k: {
                 "graph": g.target.GRAPH,
                 "dtype": g.target.kv.key.dtype.name,
-            }  # what each target ran
+            }
             for k, g in (("reference", ref), ("quantized", quant))
         },
         "options": asdict(opts),

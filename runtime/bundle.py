@@ -29,6 +29,7 @@ MANIFEST = "manifest.json"
 
 # section -> allowed keys (None: free-form dict). Every key is required unless listed in OPTIONAL.
 SCHEMA: dict[str, tuple[str, ...] | None] = {
+    # quality: quantize's report file (path, bytes, sha256); flavours: bundles in sub-folders
     "": (
         "format",
         "manifest_version",
@@ -48,7 +49,8 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
         "checksum",
         "quality",
         "flavours",
-    ),  # quality: quantize's report file (path, bytes, sha256); flavours: bundles in sub-folders
+    ),
+    # a hybrid target (qwen3_5)
     "model": (
         "family",
         "vocab_size",
@@ -79,7 +81,7 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
         "linear_num_value_heads",
         "linear_key_head_dim",
         "linear_value_head_dim",
-    ),  # a hybrid target (qwen3_5)
+    ),
     "kv_cache": ("layout", "dtype", "slack"),
     "tokenizer": ("file", "config", "checksums"),
     "graph": (
@@ -100,6 +102,7 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
     "shared_weights": None,
     "engines": None,
 }
+# older bundles lack the manifest's and the tokenizer files' sha256
 OPTIONAL = {
     "engines",
     "flavours",
@@ -128,10 +131,9 @@ OPTIONAL = {
     "quantization",
     "checksum",
     "checksums",
-}  # older bundles lack the manifest's and the tokenizer files' sha256
-OPTIONAL_IN = {
-    "graph": {"kv_cache", "weight_bytes"}
-}  # optional in that section only (the top-level kv_cache is required)
+}
+# optional in that section only (the top-level kv_cache is required)
+OPTIONAL_IN = {"graph": {"kv_cache", "weight_bytes"}}
 KV_LAYOUT = "S,L,Hkv,D"
 # read by fixed name, not through the manifest (tuning.TUNED, tokenizer.py, TensorRT EP's cache)
 LOADER_FILES = (
@@ -411,10 +413,11 @@ def validate_manifest(manifest: dict, where: str = MANIFEST) -> None:
         raise BundleError(
             f"{where}: kv_cache.layout {manifest['kv_cache']['layout']!r} is not {KV_LAYOUT!r}"
         )
+    # a hybrid target's graph is target_hybrid
     for required in (
         ("target", "target_hybrid"),
         ("drafter",),
-    ):  # a hybrid target's graph is target_hybrid
+    ):
         if not set(required) & set(manifest["graphs"]):
             raise BundleError(f"{where}: graphs lacks {required[0]!r}; re-export the bundle")
     _check_windows(manifest, where)
@@ -531,9 +534,8 @@ def read_bundle(path: str | Path, verify: bool = True) -> Bundle:
     for name in LOADER_FILES:
         if os.path.lexists(root / name):
             inside(root, name, f"{name} (read by the runtime)")
-    for entry in {
-        e["path"]: e for e in _file_entries(manifest, str(mpath))
-    }.values():  # shared files once
+    # shared files once
+    for entry in {e["path"]: e for e in _file_entries(manifest, str(mpath))}.values():
         fpath = root / entry["path"]
         if not fpath.is_file():
             raise BundleError(

@@ -96,9 +96,8 @@ def step_times(
     tgt, drf, block = gen.target, gen.drafter, gen.block_size
     ctx = max(block + 1, min(context, gen.max_context - max(block, gen.prefill_chunk)))
     vocab = gen.bundle.model["vocab_size"]
-    ids = [
-        (7 * i + 3) % min(vocab, 1000) for i in range(ctx)
-    ]  # any in-vocabulary prefix: costs only
+    # any in-vocabulary prefix: costs only
+    ids = [(7 * i + 3) % min(vocab, 1000) for i in range(ctx)]
     gen._prefill(ids, SamplingParams())  # a real prefix in both caches
 
     walk = lattice_drafter(drf, SamplingParams())  # a DFlash2 drafter: + its host walk

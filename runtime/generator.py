@@ -201,12 +201,10 @@ class Generator:
         capacity = b.max_context + max(b.manifest["kv_cache"]["slack"], b.block_size, chunk)
         ranges = symbol_ranges(b.manifest)  # the shapes the graphs are built for
         profiles = trt_profiles(b) if provider == "tensorrt" else {}
-        kv_dtypes = {
-            g: b.graph_kv_dtype(g) for g in b.manifest["graphs"]
-        }  # an int8 fused target: its own
-        name = target_graph or pick_graph(
-            b.manifest["graphs"], "target", provider, kv_dtypes
-        )  # fused where it runs
+        # an int8 fused target: its own
+        kv_dtypes = {g: b.graph_kv_dtype(g) for g in b.manifest["graphs"]}
+        # fused where it runs
+        name = target_graph or pick_graph(b.manifest["graphs"], "target", provider, kv_dtypes)
         if name not in b.manifest["graphs"] or name not in TARGET_MODELS:
             raise BundleError(
                 f"target_graph={name!r}: {b.root} has no such target graph; it has "
@@ -215,9 +213,10 @@ class Generator:
         maps: list = []
         shared = shared_initializers(b.root, b.manifest, config, maps) if share_weights else {}
 
+        # fp16 graphs get TensorRT's fp16 kernels; shared weights are given, not loaded
         def session(
             graph: str,
-        ):  # fp16 graphs get TensorRT's fp16 kernels; shared weights are given, not loaded
+        ):
             entry = b.manifest["graphs"][graph]
             fp16, level = entry["precision"] == "fp16", low_bit_settings(entry)
             return open_graph(
@@ -231,6 +230,7 @@ class Generator:
         warn_not_row_exact(b.manifest["graphs"][name], provider)
         release_pages(maps)  # before the drafter's session is built beside it
         _check_cache_dtype(b, name, runner, kv_dtypes[name])
+        # T = k + 1, k = 0..B-1
         target = TARGET_MODELS[name](
             runner,
             dims,
@@ -238,7 +238,7 @@ class Generator:
             (*range(1, b.block_size + 1), chunk),
             kv_dtypes[name],
             pad_rows=b.graph_pad_rows(name),
-        )  # T = k + 1, k = 0..B-1
+        )
         draft_model = None
         if drafter:
             draft_model = DraftModel(
@@ -399,9 +399,8 @@ class Generator:
         for text from untrusted users. Checked first (`validate.check_prompt`): InvalidArgumentError
         names what is wrong."""
         prompt = check_prompt(prompt, chat=chat)
-        check_parse_special(
-            parse_special, chat or not isinstance(prompt, str)
-        )  # messages are always chat
+        # messages are always chat
+        check_parse_special(parse_special, chat or not isinstance(prompt, str))
         self._check_length(prompt)
         if isinstance(prompt, str):
             return (
@@ -607,9 +606,8 @@ def _shorthands(max_new_tokens: int | None, sampling: SamplingParams | None) -> 
 
 
 def _check_io_tables(b: Bundle) -> None:
-    dims = model_dims(
-        b.model, b.block_size
-    )  # a drafter's window I/O is there only when it has windows
+    # a drafter's window I/O is there only when it has windows
+    dims = model_dims(b.model, b.block_size)
     for name in b.manifest["graphs"]:  # graphs this version has no table for are not used
         if name in GRAPHS and b.manifest["graphs"][name]["io"] != io_manifest(
             name, b.graph_kv_dtype(name), dims

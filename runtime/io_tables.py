@@ -66,44 +66,37 @@ GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
             TensorSpec("input_ids", "int64", ("1", "T")),
             TensorSpec("seqlens_k", "int32", ("1",)),  # start + T - 1 (GQA: total length - 1)
             TensorSpec("total_sequence_length", "int32", ()),  # start + T
-            TensorSpec(
-                "past_key.{i}", KV, ("1", "Hkv", "Smax", "D"), per="L"
-            ),  # rows [0:start] are live
+            # rows [0:start] are live
+            TensorSpec("past_key.{i}", KV, ("1", "Hkv", "Smax", "D"), per="L"),
             TensorSpec("past_value.{i}", KV, ("1", "Hkv", "Smax", "D"), per="L"),
         ),
         "outputs": (
             TensorSpec("logits", "float32", ("1", "T", "V")),
             TensorSpec("next_ids", "int64", ("1", "T")),
             TensorSpec("hidden", "float32", ("1", "T", "N")),
-            TensorSpec(
-                "present_key.{i}", KV, ("1", "Hkv", "Smax", "D"), per="L"
-            ),  # the past buffer, rows
-            TensorSpec(
-                "present_value.{i}", KV, ("1", "Hkv", "Smax", "D"), per="L"
-            ),  # [start:start+T] written
+            # the past buffer, rows
+            TensorSpec("present_key.{i}", KV, ("1", "Hkv", "Smax", "D"), per="L"),
+            # [start:start+T] written
+            TensorSpec("present_value.{i}", KV, ("1", "Hkv", "Smax", "D"), per="L"),
         ),
     },
     "drafter": {
         "inputs": (
             TensorSpec("block_ids", "int64", ("1", "B")),  # [last token, MASK x (B-1)]
-            TensorSpec(
-                "ctx_hidden", "float32", ("1", "C", "N")
-            ),  # features of positions not yet cached
+            # features of positions not yet cached
+            TensorSpec("ctx_hidden", "float32", ("1", "C", "N")),
             TensorSpec("start", "int64", ("1",)),  # position of ctx_hidden[0]
             TensorSpec("past_key", KV, ("S", "Ld", "Hkv", "D"), when="Ld"),  # S == start
             TensorSpec("past_value", KV, ("S", "Ld", "Hkv", "D"), when="Ld"),
-            TensorSpec(
-                "window_key", KV, ("Wm1", "Lw", "Hkv", "D"), when="Lw"
-            ),  # positions start-W+1 .. start-1
+            # positions start-W+1 .. start-1
+            TensorSpec("window_key", KV, ("Wm1", "Lw", "Hkv", "D"), when="Lw"),
             TensorSpec("window_value", KV, ("Wm1", "Lw", "Hkv", "D"), when="Lw"),
         ),
         "outputs": (
-            TensorSpec(
-                "draft_ids", "int64", ("1", "Bm1")
-            ),  # greedy draft tokens for positions 1..B-1
-            TensorSpec(
-                "new_key", KV, ("C", "Ld", "Hkv", "D"), when="Ld"
-            ),  # context K/V only: block K/V
+            # greedy draft tokens for positions 1..B-1
+            TensorSpec("draft_ids", "int64", ("1", "Bm1")),
+            # context K/V only: block K/V
+            TensorSpec("new_key", KV, ("C", "Ld", "Hkv", "D"), when="Ld"),
             TensorSpec("new_value", KV, ("C", "Ld", "Hkv", "D"), when="Ld"),  # is dropped
             TensorSpec("new_window_key", KV, ("C", "Lw", "Hkv", "D"), when="Lw"),
             TensorSpec("new_window_value", KV, ("C", "Lw", "Hkv", "D"), when="Lw"),
@@ -224,9 +217,8 @@ def pick_graph(names, role: str, provider: str, kv_dtype) -> str:
         for n in names
         if n in FLAVOURS and FLAVOURS[n].role == role and FLAVOURS[n].kind == "portable"
     ]
-    return (
-        fused[0] if fused else role if role in names or not portable else portable[0]
-    )  # e.g. target_hybrid
+    # e.g. target_hybrid
+    return fused[0] if fused else role if role in names or not portable else portable[0]
 
 
 def expand_specs(specs, dims: dict[str, int]) -> list[TensorSpec]:

@@ -48,11 +48,12 @@ class DeviceBuffer:
         lead: tuple[int, ...] = (),
     ):
         self.rows, self.row_shape, self.dtype = rows, tuple(row_shape), np.dtype(dtype)
+        # lead: e.g. (1,) batch dim
         self.device, self.device_id, self.lead = (
             device,
             device_id,
             tuple(lead),
-        )  # lead: e.g. (1,) batch dim
+        )
         self.row_bytes = int(np.prod(row_shape, dtype=np.int64)) * self.dtype.itemsize
         if device == "cpu":
             self.array = np.zeros((rows, *row_shape), self.dtype)  # [rows, *row_shape]

@@ -78,9 +78,8 @@ class MemoryMeter:
 
     def __init__(self):
         self.peaks: dict[str, int] = {}
-        self.after: dict[
-            str, int
-        ] = {}  # RSS once the stage's garbage is freed (what the next stage starts from)
+        # RSS once the stage's garbage is freed (what the next stage starts from)
+        self.after: dict[str, int] = {}
 
     @contextmanager
     def stage(self, name: str):

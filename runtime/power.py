@@ -19,11 +19,12 @@ from ..devices import meters
 from ..devices.errors import MeterError
 from .validate import GenerationOptions
 
+# draft -> arm (bench: plain, default, always)
 ARM_NAMES = {
     "none": "plain",
     "auto": "speculative",
     "drafter": "always",
-}  # draft -> arm (bench: plain, default, always)
+}
 
 
 def open_power_meter(enabled: bool):
@@ -42,20 +43,20 @@ class MeteredGenerator:
     passes through."""
 
     def __init__(self, gen, meter, reason: str | None = None, clock=time.perf_counter):
+        # clock: seconds, monotonic
         self.gen, self.meter, self.reason, self.clock = (
             gen,
             meter,
             reason,
             clock,
-        )  # clock: seconds, monotonic
+        )
         self.arms: dict[str, dict] = {}
 
     def __getattr__(self, name):
         return getattr(self.gen, name)
 
-    def generate(
-        self, prompt, options: GenerationOptions | None = None, **fields
-    ):  # Generator.generate's own
+    # Generator.generate's own
+    def generate(self, prompt, options: GenerationOptions | None = None, **fields):
         draft = fields.get("draft", (options or GenerationOptions()).draft)
         if options is not None:
             fields["options"] = options

@@ -163,9 +163,8 @@ class OrtGraph:
         self.session = session
         self.device = device
         self.device_id = device_id
-        self.initializers = dict(
-            initializers or {}
-        )  # user-owned weights given to the session must outlive it
+        # user-owned weights given to the session must outlive it
+        self.initializers = dict(initializers or {})
         self.run_s = 0.0  # wall time spent inside run_with_iobinding (overhead accounting)
         self.calls = 0
 
@@ -242,9 +241,8 @@ def shared_initializers(
         array = np.frombuffer(
             files[entry["file"]], entry["dtype"], int(np.prod(shape)), entry["offset"]
         ).reshape(shape)
-        value = ort.OrtValue.ortvalue_from_numpy(
-            array, device, config.device_id
-        )  # cpu: wraps, keeps `array`
+        # cpu: wraps, keeps `array`
+        value = ort.OrtValue.ortvalue_from_numpy(array, device, config.device_id)
         for graph, name in entry["names"].items():
             out.setdefault(graph, {})[name] = value
     if maps is not None:

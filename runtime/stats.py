@@ -23,9 +23,8 @@ class GenerationStats:
     draft_calls: int = 0
     draft_run_s: float = 0.0  # drafter share of decode_run_s
     plain_steps: int = 0  # steps decoded without proposals
-    lookup_lengths: list[int] = field(
-        default_factory=list
-    )  # tokens committed per prompt-lookup step
+    # tokens committed per prompt-lookup step
+    lookup_lengths: list[int] = field(default_factory=list)
     verify_lens: list[int] = field(default_factory=list)  # proposals verified per verify step
     probe_steps: int = 0  # draft="auto": steps that also ran the drafter unverified
     plain_s: float = 0.0  # wall time of the plain steps without a probe (the baseline's cost)

@@ -68,9 +68,8 @@ class ChatTokenizer:
         if not isinstance(extra, dict):
             raise ModelFormatError(f"{cfg_file} is not a JSON object; copy or export it again")
         template, source = extra.get("chat_template"), cfg_file
-        if (
-            template is None and (path / CHAT_TEMPLATE_FILE).is_file()
-        ):  # where newer transformers saves it
+        # where newer transformers saves it
+        if template is None and (path / CHAT_TEMPLATE_FILE).is_file():
             template, source = (path / CHAT_TEMPLATE_FILE).read_text(), path / CHAT_TEMPLATE_FILE
         bos, eos = _token_text(extra.get("bos_token")), _token_text(extra.get("eos_token"))
         return cls(tokenizer, template, bos, eos, str(source))
@@ -146,9 +145,8 @@ class ChatTokenizer:
         text = self.render_chat(safe, add_generation_prompt, tools)
         if not swapped:
             return self.encode(text, parse_special=True)
-        pieces = re.split(
-            re.escape(marker) + r"(\d+)\ue001", text
-        )  # template text, index, template text, ...
+        # template text, index, template text, ...
+        pieces = re.split(re.escape(marker) + r"(\d+)\ue001", text)
         if any(marker in p for p in pieces[::2]) or not {int(i) for i in pieces[1::2]} <= set(
             range(len(swapped))
         ):

@@ -51,9 +51,8 @@ def choose_verify_len(
     for k, ms in sorted(verify_ms.items()):
         if k <= len(acceptance):
             rates[k] = 1e3 * expected_tokens(acceptance, k) / (draft_ms + ms)
-    best = max(
-        rates, key=lambda k: (rates[k], -k)
-    )  # ties: the shorter (cheaper, less memory-bound) k
+    # ties: the shorter (cheaper, less memory-bound) k
+    best = max(rates, key=lambda k: (rates[k], -k))
     return best, rates
 
 

@@ -367,9 +367,8 @@ class GenerationOptions:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     seed: int = 0
-    stop: (
-        tuple[str, ...] | str | None
-    ) = ()  # stop strings (text only): the output ends before the first
+    # stop strings (text only): the output ends before the first
+    stop: tuple[str, ...] | str | None = ()
     chat: bool = True  # a string prompt is wrapped in the chat template
     draft: str = "auto"  # DRAFT_MODES
     verify_len: int | None = None  # proposals verified per step (1..B-1); None: tuned / adaptive

@@ -108,9 +108,8 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
             ) from err
         events = aiter(ticket)
         try:
-            kind, value = await _next_event(
-                events, request
-            )  # waits its turn: started, or an input error
+            # waits its turn: started, or an input error
+            kind, value = await _next_event(events, request)
             if kind == "started" and job.stream:
                 return StreamingResponse(
                     _sse(make_reply(job, model), events, ticket),
@@ -262,9 +261,8 @@ def _event(body: dict) -> str:
 
 
 def _as_api_error(err) -> ApiError:
-    if isinstance(
-        err, DflashEdgeError
-    ):  # bad input the runtime found (e.g. a prompt longer than the context)
+    # bad input the runtime found (e.g. a prompt longer than the context)
+    if isinstance(err, DflashEdgeError):
         return ApiError(400, error_body(str(err), param=getattr(err, "argument", None)))
     return ApiError(
         500, error_body(f"generation failed: {type(err).__name__}: {err}", "server_error")

@@ -132,9 +132,8 @@ def parse_body(raw: bytes) -> dict:
     """The JSON object of a request body (400 naming the problem otherwise)."""
     try:
         body = json.loads(raw)
-    except (
-        ValueError
-    ) as err:  # JSONDecodeError, UnicodeDecodeError, an integer beyond Python's digit limit
+    # JSONDecodeError, UnicodeDecodeError, an integer beyond Python's digit limit
+    except ValueError as err:
         raise InvalidArgumentError(
             "body", f"the request body is not valid JSON ({_short(err, 200)}); send a JSON object"
         ) from err

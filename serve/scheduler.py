@@ -65,10 +65,11 @@ class Ticket:
 class Scheduler:
     def __init__(self, generator, max_queue: int):
         self.generator, self.max_queue = generator, max_queue
+        # jobs admitted and not finished; one of them running?
         self.admitted, self.running = (
             0,
             False,
-        )  # jobs admitted and not finished; one of them running?
+        )
         self.mean_s = 1.0  # running mean of a job's seconds (for Retry-After)
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dflash-generate")

@@ -226,8 +226,8 @@ def test_exported_table_lookup_is_gguf_bit_for_bit(name, standard, tmp_path):
     fmt = WeightFormat("int4", table_bits=4, standard=standard)
     g = GraphBuilder("target", WeightStore(tmp_path), fmt)
     table = embedding_table(g, _OneTensor(nbits_operands(raw, T[name])), "token_embd.weight")
-    g.op("Identity", [table.gather("ids")], ["Y"])
-    g.op("Identity", [table.head("X")], ["Z"])
+    g.op("Identity", [table.gather("ids")], "Y")
+    g.op("Identity", [table.head("X")], "Z")
     assert g.log.requantised == {} and table.layout.qtype == name
     graph = helper.make_graph(
         g.nodes,

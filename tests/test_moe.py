@@ -686,7 +686,7 @@ def test_fused_experts_give_a_token_the_same_row_in_any_call(tmp_path, precision
     sessions = {}
     for form, write in (("fused", moe_fused), ("gather", moe_gather)):
         g = GraphBuilder("target", store, WeightFormat(precision, block_size=16))
-        g.op("Identity", [write(g, "h", _RandomExperts(m), "model.layers.0", m)], ["y"])
+        g.op("Identity", [write(g, "h", _RandomExperts(m), "model.layers.0", m)], "y")
         io = [helper.make_tensor_value_info(n, 1, [1, "T", 64]) for n in ("h", "y")]
         model = helper.make_model(
             helper.make_graph(g.nodes, form, io[:1], io[1:], g.inits),

@@ -19,15 +19,13 @@ IGNORE = -100
 
 @dataclass
 class BlockBatch:
-    ctx_feats: (
-        torch.Tensor
-    )  # [b, C, n_ids*H] target features (zero-padded; the samples' dtype, fp16)
+    # [b, C, n_ids*H] target features (zero-padded; the samples' dtype, fp16)
+    ctx_feats: torch.Tensor
     ctx_pos: torch.Tensor  # [b, C]
     block_ids: torch.Tensor  # [b, K*B] anchor token then mask tokens, per block
     block_pos: torch.Tensor  # [b, K*B]
-    labels: (
-        torch.Tensor
-    )  # [b, K*B] token at anchor+k, IGNORE at k=0 / past the end / padding blocks
+    # [b, K*B] token at anchor+k, IGNORE at k=0 / past the end / padding blocks
+    labels: torch.Tensor
     keep: torch.Tensor  # [b, K*B, C + K*B] bool: which keys each block query sees
     block_size: int
     soft_ids: torch.Tensor | None = (

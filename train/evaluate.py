@@ -32,9 +32,8 @@ class EvalSpec:
 @dataclass
 class AcceptanceReport:
     block_size: int
-    steps: dict[str, list[int]] = field(
-        default_factory=lambda: defaultdict(list)
-    )  # category -> lengths
+    # category -> lengths
+    steps: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
 
     def add(self, category: str, lengths: list[int]) -> None:
         self.steps[category].extend(lengths)
@@ -108,9 +107,10 @@ class BlockAcceptance:
     @torch.no_grad()
     def __init__(self, drafter, embed, head_weight: torch.Tensor, sample, block: int):
         batch = all_anchor_batch(sample, block, drafter.config.mask_token_id).to(head_weight.device)
+        # [K, B, H]
         self.hidden = block_hidden(drafter, embed, batch)[0].view(
             -1, block, drafter.config.hidden_size
-        )  # [K, B, H]
+        )
         self.labels = batch.labels.view(-1, block)  # [K, B]
         self.head, self.start = head_weight, sample.prompt_len
 

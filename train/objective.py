@@ -111,9 +111,8 @@ def dflash_loss(
     labels = batch.labels.reshape(-1)  # [b*K*B]
     local = head.local_labels(labels.clamp(min=0))
     sel = keep_positions(labels, B, gamma, gen) & (local >= 0)  # kept, inside the head
-    logits = (
-        hidden.reshape(-1, hidden.shape[-1])[sel].to(head.weight.dtype) @ head.weight.T
-    )  # [n, V']
+    # [n, V']
+    logits = hidden.reshape(-1, hidden.shape[-1])[sel].to(head.weight.dtype) @ head.weight.T
     if batch.soft_ids is None:
         ce = F.cross_entropy(logits.float(), local[sel], reduction="none")  # [n]
     else:

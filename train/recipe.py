@@ -221,9 +221,8 @@ class BestKeeper:
     def __init__(self, cfg: RecipeConfig, target, heldout_samples, categories, log, wall: dict):
 
         self.cfg, self.target, self.log, self.wall = cfg, target, log, wall
-        self.extra_files: dict[
-            str, str
-        ] = {}  # more files saved with the drafter (draft_vocab.json)
+        # more files saved with the drafter (draft_vocab.json)
+        self.extra_files: dict[str, str] = {}
         self.t0 = time.monotonic()
         self.samples, self.categories = heldout_samples, categories
         self.spec = EvalSpec(block_size=cfg.block_size, max_new_tokens=cfg.gen.max_new_tokens)

@@ -196,9 +196,8 @@ def save_shard(samples: list[Sample], path: Path) -> None:
 
 
 def load_shard(path: Path) -> list[Sample]:
-    blob = torch.load(
-        path, mmap=True
-    )  # features stay on disk (page cache) until a batch touches them
+    # features stay on disk (page cache) until a batch touches them
+    blob = torch.load(path, mmap=True)
     out, t0, f0 = [], 0, 0
     for n, p, i in zip(
         blob["lengths"].tolist(), blob["prompt_lens"].tolist(), blob["index"].tolist()

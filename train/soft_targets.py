@@ -45,9 +45,8 @@ def next_token_logits(target, sample: Sample, capture: tuple[int, ...]) -> torch
     deepest = max(capture)
     H = cfg.hidden_size
     slot = list(capture).index(deepest)
-    x = sample.features[:, slot * H : (slot + 1) * H].to(dev, target.lm_head.weight.dtype)[
-        None
-    ]  # [1, T, H]
+    # [1, T, H]
+    x = sample.features[:, slot * H : (slot + 1) * H].to(dev, target.lm_head.weight.dtype)[None]
     T = x.shape[1]
     rope = target.rope(torch.arange(T, device=dev)[None])
     mask = causal_mask(T, 0, dtype=x.dtype).to(dev)

@@ -122,10 +122,11 @@ class HybridConfig(TargetConfig):
             )
         rope = dict(raw.get("rope_parameters") or {})
         partial = raw.get("partial_rotary_factor", rope.pop("partial_rotary_factor", 0.25))
+        # text positions are equal on all three axes
         for key in (
             "mrope_section",
             "mrope_interleaved",
-        ):  # text positions are equal on all three axes
+        ):
             rope.pop(key, None)
         kinds = layer_types_of(
             {**raw, "layer_types": raw.get("layer_types") or _interval_types(raw)}, (FULL, LINEAR)
