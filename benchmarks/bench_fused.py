@@ -33,10 +33,10 @@ def _filled(bundle: str, graph: str, threads: int, prefix: list[int]):
 
 def _unshared_step(gen):
     """A fused T=1 step whose present outputs go to a second buffer (the copying path)."""
-    from dflash_edge.runtime.kv import HostStep, LayerKV
+    from dflash_edge.runtime.kv import HostStep, KVShape, LayerKV
 
     tgt, d = gen.target, gen.target.dims
-    other = LayerKV(tgt.kv.capacity, d["L"], d["Hkv"], d["D"], tgt.kv.key.dtype)
+    other = LayerKV(tgt.kv.capacity, KVShape(d["L"], d["Hkv"], d["D"]), tgt.kv.key.dtype)
     step = HostStep(tgt.runner, "target_fused", {**d, "T": 1}, tgt.HOST)
     for i in range(d["L"]):
         for kind, past, present in (

@@ -193,7 +193,8 @@ class Bundle:
 
     def graph_pad_rows(self, name: str) -> int | None:
         """Zero rows graph `name` appends to attention's input when its manifest says (0 for an int8
-        fused target); None: the graph's own default (kv.py: 1 for the fp32-cache fused target)."""
+        fused target); None: the graph's own default (targets.py: 1 for the fp32-cache fused
+        target)."""
         return self.manifest["graphs"][name].get("kv_cache", {}).get("pad_rows")
 
     def graph_path(self, name: str) -> Path:

@@ -3,12 +3,12 @@
     prefill (chunks) -> [choose -> propose -> verify -> accept -> advance] -> ...
 
 Each step the proposer (proposals.py: the drafter and prompt lookup, and a policy.py policy choosing
-among them) names a source and how many of its tokens the target verifies; the target (kv.py)
-answers `run(ids)` and `commit(n)`, so the loop never touches a cache position. Every emitted token
-is the target's own choice at its position (`sampling.select_token`, keyed by absolute position,
-exactly as `models/reference_loop.py`), so the output is the same whatever was proposed, token for
-token, greedy or sampled. Buffers are preallocated at load (`kv.py`); text assembly is `text.py`;
-the options and their checks are `validate.GenerationOptions`.
+among them) names a source and how many of its tokens the target verifies; the target
+(targets.py) answers `run(ids)` and `commit(n)`, so the loop never touches a cache position. Every
+emitted token is the target's own choice at its position (`sampling.select_token`, keyed by
+absolute position, exactly as `models/reference_loop.py`), so the output is the same whatever was
+proposed, token for token, greedy or sampled. Buffers are preallocated at load (`loading.py`,
+`kv.py`); text assembly is `text.py`; the options and their checks are `validate.GenerationOptions`.
 
 >>> gen = Generator.load("bundle/")                                     # doctest: +SKIP
 >>> res = gen.generate("Why is the sky blue?", max_new_tokens=64)      # doctest: +SKIP
@@ -19,40 +19,31 @@ the options and their checks are `validate.GenerationOptions`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from .bundle import Bundle, BundleError, check_kv_fits, read_bundle
+from .bundle import Bundle
+from .draft_model import DraftModel
 from .emitter import Emitter
 from .errors import ContextOverflowError, DflashEdgeError
 from .fim import FimPrompt, find_template, require_template, text_cut
 from .guard import GenerationGuard
-from .io_tables import GRAPHS, io_manifest, model_dims, pick_graph
-from .kv import TARGET_MODELS, DraftModel, TargetModel
 from .lattice import lattice_drafter
+from .loading import GraphSessions, LoadOptions, checked_bundle, draft_model, target_model
 from .policy import make_policy
 from .proposals import Proposer, make_sources
 from .sampling import SamplingParams, select_token
-from .session import (
-    SessionConfig,
-    low_bit_settings,
-    open_graph,
-    release_pages,
-    shared_initializers,
-    warn_not_row_exact,
-)
 from .stats import GenerationStats
+from .targets import TargetModel
 from .text import TextAssembler, text_pieces
-from .trt_profiles import symbol_ranges, trt_profiles
 from .tuning import Tuned, read_tuned
 from .validate import (
     GenerationOptions,
     InvalidArgumentError,
     check,
-    check_flag,
     check_parse_special,
     check_prompt,
     check_provider,
@@ -168,100 +159,19 @@ class Generator:
         ClampedArgumentWarning. Every argument is checked first (InvalidArgumentError names it)."""
         from .tokenizer import ChatTokenizer
 
+        # checked here: a thread count lowered to the usable CPUs warns at the caller's line
         provider, threads = check_provider(provider), check("threads", threads)
-        spin, verify, use_tuned, share_weights, drafter = (
-            check_flag(n, v)
-            for n, v in (
-                ("spin", spin),
-                ("verify", verify),
-                ("use_tuned", use_tuned),
-                ("share_weights", share_weights),
-                ("drafter", drafter),
-            )
-        )
-        if target_graph is not None and not isinstance(target_graph, str):
-            raise InvalidArgumentError(
-                "target_graph",
-                f"target_graph={target_graph!r:.60}: expected a graph name "
-                f"('target', 'target_fused') or None",
-            )
-        if not isinstance(bundle, (str, Path, Bundle)):
-            raise InvalidArgumentError(
-                "bundle", f"bundle={bundle!r:.60}: expected a bundle directory (str or Path)"
-            )
-        b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle, verify=verify)
-        _check_io_tables(b)
-        check_kv_fits(b, provider)  # before any buffer is allocated
-        config = SessionConfig(
-            provider, threads, trt_cache_dir=str(b.root / ".trt-cache"), spin=spin
-        )
-        dims = model_dims(b.model, b.block_size)
-        chunk = b.manifest["prefill_chunk"]
-        # room for the live context plus one verify block (or one padded prefill chunk) beyond it
-        capacity = b.max_context + max(b.manifest["kv_cache"]["slack"], b.block_size, chunk)
-        ranges = symbol_ranges(b.manifest)  # the shapes the graphs are built for
-        profiles = trt_profiles(b) if provider == "tensorrt" else {}
-        # an int8 fused target: its own
-        kv_dtypes = {g: b.graph_kv_dtype(g) for g in b.manifest["graphs"]}
-        # fused where it runs
-        name = target_graph or pick_graph(b.manifest["graphs"], "target", provider, kv_dtypes)
-        if name not in b.manifest["graphs"] or name not in TARGET_MODELS:
-            raise BundleError(
-                f"target_graph={name!r}: {b.root} has no such target graph; it has "
-                f"{', '.join(n for n in b.manifest['graphs'] if n in TARGET_MODELS)}"
-            )
-        maps: list = []
-        shared = shared_initializers(b.root, b.manifest, config, maps) if share_weights else {}
-
-        # fp16 graphs get TensorRT's fp16 kernels; shared weights are given, not loaded
-        def session(
-            graph: str,
-        ):
-            entry = b.manifest["graphs"][graph]
-            fp16, level = entry["precision"] == "fp16", low_bit_settings(entry)
-            return open_graph(
-                b.graph_path(graph),
-                replace(config, fp16=fp16, accuracy_level=level),
-                profiles.get(graph),
-                shared.get(graph),
-            )
-
-        runner = session(name)
-        warn_not_row_exact(b.manifest["graphs"][name], provider)
-        release_pages(maps)  # before the drafter's session is built beside it
-        _check_cache_dtype(b, name, runner, kv_dtypes[name])
-        # T = k + 1, k = 0..B-1
-        target = TARGET_MODELS[name](
-            runner,
-            dims,
-            capacity,
-            (*range(1, b.block_size + 1), chunk),
-            kv_dtypes[name],
-            pad_rows=b.graph_pad_rows(name),
-        )
-        draft_model = None
-        if drafter:
-            draft_model = DraftModel(
-                session("drafter"),
-                dims,
-                capacity,
-                target.hidden,
-                b.model["mask_token_id"],
-                b.kv_dtype,
-                max_ctx_rows=ranges["C"][2],
-            )
-            release_pages(maps)
-        return cls(
-            b,
-            ChatTokenizer.from_dir(b.root),
-            target,
-            draft_model,
-            read_tuned(b) if use_tuned else None,
-            name,
-        )
+        opts = LoadOptions(
+            provider, threads, spin, verify, target_graph, use_tuned, share_weights, drafter
+        ).checked()
+        b, name = checked_bundle(bundle, opts)
+        sessions = GraphSessions(b, opts)
+        target = target_model(b, name, sessions)
+        draft = draft_model(b, target, sessions) if opts.drafter else None
+        tokenizer = ChatTokenizer.from_dir(b.root)
+        return cls(b, tokenizer, target, draft, read_tuned(b) if opts.use_tuned else None, name)
 
     # ---- public API
-    # -------------------------------------------------------------------------------
     def generate(
         self, prompt, options: GenerationOptions | None = None, **fields
     ) -> GenerationResult:
@@ -439,7 +349,6 @@ class Generator:
         return GenerationResult(text.text, tokens, stats)
 
     # ---- the loop
-    # ----------------------------------------------------------------------------------
     def _loop(
         self, req: Request, stats: GenerationStats, eos: frozenset[int]
     ) -> Iterator[list[int]]:
@@ -490,7 +399,6 @@ class Generator:
         return block[1 : 1 + accepted].tolist() + [bonus] if accepted else [bonus]
 
     # ---- helpers
-    # -----------------------------------------------------------------------------------
     def _check_length(self, prompt) -> None:
         """Refuse, before tokenising it, a text too long to fit whatever its tokens: no token covers
         more than `max_token_chars` characters, so a text of more than max_context x that many
@@ -603,28 +511,3 @@ def _shorthands(max_new_tokens: int | None, sampling: SamplingParams | None) -> 
         "top_p": sampling.top_p,
         "seed": sampling.seed,
     }
-
-
-def _check_io_tables(b: Bundle) -> None:
-    # a drafter's window I/O is there only when it has windows
-    dims = model_dims(b.model, b.block_size)
-    for name in b.manifest["graphs"]:  # graphs this version has no table for are not used
-        if name in GRAPHS and b.manifest["graphs"][name]["io"] != io_manifest(
-            name, b.graph_kv_dtype(name), dims
-        ):
-            raise BundleError(
-                f"{b.root}: graph {name!r} declares inputs/outputs that this runtime does not "
-                f"implement; re-export the bundle with this dflash-edge version"
-            )
-
-
-def _check_cache_dtype(b: Bundle, name: str, runner, dtype: str) -> None:
-    """The graph file's cache inputs must have the dtype its manifest entry promises (int8 vs fp32
-    cache)."""
-    have = {i.name: i.type for i in runner.session.get_inputs()}
-    cache = have.get("past_key.0", have.get("past_key"))
-    if cache is not None and cache != f"tensor({'float' if dtype == 'float32' else dtype})":
-        raise BundleError(
-            f"{b.root}: graph {name!r} has a {cache} KV cache but its manifest entry says {dtype}; "
-            f"the manifest does not match the graph: re-export or re-quantise the bundle"
-        )

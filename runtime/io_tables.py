@@ -106,16 +106,13 @@ GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
             TensorSpec("lattice_scores", "float32", ("1", "Bm1", "Kc", "Kc"), when="Kc"),
         ),
     },
-    # A hybrid (Qwen3.5) target, export/hybrid_target.py (runtime wrapper: kv.HybridTargetModel). Lf
-    # full-
-    # attention layers cache K/V as `target` does; the Ll Gated DeltaNet layers carry no per-token
-    # state: each call
-    # gets the states at the previous call's start (`*_base`), that call's per-token rows (Tp of
-    # them) and how many
-    # it `kept` (all after a prefill chunk, a + 1 after a verify accepting a drafts), rebuilds the
-    # states after
-    # those tokens (`conv_start`, `rec_start`: one rank-kept update), runs its own T tokens and
-    # returns their rows.
+    # A hybrid (Qwen3.5) target, export/hybrid_target.py (runtime wrapper:
+    # targets.HybridTargetModel). Lf full-attention layers cache K/V as `target` does; the Ll Gated
+    # DeltaNet layers carry no per-token state: each call gets the states at the previous call's
+    # start (`*_base`), that call's per-token rows (Tp of them) and how many it `kept` (all after a
+    # prefill chunk, a + 1 after a verify accepting a drafts), rebuilds the states after those
+    # tokens (`conv_start`, `rec_start`: one rank-kept update), runs its own T tokens and returns
+    # their rows.
     # Rollback is the `kept` count: no state is re-run or stored per token
     # (models/linear_attention.py).
     "target_hybrid": {

@@ -50,7 +50,8 @@ def sampled_walk(
 
 
 class LatticeDrafter:
-    """A DFlash2 `kv.DraftModel` whose drafts are walked here (greedy, or sampled with `params`)."""
+    """A DFlash2 `draft_model.DraftModel` whose drafts are walked here (greedy, or sampled with
+    `params`)."""
 
     def __init__(self, model, params: SamplingParams):
         self.model, self.params = model, params

@@ -123,7 +123,7 @@ class DrafterProposals:
     name, free = "drafter", False
 
     def __init__(self, drafter, limit: int, tuned=None, clock=time.perf_counter):
-        self.drafter = drafter  # kv.DraftModel (or a wrapper with its `draft`)
+        self.drafter = drafter  # draft_model.DraftModel (or a wrapper with its `draft`)
         self.clock = clock  # seconds (tests inject theirs)
         prior = _conditional(tuned.acceptance) if tuned else [0.3] * limit
         self.acceptance = Acceptance(prior, weight=8.0 if tuned else 2.0)

@@ -212,7 +212,8 @@ def test_prompt_lookup_sampling_distribution_matches_target(tiny_bundle, always_
 # ---- the adaptive policy
 # ----------------------------------------------------------------------------------
 class ScriptedDrafter:
-    """Stands in for kv.DraftModel: drafts what the test sets in `next`; a pass takes `seconds`."""
+    """Stands in for draft_model.DraftModel: drafts what the test sets in `next`; a pass takes
+    `seconds`."""
 
     def __init__(self, seconds: float):
         self.now, self.seconds, self.next = 0.0, seconds, []

@@ -15,7 +15,7 @@ import pytest
 
 from dflash_edge.runtime.errors import DflashEdgeError
 from dflash_edge.runtime.io_tables import pick_graph
-from dflash_edge.runtime.kv import FusedTargetModel, TargetModel
+from dflash_edge.runtime.targets import FusedTargetModel, TargetModel
 
 from fixtures_bundle import MAX_CONTEXT, build_tiny_bundle
 from tiny import hf_model, save_hf

@@ -71,7 +71,7 @@ def kv8(tiny_bundle, tmp_path_factory, prompts_file):
 @pytest.mark.parametrize("target", ["fp32", "int4"])
 def test_int8_cache_is_lossless_against_its_own_target(kv8, target):
     from dflash_edge.runtime import Generator
-    from dflash_edge.runtime.kv import FusedTargetModel
+    from dflash_edge.runtime.targets import FusedTargetModel
 
     gen = Generator.load(kv8(target), threads=1)
     assert type(gen.target) is FusedTargetModel and gen.target.pad_rows == 0

@@ -138,7 +138,7 @@ def test_published_layout_is_per_expert_and_loads_with_parity(moe):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_greedy_equals_transformers_generate_with_and_without_drafter(moe, variant):
     from dflash_edge.runtime import Generator
-    from dflash_edge.runtime.kv import FusedTargetModel, TargetModel
+    from dflash_edge.runtime.targets import FusedTargetModel, TargetModel
 
     model, _, out = moe(variant)
     fused, portable = Generator.load(out), Generator.load(out, target_graph="target")

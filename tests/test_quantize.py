@@ -116,7 +116,7 @@ def test_quantised_bundle_keeps_the_fused_flavour_on_the_portable_weights(
     CPU), its quantised tensors stored once (borrowed from target.onnx.data), and it is lossless."""
     from dflash_edge.runtime import Generator
     from dflash_edge.runtime.bundle import read_bundle
-    from dflash_edge.runtime.kv import FusedTargetModel
+    from dflash_edge.runtime.targets import FusedTargetModel
 
     path = quantized(target, target, variant="qwen3")
     graphs = read_bundle(path).manifest["graphs"]  # every file's sha256 checked

@@ -229,7 +229,7 @@ class _StandInRunner:
 def test_device_buffer_path_is_lossless_with_cpu_standing_in(published_bundle, monkeypatch):
     import onnxruntime as ort
 
-    from dflash_edge.runtime import generator as gen_mod
+    from dflash_edge.runtime import loading
 
     reference = Generator.load(published_bundle)
     make = ort.OrtValue.ortvalue_from_shape_and_type.__func__
@@ -240,8 +240,8 @@ def test_device_buffer_path_is_lossless_with_cpu_standing_in(published_bundle, m
             lambda cls, shape, dtype, device="cpu", device_id=0: make(cls, shape, dtype, "cpu", 0)
         ),
     )
-    real_open = gen_mod.open_graph
-    monkeypatch.setattr(gen_mod, "open_graph", lambda *a, **k: _StandInRunner(real_open(*a, **k)))
+    real_open = loading.open_graph
+    monkeypatch.setattr(loading, "open_graph", lambda *a, **k: _StandInRunner(real_open(*a, **k)))
     device = Generator.load(published_bundle)
     for buf in (device.target.kv.key, device.target.hidden, device.drafter.kv.value):
         assert buf.array is None and buf.device == "cuda"  # onnxruntime-owned, bound by pointer

@@ -1,0 +1,224 @@
+"""The target graph's runtime wrappers: its caches (kv.py), its bound steps, the target protocol.
+
+The loop (generator.py) calls a target through five names only: `reset`, `prefill(ids, chunk)`,
+`run(ids)`, `commit(n)` and `pos`; rollback of rejected drafts is the wrapper's business. One class
+per target graph flavour (io_tables.GRAPHS), found by graph name in `TARGET_MODELS`:
+
+- `TargetModel` (`target`): a sequence-major KVCache bound as `past_key` / `new_key`;
+- `FusedTargetModel` (`target_fused`): GroupQueryAttention over a head-major LayerKV, bound once
+  per step shape, fp32 or int8;
+- `HybridTargetModel` (`target_hybrid`): the full-attention layers' KVCache plus the linear
+  layers' LinearState, rolled back by `keep(n)`.
+
+Each also fills the `[capacity, N]` feature buffer `hidden` the drafter reads (draft_model.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .kv import Device, DeviceBuffer, HostStep, KVCache, KVShape, LayerKV, LinearState
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What a target's buffers are sized for: `capacity` positions, the step sizes bound up front
+    (more are bound on first use), the cache dtype, and the zero rows the graph appends to
+    attention's input (None: the flavour's own `PAD_ROWS`; a bundle says 0 for an int8 fused
+    target)."""
+
+    capacity: int
+    step_sizes: tuple[int, ...]
+    kv_dtype: str
+    pad_rows: int | None = None
+
+
+class TargetModel:
+    """The target graph with its KV cache, feature buffer and one bound step per T (made on first
+    use)."""
+
+    GRAPH = "target"
+    HOST = ("input_ids", "start", "logits", "next_ids")
+    PAD_ROWS = 0
+    # the cache class and the dims key of the layers it holds
+    CACHE, CACHE_LAYERS = KVCache, "L"
+
+    def __init__(self, runner, dims: dict[str, int], spec: TargetSpec):
+        self.runner, self.dims, self.spec = runner, dims, spec
+        self.device = Device.of(runner)
+        self.pad_rows = self.PAD_ROWS if spec.pad_rows is None else spec.pad_rows
+        self.kv = self._new_cache(spec.capacity, spec.kv_dtype)
+        self.ran = 0  # tokens of the last `run`, not yet committed
+        self.hidden = DeviceBuffer(spec.capacity, (dims["N"],), np.float32, self.device, lead=(1,))
+        self.steps: dict[int, HostStep] = {}
+        for size in sorted(set(spec.step_sizes)):
+            self.add_step(size)
+
+    def _new_cache(self, capacity: int, kv_dtype: str):
+        shape = KVShape(self.dims[self.CACHE_LAYERS], self.dims["Hkv"], self.dims["D"])
+        return self.CACHE(capacity, shape, kv_dtype, self.device)
+
+    def add_step(self, size: int) -> HostStep:
+        """Bind a step of `size` new tokens (the graph is dynamic in T: any size works)."""
+        self.steps[size] = HostStep(self.runner, self.GRAPH, {**self.dims, "T": size}, self.HOST)
+        return self.steps[size]
+
+    def step(self, size: int) -> HostStep:
+        return self.steps.get(size) or self.add_step(size)
+
+    # Whether a prefill chunk may re-run positions already cached (the last chunk overlapping the
+    # previous one instead of padding): harmless for a KV cache (identical rows), not for a
+    # recurrent state.
+    RERUN_OK = True
+
+    # ---- the target protocol (what the loop calls): reset, prefill, run, commit, pos
+    @property
+    def pos(self) -> int:
+        """Positions cached and kept: the next `run` places its first token here."""
+        return self.kv.pos
+
+    def reset(self) -> None:
+        """An empty sequence (the next call starts at position 0)."""
+        self.kv.pos, self.ran = 0, 0
+
+    def prefill(self, ids: list[int], chunk: int) -> tuple[HostStep, int]:
+        """From an empty cache, run `ids` in static chunks of `chunk` and keep them all; (the last
+        chunk's step, its row for the last token)."""
+        self.reset()
+        n = len(ids)
+        for start in chunk_starts(n, chunk, self.RERUN_OK):
+            part = ids[start : start + chunk]
+            step = self.step(chunk if self.RERUN_OK else len(part))  # else: a shorter last chunk
+            step["input_ids"][0, : len(part)] = part
+            step["input_ids"][0, len(part) :] = part[-1]  # padding (only when n < P): causal
+            self.forward(step["input_ids"].shape[1], start)
+        self.kv.pos, self.ran = n, 0
+        return step, n - 1 - start
+
+    def run(self, ids) -> HostStep:
+        """Run `ids` (T tokens) at positions pos.. : the step's `logits` [1, T, V], `next_ids`
+        [1, T] and hidden rows; none of the tokens is kept until `commit`."""
+        step = self.step(len(ids))
+        step["input_ids"][0] = ids  # [T]
+        self.ran = len(ids)
+        return self.forward(len(ids), self.kv.pos)
+
+    def commit(self, count: int) -> None:
+        """Keep the last `run`'s first `count` tokens (1..T); the rest roll back (a KV cache: by
+        moving `pos`, a recurrent state: rebuilt after them by the next call)."""
+        if not 1 <= count <= self.ran:
+            raise ValueError(
+                f"commit({count}): the last run had {self.ran} tokens; commit 1..{self.ran}"
+            )
+        self.keep(count)
+        self.kv.pos, self.ran = self.kv.pos + count, 0
+
+    def keep(self, count: int) -> None:
+        """The last call's first `count` tokens are accepted: a KV cache rolls back by `pos`
+        alone."""
+
+    def _place(self, step: HostStep, size: int, start: int) -> None:
+        step["start"][0] = start
+        self.kv.bind(step.binding, start, size)
+
+    def forward(self, size: int, start: int) -> HostStep:
+        """Run the step of `size` tokens (its `input_ids` already filled) placed at positions
+        start.. ."""
+        step = self.step(size)
+        self._place(step, size, start)
+        self.hidden.bind_output(step.binding, "hidden", start, start + size)
+        self.runner.run(step.binding)
+        return step
+
+
+class FusedTargetModel(TargetModel):
+    """`target_fused`: GroupQueryAttention over `LayerKV` (bound once per step; only lengths
+    change).
+
+    The cache is fp32 (or the bundle's dtype), or int8 with per-channel scales inside the graph
+    (`quantize --kv-cache int8`): the buffers are then int8 and the runtime never reads them.
+    """
+
+    GRAPH = "target_fused"
+    HOST = ("input_ids", "seqlens_k", "total_sequence_length", "logits", "next_ids")
+    CACHE = LayerKV
+
+    def add_step(self, size: int) -> HostStep:
+        step = super().add_step(size)
+        self.kv.bind(step.binding)
+        return step
+
+    # pad_rows: zero rows the graph appends to attention's input, whose K/V take the slots after the
+    # live ones (1 with an fp32 cache, export/fused_target.py; 0 with an int8 cache,
+    # export/kv_cache.py)
+    PAD_ROWS = 1
+
+    def _place(self, step: HostStep, size: int, start: int) -> None:
+        end = start + size + self.pad_rows
+        if not (0 <= start and end <= self.kv.capacity):
+            raise IndexError(
+                f"positions [{start}:{end}] outside the preallocated cache of {self.kv.capacity}"
+            )
+        step["seqlens_k"][0] = start + size - 1  # GQA: total length - 1
+        step["total_sequence_length"][...] = start + size
+
+
+class HybridTargetModel(TargetModel):
+    """`target_hybrid` (export/hybrid_target.py): the full-attention layers' KV cache (Lf layers) as
+    `target`'s, plus the linear layers' `LinearState`. Rollback after a verify is `keep(accepted +
+    1)`: the next call rebuilds the recurrent state after exactly those tokens, so prefill chunks
+    must never re-run a position (RERUN_OK)."""
+
+    GRAPH = "target_hybrid"
+    HOST = ("input_ids", "start", "kept", "logits", "next_ids")
+    RERUN_OK = False
+
+    CACHE_LAYERS = "Lf"
+
+    def __init__(self, runner, dims: dict[str, int], spec: TargetSpec):
+        self.state = LinearState(dims, max(spec.step_sizes), Device.of(runner))
+        super().__init__(runner, dims, spec)
+
+    def reset(self) -> None:
+        super().reset()
+        self.state.reset()
+
+    def keep(self, count: int) -> None:
+        if not 1 <= count <= self.state.last:
+            raise ValueError(
+                f"keep({count}): the last call ran {self.state.last} tokens; keep "
+                f"1..{self.state.last}"
+            )
+        self.state.kept = count
+
+    def _place(self, step: HostStep, size: int, start: int) -> None:
+        super()._place(step, size, start)
+        step["kept"][0] = self.state.kept
+        self.state.bind(step.binding, size)
+
+    def forward(self, size: int, start: int) -> HostStep:
+        step = super().forward(size, start)
+        self.state.advance(size)
+        return step
+
+
+# graph name -> its runtime wrapper
+TARGET_MODELS = {
+    "target": TargetModel,
+    "target_fused": FusedTargetModel,
+    "target_hybrid": HybridTargetModel,
+}
+
+
+def chunk_starts(n: int, size: int, rerun_ok: bool = True) -> list[int]:
+    """Chunk starts covering [0, n): the last chunk overlaps the previous one instead of running
+    past n (unless re-running a position is not allowed: then it is shorter).
+
+    >>> chunk_starts(10, 4), chunk_starts(10, 4, rerun_ok=False)
+    ([0, 4, 6], [0, 4, 8])
+    """
+    starts = list(range(0, n, size))
+    if rerun_ok and n >= size and starts[-1] + size > n:
+        starts[-1] = n - size  # recomputes a few cached rows (identical K/V), never pads
+    return starts
