@@ -27,6 +27,39 @@ FORMAT = "dflash-edge-bundle"
 MANIFEST_VERSION = 1
 MANIFEST = "manifest.json"
 
+# the model section's sizes (bounded by check_sizes, with max_position_embeddings)
+MODEL_DIMS = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "draft_num_layers",
+)
+# the model section's optional keys (older bundles, or other kinds of model, lack them)
+MODEL_OPTIONAL = (
+    # MLP widths for devices plan
+    "draft_intermediate_size",
+    "draft_layer_types",
+    # a drafter with sliding-window layers (io_tables)
+    "draft_sliding_window",
+    # a DFlash2 drafter: candidates per position (its lattice)
+    "draft_selector_top_k",
+    # an MoE target (qwen3_moe)
+    "num_experts",
+    "experts_per_token",
+    "moe_intermediate_size",
+    "intermediate_size",
+    "sparse_layers",
+    # a hybrid target (qwen3_5)
+    "layer_types",
+    "linear_conv_kernel_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+)
 # section -> allowed keys (None: free-form dict). Every key is required unless listed in OPTIONAL.
 SCHEMA: dict[str, tuple[str, ...] | None] = {
     # quality: quantize's report file (path, bytes, sha256); flavours: bundles in sub-folders
@@ -50,37 +83,16 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
         "quality",
         "flavours",
     ),
-    # a hybrid target (qwen3_5)
     "model": (
         "family",
-        "vocab_size",
-        "hidden_size",
-        "num_layers",
-        "num_heads",
-        "num_kv_heads",
-        "head_dim",
-        "draft_num_layers",
+        *MODEL_DIMS,
         "target_layer_ids",
         "mask_token_id",
         "eos_token_ids",
         "bos_token_id",
         "max_position_embeddings",
         "draft_vocab_size",
-        "draft_intermediate_size",  # MLP widths for devices plan (older bundles lack them)
-        "draft_layer_types",
-        "draft_sliding_window",  # a drafter with sliding-window layers (io_tables)
-        "draft_selector_top_k",  # a DFlash2 drafter: candidates per position (its lattice)
-        "num_experts",
-        "experts_per_token",
-        "moe_intermediate_size",
-        "intermediate_size",
-        "sparse_layers",  # an MoE target (qwen3_moe)
-        "layer_types",
-        "linear_conv_kernel_dim",
-        "linear_num_key_heads",
-        "linear_num_value_heads",
-        "linear_key_head_dim",
-        "linear_value_head_dim",
+        *MODEL_OPTIONAL,
     ),
     "kv_cache": ("layout", "dtype", "slack"),
     "tokenizer": ("file", "config", "checksums"),
@@ -90,14 +102,15 @@ SCHEMA: dict[str, tuple[str, ...] | None] = {
         "io",
         "static_shapes",
         "opset",
-        "flavour",  # flavour: io_tables.FLAVOURS
+        # io_tables.FLAVOURS
+        "flavour",
+        # tool, settings, what was lowered
         "quantization",
+        # the graph's own cache (export/kv_cache.py)
         "kv_cache",
+        # its initializers' (devices plan)
         "weight_bytes",
-        # quantization: tool, settings, what was lowered; weight_bytes: its initializers' (devices
-        # plan)
     ),
-    # kv_cache: the graph's own cache (export/kv_cache.py)
     "source": None,
     "shared_weights": None,
     "engines": None,
@@ -112,21 +125,7 @@ OPTIONAL = {
     "opset",
     "draft_vocab_size",
     "flavour",
-    "draft_intermediate_size",
-    "draft_layer_types",
-    "draft_sliding_window",
-    "draft_selector_top_k",
-    "num_experts",
-    "experts_per_token",
-    "moe_intermediate_size",
-    "intermediate_size",
-    "sparse_layers",
-    "layer_types",
-    "linear_conv_kernel_dim",
-    "linear_num_key_heads",
-    "linear_num_value_heads",
-    "linear_key_head_dim",
-    "linear_value_head_dim",
+    *MODEL_OPTIONAL,
     "quality",
     "quantization",
     "checksum",
@@ -148,16 +147,7 @@ MAX_KV_BYTES = 2**40  # 1 TiB of KV cache: no device has it; a larger figure is 
 KV_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 SIZES = {
     "": ("block_size", "trained_block_size", "max_context", "prefill_chunk"),
-    "model": (
-        "vocab_size",
-        "hidden_size",
-        "num_layers",
-        "num_heads",
-        "num_kv_heads",
-        "head_dim",
-        "draft_num_layers",
-        "max_position_embeddings",
-    ),
+    "model": (*MODEL_DIMS, "max_position_embeddings"),
 }
 
 
