@@ -16,8 +16,19 @@ import sys
 import warnings
 
 from ..devices.errors import DeviceError, MeterError
+from ..export.rules import RULES as EXPORT_RULES
 from ..runtime.errors import DflashEdgeError
-from ..runtime.validate import CLI_LABELS, RULES, check
+from ..runtime.validate import RULES, Number, check, cli_label
+from ..serve.rules import RULES as SERVER_RULES
+
+# every verb's numeric options by canonical name: each room's table (runtime, export, serve) and
+# the command lines' own (bench and eval-drafter's --limit), checked in this order
+NUMBERS: dict[str, Number] = {
+    **RULES,
+    **EXPORT_RULES,
+    "limit": Number(int, 0, None, note="0 = all"),
+    **SERVER_RULES,
+}
 
 # errors printed as one line (exit 2) instead of a traceback
 USER_ERRORS = (DflashEdgeError, DeviceError, MeterError)
@@ -104,12 +115,12 @@ def _one_line_warnings(command: str | None, show, category):
 
 
 def _check_numbers(args) -> None:
-    """Every subcommand's numeric options with a rule in runtime/validate.py, checked (and
-    normalised: a thread count above the usable CPUs is lowered to them) before anything loads."""
+    """Every subcommand's numeric options with a rule in NUMBERS, checked (and normalised: a thread
+    count above the usable CPUs is lowered to them) before anything loads."""
 
-    for name in RULES:
+    for name in NUMBERS:
         if getattr(args, name, None) is not None:
-            setattr(args, name, check(name, getattr(args, name), CLI_LABELS[name]))
+            setattr(args, name, check(name, getattr(args, name), cli_label(name), NUMBERS))
 
 
 def _extra_providing(module: str, prefer: str = "") -> str | None:

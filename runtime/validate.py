@@ -1,7 +1,9 @@
 """One rule for input: every public entry point (Python API, CLIs, HTTP server) checks its arguments
-here.
+with the checkers here.
 
-Types and ranges are checked up front (NaN and infinities included), before any bundle is loaded or
+Each room owns the ranges of its own numeric arguments (`RULES` tables of `Number`): generation and
+loading here, the server's in serve/rules.py, the exporter's in export/rules.py; `check` checks a
+value against any of them. Types and ranges are checked up front (NaN and infinities included), before any bundle is loaded or
 any token is computed. Errors name the argument as the caller knows it (`temperature`,
 `--temperature`, the JSON field `max_tokens`), the value and the accepted range.
 
@@ -93,7 +95,7 @@ class Number:
         return low and (self.hi is None or v <= self.hi)
 
 
-# every numeric argument of every entry point, by its canonical (Python API) name
+# the numeric arguments of generation and loading, by their canonical (Python API) name
 RULES: dict[str, Number] = {
     "max_new_tokens": Number(int, 1, None),
     "temperature": Number(float, 0, None, note="0 = greedy"),
@@ -110,44 +112,36 @@ RULES: dict[str, Number] = {
         clamp_to=default_threads,
         clamp_what="CPUs this process may use",
     ),
-    "block_size": Number(int, 2, 256, note="the last token plus at least one mask"),
-    "max_context": Number(int, 1, 1 << 24),
-    "prefill_chunk": Number(int, 1, 1 << 16),
-    "draft_vocab": Number(int, 0, None, note="0 = the whole vocabulary"),
-    "limit": Number(int, 0, None, note="0 = all"),
-    "max_queue": Number(int, 0, 100_000),
-    "port": Number(int, 0, 65535, note="0 = any free port"),
-    "max_body_bytes": Number(
-        int, 1024, 1 << 30, note="the largest request body the server reads, in bytes"
-    ),
-    "request_timeout_s": Number(
-        float,
-        0,
-        3600,
-        lo_open=True,
-        note="seconds a client has for a request's head, then its body",
-    ),
-    "max_connections": Number(int, 2, 100_000, note="open connections the server holds"),
 }
 
 
-# the command lines' spelling of each argument: max_new_tokens -> --max-new-tokens
+def cli_label(name: str) -> str:
+    """The command lines' spelling of argument `name`.
+
+    >>> cli_label("max_new_tokens")
+    '--max-new-tokens'
+    """
+    return "--" + name.replace("_", "-")
+
+
+# the command lines' spelling of each generation argument: max_new_tokens -> --max-new-tokens
 CLI_LABELS = {
-    name: "--" + name.replace("_", "-")
+    name: cli_label(name)
     for name in (*RULES, "prompt", "stop", "draft", "verify_len", "provider", "parse_special")
 }
 
 
-def check(name: str, value, label: str | None = None):
-    """`value` if it is a number of RULES[name]'s kind within its range (floats come back as float);
-    above a rule's `clamp_to` limit: that limit, with a ClampedArgumentWarning.
+def check(name: str, value, label: str | None = None, rules: dict[str, Number] | None = None):
+    """`value` if it is a number of `rules[name]`'s kind within its range (floats come back as
+    float); above a rule's `clamp_to` limit: that limit, with a ClampedArgumentWarning. `rules`:
+    a room's table (serve/rules.py, export/rules.py), default this module's RULES.
 
     >>> check("max_new_tokens", "2")
     Traceback (most recent call last):
     ...
     dflash_edge.runtime.validate.InvalidArgumentError: max_new_tokens='2': expected an integer >= 1, got str
     """  # noqa: E501
-    rule, label = RULES[name], label or name
+    rule, label = (RULES if rules is None else rules)[name], label or name
     ok_type = isinstance(
         value, numbers.Integral if rule.kind is int else numbers.Real
     ) and not isinstance(value, bool)

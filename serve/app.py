@@ -49,6 +49,7 @@ from .protocol import (
     error_body,
     parse,
 )
+from .rules import RULES
 from .scheduler import Scheduler, ServerBusy
 
 
@@ -64,10 +65,10 @@ class ServerOptions:
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # open; one more: the longest idle one is closed
 
     def __post_init__(self):  # the CLI checked these already, with its own labels
-        check("max_queue", self.max_queue)
-        check("max_body_bytes", self.max_body_bytes)
-        check("request_timeout_s", self.request_timeout_s)
-        check("max_connections", self.max_connections)
+        check("max_queue", self.max_queue, rules=RULES)
+        check("max_body_bytes", self.max_body_bytes, rules=RULES)
+        check("request_timeout_s", self.request_timeout_s, rules=RULES)
+        check("max_connections", self.max_connections, rules=RULES)
 
 
 class ApiError(Exception):
