@@ -19,15 +19,15 @@ from ..devices.errors import DeviceError, MeterError
 from ..export.rules import RULES as EXPORT_RULES
 from ..runtime.errors import DflashEdgeError
 from ..runtime.validate import RULES, Number, check, cli_label
-from ..serve.rules import RULES as SERVER_RULES
 
-# every verb's numeric options by canonical name: each room's table (runtime, export, serve) and
-# the command lines' own (bench and eval-drafter's --limit), checked in this order
+# the numeric options several verbs share, by canonical name: the rooms' tables (runtime, export)
+# and the command lines' own (bench and eval-drafter's --limit). A verb whose options have rules
+# of their own names that table `NUMBERS` in its module (cli/serve.py: serve/rules.py's), so no
+# other verb imports that room.
 NUMBERS: dict[str, Number] = {
     **RULES,
     **EXPORT_RULES,
     "limit": Number(int, 0, None, note="0 = all"),
-    **SERVER_RULES,
 }
 
 # errors printed as one line (exit 2) instead of a traceback
@@ -68,8 +68,9 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _one_line_warnings(
                 command, warnings.showwarning, ClampedArgumentWarning
             )
-            _check_numbers(args)
-            return importlib.import_module(args._module).run(args) or 0
+            module = importlib.import_module(args._module)
+            _check_numbers(args, {**NUMBERS, **getattr(module, "NUMBERS", {})})
+            return module.run(args) or 0
     except USER_ERRORS as err:
         print(f"dflash-edge {command}: error: {err}", file=sys.stderr)
         return 2
@@ -114,13 +115,13 @@ def _one_line_warnings(command: str | None, show, category):
     return one_line
 
 
-def _check_numbers(args) -> None:
-    """Every subcommand's numeric options with a rule in NUMBERS, checked (and normalised: a thread
+def _check_numbers(args, numbers: dict[str, Number]) -> None:
+    """The subcommand's numeric options with a rule in `numbers`, checked (and normalised: a thread
     count above the usable CPUs is lowered to them) before anything loads."""
 
-    for name in NUMBERS:
+    for name in numbers:
         if getattr(args, name, None) is not None:
-            setattr(args, name, check(name, getattr(args, name), cli_label(name), NUMBERS))
+            setattr(args, name, check(name, getattr(args, name), cli_label(name), numbers))
 
 
 def _extra_providing(module: str, prefer: str = "") -> str | None:

@@ -31,9 +31,13 @@ from ..serve.protocol import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_REQUEST_TIMEOUT_S,
 )
+from ..serve.rules import RULES
 from .common import add_thread_args
 
 API_KEY_ENV = "DFLASH_EDGE_API_KEY"
+# the ranges of this verb's own numeric options (--port, --max-queue, ...), checked before `run`
+# (cli/__init__.py)
+NUMBERS = RULES
 
 
 def add_arguments(p) -> None:
