@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..runtime.calibrate import tune
+    from ..runtime.calibrate import Watch, tune
     from ..runtime.generator import Generator
 
     if not args.budget_s > 0:
@@ -43,7 +43,12 @@ def run(args) -> int:
         args.bundle, provider=args.provider, threads=args.threads, spin=args.spin, use_tuned=False
     )
     tuned = tune(
-        gen, [prompt_of(r) for r in prompts], args.budget_s, args.max_new_tokens, args.context, _bar
+        gen,
+        [prompt_of(r) for r in prompts],
+        args.budget_s,
+        args.max_new_tokens,
+        args.context,
+        Watch(progress=_bar),
     )
     path = write_tuned(gen.bundle, tuned)
     print(

@@ -13,6 +13,7 @@ stores it.
 
 >>> gen = Generator.load("bundle/", use_tuned=False)          # doctest: +SKIP
 >>> tuned = tune(gen, ["Why is the sky blue?"], budget_s=60)  # doctest: +SKIP
+>>> tune(gen, prompts, 60, watch=Watch(progress=tqdm_bar))     # doctest: +SKIP
 >>> write_tuned(gen.bundle, tuned)                            # doctest: +SKIP
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -30,9 +32,21 @@ from .sampling import SamplingParams
 from .session import default_threads
 from .tuning import Tuned, choose_verify_len, manifest_digest, monotone, survival
 
-# progress(description, total) -> an object with update(n) and close() (e.g. a tqdm bar); None:
-# silent
+# progress(description, total) -> an object with update(n) and close() (e.g. a tqdm bar)
 Progress = Callable[[str, int], object]
+
+
+@dataclass(frozen=True)
+class Watch:
+    """How a measurement reports and keeps time: `progress` bars (None: silent) and `clock`
+    (seconds, monotonic: it times the steps and the budget; tests pass a scripted one)."""
+
+    progress: Progress | None = None
+    clock: Callable[[], float] = time.perf_counter
+
+    def bar(self, desc: str, total: int):
+        """A progress bar for `total` units (a silent one without `progress`)."""
+        return (self.progress or no_progress)(desc, total)
 
 
 def tune(
@@ -41,22 +55,18 @@ def tune(
     budget_s: float,
     max_new_tokens: int = 96,
     context: int = 256,
-    progress: Progress | None = None,
-    clock: Callable[[], float] = time.perf_counter,
+    watch: Watch = Watch(),
 ) -> Tuned:
-    """Measure `gen` here and return the `Tuned` choice (not yet written: `tuning.write_tuned`).
-
-    `clock` (seconds, monotonic) times the steps and the budget; tests pass a scripted one."""
+    """Measure `gen` here and return the `Tuned` choice (not yet written: `tuning.write_tuned`);
+    `watch`: the progress bars and the clock."""
     if not prompts:
         raise DflashEdgeError(
             "no calibration prompts: pass --prompts FILE.jsonl with at least one 'prompt'"
         )
-    t0 = clock()
+    t0 = watch.clock()
     gen.generate_ids([1, 2, 3], 4, draft="drafter")  # warm-up: lazy initialisation
-    times, ctx = step_times(gen, context, seconds=budget_s / 3, progress=progress, clock=clock)
-    accepted, used = acceptance(
-        gen, prompts, max_new_tokens, deadline=t0 + budget_s, progress=progress, clock=clock
-    )
+    times, ctx = step_times(gen, context, seconds=budget_s / 3, watch=watch)
+    accepted, used = acceptance(gen, prompts, max_new_tokens, deadline=t0 + budget_s, watch=watch)
     drafts = gen.block_size - 1
     target_ms = [round(t, 3) for t in monotone([times[k] for k in range(drafts + 1)])]  # T = 1..B
     verify_ms = {k: target_ms[k] for k in range(1, drafts + 1)}
@@ -75,7 +85,7 @@ def tune(
             "steps": len(accepted),
             "max_new_tokens": max_new_tokens,
             "context": ctx,
-            "seconds": round(clock() - t0, 1),
+            "seconds": round(watch.clock() - t0, 1),
             "machine": machine_info(0),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         },
@@ -88,8 +98,7 @@ def step_times(
     seconds: float,
     min_rounds: int = 3,
     max_rounds: int = 200,
-    progress: Progress | None = None,
-    clock: Callable[[], float] = time.perf_counter,
+    watch: Watch = Watch(),
 ) -> tuple[dict, int]:
     """Median ms of the target step for k = 0..B-1 (T = k + 1) and of one draft, interleaved
     round-robin; (times by k and "draft", the cached positions they were measured at)."""
@@ -109,8 +118,9 @@ def step_times(
     cases = {k: (lambda k=k: tgt.forward(k + 1, ctx)) for k in range(block)}
     cases["draft"] = draft
     samples: dict = {name: [] for name in cases}
+    clock = watch.clock
     deadline = clock() + seconds
-    bar = (progress or no_progress)("tune: step times", max_rounds)
+    bar = watch.bar("tune: step times", max_rounds)
     for n in range(max_rounds):
         for name, fn in cases.items():
             t = clock()
@@ -131,19 +141,18 @@ def acceptance(
     prompts: list[str],
     max_new_tokens: int,
     deadline: float,
-    progress: Progress | None = None,
-    clock: Callable[[], float] = time.perf_counter,
+    watch: Watch = Watch(),
 ) -> tuple[list[int], int]:
     """Drafts accepted per drafter step (full block, greedy) over prompts until `deadline` (at least
     one prompt); (drafts accepted per step, prompts used)."""
     accepted, used = [], 0
-    bar = (progress or no_progress)("tune: acceptance", len(prompts))
+    bar = watch.bar("tune: acceptance", len(prompts))
     for prompt in prompts:
         res = gen.generate(prompt, max_new_tokens=max_new_tokens, draft="drafter")
         accepted += [n - 1 for n in res.stats.acceptance_lengths]
         used += 1
         bar.update(1)
-        if clock() > deadline:
+        if watch.clock() > deadline:
             break
     bar.close()
     return accepted, used

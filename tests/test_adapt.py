@@ -430,12 +430,14 @@ def test_tune_picks_plain_for_a_useless_drafter_and_long_k_for_an_oracle(
     bundle_copy, oracle, monkeypatch
 ):
     from dflash_edge.runtime import Generator
-    from dflash_edge.runtime.calibrate import tune
+    from dflash_edge.runtime.calibrate import Watch, tune
     from dflash_edge.runtime.tuning import read_tuned, write_tuned
 
     gen = Generator.load(bundle_copy)
     clock = StepClock(monkeypatch, gen)
-    useless = tune(gen, ["t5 t6 t7"], budget_s=2, max_new_tokens=40, context=64, clock=clock)
+    useless = tune(
+        gen, ["t5 t6 t7"], budget_s=2, max_new_tokens=40, context=64, watch=Watch(clock=clock)
+    )
     assert useless.decode_ms == 53.0 and useless.draft_ms == 15.0  # the scripted step times
     assert useless.verify_ms == {k: 53.0 + 3 * k for k in range(1, 8)}  # T = k + 1 tokens
     assert useless.verify_len == 0 and max(useless.acceptance) < 0.2
@@ -449,7 +451,9 @@ def test_tune_picks_plain_for_a_useless_drafter_and_long_k_for_an_oracle(
     )
     plain = gen.generate("t5 t6 t7", max_new_tokens=40, draft="none")
     oracle(gen, gen.encode("t5 t6 t7") + plain.token_ids, 1.0)
-    good = tune(gen, ["t5 t6 t7"], budget_s=2, max_new_tokens=40, context=64, clock=clock)
+    good = tune(
+        gen, ["t5 t6 t7"], budget_s=2, max_new_tokens=40, context=64, watch=Watch(clock=clock)
+    )
     assert good.acceptance == [1.0] * 7 and good.verify_len == 7  # the whole block, at 8 / 89 ms
     assert good.expected_tokens_per_s[7] == 89.888 and good.expected_tokens_per_s[0] == 18.868
     write_tuned(gen.bundle, good)
