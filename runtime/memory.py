@@ -1,6 +1,6 @@
 """Resident memory of this process: now, its peak, and the peak at the end of each named stage.
 
-Lives in runtime/ (floor 2) so both export/ and quantize/ (floor 3) meter their stages with it; the
+Lives in runtime/ (floor 2) so both export/ and quantize/ (floor 4) meter their stages with it; the
 figures go to the manifest's `source` section and are printed.
 
 >>> meter = MemoryMeter()

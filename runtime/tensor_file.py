@@ -2,7 +2,7 @@
 inline.
 
 Part of the bundle contract (onnxruntime maps aligned external data instead of copying it), so it
-lives in runtime/ (floor 2) where both export/ and quantize/ (floor 3) write through it.
+lives in runtime/ (floor 2) where both export/ and quantize/ (floor 4) write through it.
 
 >>> import io
 >>> f = io.BytesIO(b"x")
