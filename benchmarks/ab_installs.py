@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from output import emit_json
+
 # The worker speaks both APIs: `draft="none"|"auto"` (GenerationOptions) and the older
 # `use_draft=False|"auto"`.
 WORKER = r"""
@@ -108,9 +110,7 @@ def main(argv=None) -> int:
         "default_over_plain": speedup,
         "lossless": lossless,
     }
-    print(json.dumps(report, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    emit_json(report, args.json)
     return 0
 
 

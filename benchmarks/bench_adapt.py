@@ -16,13 +16,14 @@ and reports the median speedup over plain of each, the best fixed k, and tuned /
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from output import emit_json  # noqa: E402
+
 from oracle_drafter import OracleDrafter  # noqa: E402  (the tests' oracle drafter: one implementation)
 
 
@@ -160,10 +161,7 @@ def main(argv=None) -> int:
             for h in args.hits.split(",")
         ],
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit_json(out, args.json)
     return 0
 
 

@@ -15,10 +15,9 @@ the same round-robin, e.g. the same model with an int8 KV cache (`quantize --kv-
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
+from output import emit_json
 from timing import round_robin_ms
 
 
@@ -120,9 +119,7 @@ def main(argv=None) -> int:
         args.verify,
         also,
     )
-    print(json.dumps(out, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    emit_json(out, args.json, indent=1)
     return 0
 
 

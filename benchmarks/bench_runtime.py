@@ -22,12 +22,12 @@ on this machine.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from output import emit_json  # noqa: E402
 from timing import round_robin_ms  # noqa: E402
 
 from oracle_drafter import OracleDrafter  # noqa: E402  (the tests' oracle drafter: one implementation)
@@ -168,9 +168,7 @@ def main(argv=None) -> int:
             args.spin,
             tuple(int(t) for t in args.sizes.split(",") if t),
         )
-    print(json.dumps(shown, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    emit_json(out, args.json, shown=shown)
     return 0
 
 

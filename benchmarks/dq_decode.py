@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from bench_fused import _filled
+from output import emit_json
 from timing import round_robin_ms
 
 
@@ -88,9 +89,7 @@ def main(argv=None) -> int:
     out = measure(
         dict(b.split("=", 1) for b in args.bundles), args.context, args.repeats, args.threads
     )
-    print(json.dumps(out, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    emit_json(out, args.json, indent=1)
     return 0
 
 

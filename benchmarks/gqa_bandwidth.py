@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 
 import numpy as np
+from timing import round_robin_ms
 
 CACHE_DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8}
 
@@ -243,19 +242,14 @@ def measure(
     flat = rng.random(max(contexts) * per_pos, np.float32)  # as many bytes as fp32 K + V
     for ctx in contexts:
         cases[f"numpy_read@{ctx}"] = lambda n=ctx * per_pos: flat[:n].sum()
-    times = {k: [] for k in cases}
-    for _ in range(repeats + 2):
-        for name, fn in cases.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - t) * 1e3)
+    times = round_robin_ms(cases, repeats)
     return {
         "threads": threads,
         "repeats": repeats,
         "rows": rows,
         "caches": list(caches),
         "kv_mb_fp32": {c: round(c * per_pos * 4 / 1e6, 1) for c in contexts},
-        "median_ms": {k: round(statistics.median(v[2:]), 2) for k, v in times.items()},
+        "median_ms": {k: round(ms, 2) for k, ms in times.items()},
     }
 
 

@@ -25,7 +25,7 @@ p = Path(sys.argv[1])
 try:
     r = g.open_gguf(p)
     arch = g.architecture(r, p)
-    g._expected_gguf_names(r, arch, g.ARCHS[arch], p)
+    g.check_tensor_table(r, arch, p)
     out = f"read: {len(r.tensors)} tensors"
 except DflashEdgeError as err:
     out = f"{type(err).__name__}: {err}"

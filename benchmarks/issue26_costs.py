@@ -18,24 +18,14 @@ Random weights (seeded), built in a temp folder; medians of interleaved runs on 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+from timing import median_ms, round_robin_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-
-def _median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return round(1e3 * statistics.median(times[2:]), 2)
 
 
 def window(root: Path, threads: int) -> None:
@@ -91,7 +81,7 @@ def window(root: Path, threads: int) -> None:
                 gen.drafter.kv.pos = ctx - 16  # one block of new context, as after an accept
                 gen.drafter.draft(ids[-1], ctx)
 
-            row[name] = _median_ms(draft, 30)
+            row[name] = round(median_ms(draft, 30, skip=2), 2)
         print(f"context {ctx:>5}: draft ms " + ", ".join(f"{n} {v}" for n, v in row.items()))
     print(
         "drafter cache MB: "
@@ -172,14 +162,9 @@ def hybrid(root: Path, threads: int, precision: str = "fp32") -> None:
         for n, o in zip(names, session.run(None, cases["verify after a full accept"]))
         if n in ("conv_start", "rec_start", "qkv", "delta_k", "delta_u", "decay")
     )
-    times = {k: [] for k in cases}
-    for _ in range(10):
-        for name, f in cases.items():
-            t = time.perf_counter()
-            session.run(None, f)
-            times[name].append(time.perf_counter() - t)
-    for name, t in times.items():
-        print(f"{name}: {1e3 * statistics.median(t[2:]):.1f} ms")
+    times = round_robin_ms({k: lambda f=f: session.run(None, f) for k, f in cases.items()}, 8)
+    for name, ms in times.items():
+        print(f"{name}: {ms:.1f} ms")
     print(
         f"state returned by a verify of 16 ({lin} linear layers): {state / 1e6:.1f} MB "
         f"(a recurrent state per token would be {16 * lin * hv * 128 * 128 * 4 / 1e6:.1f} MB)"

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from output import emit_json
 
 
 def greedy_texts(gen, prompts: list[str], count: int = 16, new_tokens: int = 96) -> list[list[int]]:
@@ -192,9 +193,7 @@ def main() -> int:
         "load_avg": os.getloadavg(),
         "results": results,
     }
-    print(json.dumps(out, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    emit_json(out, args.json)
     return 0
 
 

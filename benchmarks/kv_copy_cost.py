@@ -5,19 +5,9 @@ python benchmarks/kv_copy_cost.py [--layers 30 --kv-heads 3 --head-dim 64 --cont
 """
 
 import argparse
-import statistics
-import time
 
 import numpy as np
-
-
-def median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+from timing import median_ms
 
 
 def main() -> None:

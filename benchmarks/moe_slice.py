@@ -30,6 +30,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+from timing import median_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -86,15 +87,6 @@ class _RandomCkpt:
     def array(self, name, shape=None):
         rng = np.random.default_rng(zlib.crc32(name.encode()))
         return (0.02 * rng.standard_normal(self.shapes[name], np.float32)).astype(np.float32)
-
-
-def _median_ms(session, feeds, reps):
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        session.run(None, feeds)
-        times.append(1e3 * (time.perf_counter() - t))
-    return statistics.median(times)
 
 
 def _session(write, ckpt, m, tmp: Path, store, fmt, form: str):
@@ -189,7 +181,7 @@ def _op_figures(sessions: dict, m, reps: int, int4: bool, accuracy_level: int) -
         ms = {f: [] for f in sessions}
         for _ in range(3):  # interleaved rounds
             for form, s in sessions.items():
-                ms[form].append(_median_ms(s, feeds, reps))
+                ms[form].append(median_ms(lambda: s.run(None, feeds), reps))
         for form in sessions:
             report[f"T{tokens}_{form}_ms"] = round(statistics.median(ms[form]), 3)
     return report
@@ -292,12 +284,7 @@ def _verify_costs(gen, prompt, reps: int = 5) -> dict:
     for k in (1, 2, 4, 8, 16):
         step = target.step(k)
         step["input_ids"][0] = np.random.default_rng(k).integers(100, 4000, size=k)
-        samples = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            target.forward(k, n)
-            samples.append(time.perf_counter() - t)
-        times[k] = statistics.median(samples)
+        times[k] = median_ms(lambda: target.forward(k, n), reps)
     return {f"k{k}": round(t / times[1], 3) for k, t in times.items()}
 
 

@@ -18,6 +18,8 @@ import statistics
 import subprocess
 import sys
 
+from output import emit_json
+
 MEASURE = (
     "import json; from dflash_edge.devices.detect import measure_cpu; "
     "print(json.dumps(measure_cpu(0.5)))"
@@ -104,10 +106,7 @@ def main() -> int:
         "measured_tau": round(statistics.mean(taus), 3),
         "memory_components_gb": p["memory"]["components_gb"],
     }
-    print(json.dumps(out, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    emit_json(out, args.json)
     return 0
 
 

@@ -29,11 +29,11 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import psutil
 import uvicorn
+from output import emit_json
 
 from dflash_edge.data import read_prompts as load_prompts
 from dflash_edge.runtime import Generator
@@ -388,9 +388,7 @@ def main(argv=None) -> int:
             server.should_exit = True
         report["burst"] = burst(gen, args.burst, args.burst_queue)
     report["hostile"] = hostile(args.bundle)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    emit_json(report, args.json)
     return 0
 
 

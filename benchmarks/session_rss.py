@@ -8,8 +8,8 @@ off. Run once per setting (each in a fresh process: VmHWM only grows).
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 import numpy as np
 import onnxruntime as ort
@@ -23,7 +23,13 @@ def vm(key: str) -> int:
 
 
 def main() -> None:
-    bundle, prepack = sys.argv[1], sys.argv[2] == "on"
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("bundle", help="a bundle folder holding target.onnx")
+    ap.add_argument("prepack", choices=("on", "off"), help="MatMulNBits prepacking")
+    args = ap.parse_args()
+    bundle, prepack = args.bundle, args.prepack == "on"
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if not prepack:

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from output import emit_json
+
 from dflash_edge.data import read_prompts as load_prompts
 from dflash_edge.runtime import Generator
 
@@ -100,9 +102,7 @@ def main(argv=None) -> int:
         if len(samples) > 1
         else None,
     }
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=2))
+    emit_json(report, args.json, shown={k: v for k, v in report.items() if k != "samples"})
     return 0
 
 

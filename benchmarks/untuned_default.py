@@ -17,7 +17,8 @@ import argparse
 import json
 import statistics
 import sys
-from pathlib import Path
+
+from output import emit_json
 
 from dflash_edge.data import read_prompts
 from dflash_edge.runtime import Generator, policy
@@ -126,9 +127,7 @@ def main(argv=None) -> int:
     brief = {
         name: {k: v for k, v in s.items() if k != "rows"} for name, s in report["sets"].items()
     }
-    print(json.dumps(brief, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    emit_json(report, args.json, shown=brief)
     return 0 if all(s["lossless"] for s in report["sets"].values()) else 1
 
 

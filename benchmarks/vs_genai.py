@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from output import emit_json
+
 WORKER = r"""
 import json, sys, time
 import onnxruntime_genai as og
@@ -165,9 +167,7 @@ def main(argv=None) -> int:
         },
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    emit_json(result, args.json)
     return 0
 
 

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from output import emit_json
 from vs_genai import WORKER as GENAI_WORKER  # the genai worker, one copy
 from vs_genai import set_genai_threads
 
@@ -470,9 +471,7 @@ def main(argv=None) -> int:
         "profile": cmd_profile,
     }[args.cmd]
     result = run(args)
-    print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    emit_json(result, args.json)
     return 0
 
 

@@ -7,21 +7,17 @@ and returns a `TinyBundle`: the path, the torch target and drafter it came from,
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tiny import add_tiny_tokenizer
+
 MAX_CONTEXT = 128
-PREFILL_CHUNK = (
-    8  # small, so test prompts span several chunks (and the overlapped / padded last one)
-)
-CHAT_TEMPLATE = (
-    "{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}"
-    "{% if add_generation_prompt %}t3{% endif %}"
-)
+# small, so test prompts span several chunks (and the overlapped / padded last one)
+PREFILL_CHUNK = 8
 
 
 @dataclass
@@ -32,17 +28,6 @@ class TinyBundle:
     generator: object  # dflash_edge.runtime.Generator on the bundle
 
 
-def add_tiny_tokenizer(ckpt: Path, vocab_size: int = 96) -> None:
-    """A word-level tokenizer ("t0".."t95") and a chat template, so the tiny checkpoint exports like
-    a real one."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(ckpt / "tokenizer.json"))
-    (ckpt / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
-
-
 def build_tiny_bundle(
     root: Path,
     ckpt_dir: str,
@@ -51,7 +36,6 @@ def build_tiny_bundle(
     prefill_chunk: int = PREFILL_CHUNK,
     seed: int = 0,
 ) -> TinyBundle:
-    from dflash_edge.export.exporter import ExportOptions, export_bundle
     from dflash_edge.models import load_target
     from dflash_edge.models.drafter import DraftConfig, load_drafter, new_drafter, save_drafter
     from dflash_edge.runtime import Generator
@@ -63,19 +47,64 @@ def build_tiny_bundle(
     cfg = DraftConfig.for_target(target.config, num_layers=2, block_size=block, mask_token_id=5)
     save_drafter(new_drafter(cfg, seed=seed + block), root / "drafter")
     drafter = load_drafter(root / "drafter", target_config=target.config)
-    out = export_bundle(
-        ExportOptions(
-            out=root / "bundle",
-            target=str(ckpt),
-            draft=str(root / "drafter"),
-            block_size=block,
-            max_context=max_context,
-            prefill_chunk=prefill_chunk,
-            force=True,
-        ),
-        progress=False,
+    out = export_tiny(
+        root / "bundle",
+        str(ckpt),
+        str(root / "drafter"),
+        block_size=block,
+        max_context=max_context,
+        prefill_chunk=prefill_chunk,
+        force=True,
     )
     return TinyBundle(Path(out), target, drafter, Generator.load(out))
+
+
+def export_tiny(out, target, draft="random", **options) -> Path:
+    """export_bundle(ExportOptions(out, target, draft, **options)) without a progress bar: the
+    tests' one call into the exporter's API."""
+    from dflash_edge.export.exporter import ExportOptions, export_bundle
+
+    opts = ExportOptions(out=out, target=target, draft=draft, **options)
+    return export_bundle(opts, progress=False)
+
+
+def export_again(bundle: TinyBundle, out, block: int, **options) -> Path:
+    """`bundle`'s own target and drafter exported again into `out` (draft block `block`, the tiny
+    context and chunk, no parity run), `options` on top."""
+    root = bundle.path.parent
+    return export_tiny(
+        out,
+        str(root / "target"),
+        str(root / "drafter"),
+        block_size=block,
+        max_context=MAX_CONTEXT,
+        prefill_chunk=PREFILL_CHUNK,
+        verify=False,
+        **options,
+    )
+
+
+def export_args(out, target, draft, *flags, block=4, context=256, chunk=16) -> list[str]:
+    """`dflash-edge export` arguments for a tiny checkpoint, `flags` after the sizes."""
+    sizes = [
+        "--block-size",
+        str(block),
+        "--max-context",
+        str(context),
+        "--prefill-chunk",
+        str(chunk),
+    ]
+    return [
+        "export",
+        "--out",
+        str(out),
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        *sizes,
+        *flags,
+    ]
 
 
 @pytest.fixture(scope="session")

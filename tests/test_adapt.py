@@ -570,21 +570,11 @@ def test_bench_reports_arms_per_category(tiny_bundle, tmp_path, capsys):
     ]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "bench.json"
-    assert (
-        main(
-            [
-                "bench",
-                str(tiny_bundle("qwen3", 8).path),
-                "--prompts",
-                str(prompts),
-                "--max-new-tokens",
-                "24",
-                "--json",
-                str(out),
-            ]
-        )
-        == 0
-    )
+
+    def bench(*flags) -> int:
+        return main(["bench", str(tiny_bundle("qwen3", 8).path), "--prompts", str(prompts), *flags])
+
+    assert bench("--max-new-tokens", "24", "--json", str(out)) == 0
     report = json.loads(out.read_text())
     assert report["lossless"] and report["arms"] == ["plain", "always", "default"]
     assert set(report["by_category"]) == {"rep", "plain"}
@@ -606,19 +596,7 @@ def test_bench_reports_arms_per_category(tiny_bundle, tmp_path, capsys):
     for row in report["rows"]:
         assert row["speedup"] == row["default_speedup"] and row["always_tokens_per_s"] > 0
     capsys.readouterr()
-    assert (
-        main(
-            [
-                "bench",
-                str(tiny_bundle("qwen3", 8).path),
-                "--prompts",
-                str(prompts),
-                "--repeats",
-                "0",
-            ]
-        )
-        == 2
-    )
+    assert bench("--repeats", "0") == 2
     assert "--repeats 0" in capsys.readouterr().err
 
 

@@ -18,7 +18,7 @@ from dflash_edge.runtime.errors import ModelFormatError
 
 from dflash2_fixture import write_dflash2
 from runtime_cases import PROMPTS, SAMPLERS, reference
-from tiny import check_two_token_distribution
+from tiny import check_two_token_distribution, drafted_pairs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -112,7 +112,8 @@ def d2_bundle(tiny_checkpoints, tmp_path_factory):
     from dflash_edge.models import load_target
     from dflash_edge.runtime import Generator
 
-    from fixtures_bundle import TinyBundle, add_tiny_tokenizer
+    from fixtures_bundle import TinyBundle
+    from tiny import add_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("d2-bundle")
     shutil.copytree(tiny_checkpoints["qwen3"][1], root / "target")
@@ -182,17 +183,7 @@ def test_sampling_same_seed_same_tokens_as_the_target(d2_bundle, sampling):
 
 
 def test_sampling_distribution_matches_target(d2_bundle):
-    from dflash_edge.runtime.sampling import SamplingParams
-
-    def sample_pair(seed):
-        return d2_bundle.generator.generate_ids(
-            PROMPTS[0],
-            2,
-            SamplingParams(1.0, top_k=5, seed=seed),
-            draft="drafter",
-            stop_token_ids=(),
-        ).token_ids
-
+    sample_pair = drafted_pairs(d2_bundle.generator, PROMPTS[0])
     check_two_token_distribution(d2_bundle.target, PROMPTS[0], sample_pair)
 
 

@@ -11,6 +11,8 @@ from dflash_edge.models.drafter import DraftConfig, new_drafter, save_drafter
 from dflash_edge.runtime.bundle import BundleError, read_bundle, sha256_file
 from dflash_edge.runtime.errors import DflashEdgeError
 
+from fixtures_bundle import export_args
+
 
 def _drafter_dir(tmp_path, ckpt, block=16, layers=2, **overrides):
     target = load_target(ckpt)
@@ -117,26 +119,7 @@ def test_random_drafter_export_passes_parity_and_leaves_no_scratch(
     from dflash_edge.cli import main
 
     out = tmp_path / "b"
-    assert (
-        main(
-            [
-                "export",
-                "--out",
-                str(out),
-                "--target",
-                tiny_checkpoints["qwen3"][1],
-                "--draft",
-                "random",
-                "--block-size",
-                "4",
-                "--max-context",
-                "256",
-                "--prefill-chunk",
-                "16",
-            ]
-        )
-        == 0
-    )
+    assert main(export_args(out, tiny_checkpoints["qwen3"][1], "random")) == 0
     m = read_bundle(out).manifest  # every sha256 checked
     assert m["source"]["drafter"] == "random" and m["source"]["drafter_random_init"]
     assert (
@@ -449,23 +432,7 @@ def test_api_and_cli_write_the_same_bundle(tiny_checkpoints, tmp_path, flags, ca
         ),
         progress=False,
     )
-    args = [
-        "export",
-        "--out",
-        str(tmp_path / "cli"),
-        "--target",
-        str(ckpt),
-        "--draft",
-        str(draft),
-        "--block-size",
-        "4",
-        "--max-context",
-        "256",
-        "--prefill-chunk",
-        "16",
-        *flags,
-    ]
-    assert main(args) == 0
+    assert main(export_args(tmp_path / "cli", ckpt, draft, *flags)) == 0
     want = "int4" if kw else "fp32"
     manifests = [json.loads((p / "manifest.json").read_text()) for p in (api, tmp_path / "cli")]
     seen = [

@@ -21,6 +21,8 @@ from dflash_edge.models import load_target
 from dflash_edge.models.drafter import DraftConfig, new_drafter, save_drafter
 from dflash_edge.runtime.bundle import read_bundle
 
+from fixtures_bundle import export_args
+
 WAIT_S = 600  # a guard against a hung test only: reaching the stage ends the wait
 
 
@@ -32,24 +34,8 @@ def _drafter(tmp_path, ckpt):
 
 
 def _args(out, ckpt, draft, force=False) -> list[str]:
-    return [
-        "export",
-        "--out",
-        str(out),
-        "--target",
-        str(ckpt),
-        "--draft",
-        str(draft),
-        "--block-size",
-        "4",
-        "--max-context",
-        "128",
-        "--prefill-chunk",
-        "8",
-        "--precision",
-        "int4",
-        *(["--force"] if force else []),
-    ]
+    flags = ["--precision", "int4", *(["--force"] if force else [])]
+    return export_args(out, ckpt, draft, *flags, context=128, chunk=8)
 
 
 def _kill_at(stage: str, args: list[str], tmp_path) -> None:

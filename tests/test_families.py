@@ -1,4 +1,4 @@
-"""A model family is one module per room, found by its `model_type` (DESIGN.md §10)."""
+"""A model family is one module per room, found by its `model_type` (docs/design.md §8)."""
 
 from __future__ import annotations
 
@@ -12,27 +12,15 @@ from dflash_edge.models.config import TargetConfig
 from dflash_edge.models.families import INTERFACE, available, family
 from dflash_edge.runtime.errors import ModelFormatError
 
+from tiny import LINEAR_HEADS, SMALL
+
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-)
-LINEAR = {
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": 8,
-    "linear_value_head_dim": 8,
-}
+TINY = dict(vocab_size=64, **SMALL)
 # model_type -> the fields its config needs beyond TINY (a new family adds its row)
 EXTRA = {
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
-    "qwen3_5": LINEAR,
-    "qwen3_5_text": LINEAR,
+    "qwen3_5": LINEAR_HEADS,
+    "qwen3_5_text": LINEAR_HEADS,
 }
 
 

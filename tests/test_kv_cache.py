@@ -271,28 +271,19 @@ def test_calibration_texts_are_prompts_and_following_prompts(tiny_bundle):
 
 def test_export_kv_cache_int8_is_one_pass(tiny_bundle, tmp_path, prompts_file, monkeypatch):
     """Calibrated inside the export from prefill chunks alone: nothing is decoded."""
-    from dflash_edge.export.exporter import ExportOptions, export_bundle
     from dflash_edge.runtime import Generator
+
+    from fixtures_bundle import export_again
 
     def no_decoding(*args, **kwargs):
         raise AssertionError("the calibration decoded")
 
     monkeypatch.setattr(Generator, "generate_ids", no_decoding)
 
-    root = tiny_bundle("qwen3", 8).path.parent
-    opts = ExportOptions(
-        out=tmp_path / "kv8",
-        target=str(root / "target"),
-        draft=str(root / "drafter"),
-        block_size=8,
-        max_context=128,
-        prefill_chunk=8,
-        verify=False,
-        kv_cache="int8",
-        kv_prompts=prompts_file,
-        threads=1,
+    tiny = tiny_bundle("qwen3", 8)
+    out = export_again(
+        tiny, tmp_path / "kv8", 8, kv_cache="int8", kv_prompts=prompts_file, threads=1
     )
-    out = export_bundle(opts, progress=False)
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kv8"]  # no fp32 leftovers
     gen = Generator.load(out, threads=1)

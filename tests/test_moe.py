@@ -70,8 +70,6 @@ def _hf_moe(variant: str, seed: int = 0):
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
     """variant -> (transformers model, checkpoint folder, bundle folder)."""
-    from dflash_edge.export.exporter import ExportOptions, export_bundle
-
     from tiny import add_tiny_tokenizer
 
     built = {}
@@ -85,18 +83,7 @@ def moe(tmp_path_factory):
                 ckpt, max_shard_size="100KB"
             )  # bf16 shards
             add_tiny_tokenizer(ckpt, BASE["vocab_size"])
-            out = export_bundle(
-                ExportOptions(
-                    out=root / "bundle",
-                    target=str(ckpt),
-                    draft="random",
-                    block_size=4,
-                    max_context=400,
-                    prefill_chunk=64,
-                    precision="fp32",
-                ),
-                progress=False,
-            )
+            out = _export(root, ckpt, max_context=400, prefill_chunk=64)
             built[variant] = model, ckpt, out
         return built[variant]
 
@@ -288,20 +275,12 @@ def test_bad_configs_are_refused_by_name(change, words):
     assert all(w in str(err.value) for w in words), str(err.value)
 
 
-def _export(tmp_path, ckpt):
-    from dflash_edge.export.exporter import ExportOptions, export_bundle
+def _export(root, ckpt, max_context=64, **options):
+    """`ckpt` exported into root/"b", a random drafter of block 4 (fp32 unless `options` say)."""
+    from fixtures_bundle import export_tiny
 
-    return export_bundle(
-        ExportOptions(
-            out=tmp_path / "b",
-            target=str(ckpt),
-            draft="random",
-            block_size=4,
-            max_context=64,
-            precision="fp32",
-        ),
-        progress=False,
-    )
+    options = {"precision": "fp32", **options}
+    return export_tiny(root / "b", str(ckpt), block_size=4, max_context=max_context, **options)
 
 
 def _edited_copy(src, dst, config_change=None, drop=None):
@@ -506,25 +485,14 @@ LOW_BIT = {
 def moe_low_bit(moe, tmp_path_factory):
     """name -> the renorm checkpoint exported with low-bit experts (blocks of 16:
     moe_intermediate_size is 16)."""
-    from dflash_edge.export.exporter import ExportOptions, export_bundle
-
     built = {}
 
     def get(name):
         if name not in built:
             _, ckpt, _ = moe("renorm")
-            built[name] = export_bundle(
-                ExportOptions(
-                    out=tmp_path_factory.mktemp(name) / "b",
-                    target=str(ckpt),
-                    draft="random",
-                    block_size=4,
-                    max_context=400,
-                    prefill_chunk=64,
-                    quant_block=16,
-                    **LOW_BIT[name],
-                ),
-                progress=False,
+            root = tmp_path_factory.mktemp(name)
+            built[name] = _export(
+                root, ckpt, 400, prefill_chunk=64, quant_block=16, **LOW_BIT[name]
             )
         return built[name]
 
@@ -603,43 +571,19 @@ def test_low_bit_experts_decode_the_same_with_and_without_the_drafter(moe_low_bi
 
 
 def test_int8_experts_with_fp32_activations_are_refused_by_name(moe, tmp_path):
-    from dflash_edge.export.exporter import ExportOptions, export_bundle
     from dflash_edge.runtime.errors import DflashEdgeError
 
     _, ckpt, _ = moe("renorm")
     with pytest.raises(DflashEdgeError, match="int8 experts with accuracy_level 0.*--no-fused"):
-        export_bundle(
-            ExportOptions(
-                out=tmp_path / "b",
-                target=str(ckpt),
-                draft="random",
-                block_size=4,
-                max_context=64,
-                precision="int8",
-                accuracy_level=0,
-                quant_block=16,
-            ),
-            progress=False,
-        )
+        _export(tmp_path, ckpt, precision="int8", accuracy_level=0, quant_block=16)
 
 
 def test_expert_blocks_qmoe_cannot_take_are_refused_by_name(moe, tmp_path):
-    from dflash_edge.export.exporter import ExportOptions, export_bundle
     from dflash_edge.runtime.errors import DflashEdgeError
 
     _, ckpt, _ = moe("renorm")  # moe_intermediate_size 16: blocks of 32 do not divide it
     with pytest.raises(DflashEdgeError, match="blocks of 32.*moe_intermediate_size 16"):
-        export_bundle(
-            ExportOptions(
-                out=tmp_path / "b",
-                target=str(ckpt),
-                draft="random",
-                block_size=4,
-                max_context=64,
-                precision="int4",
-            ),
-            progress=False,
-        )
+        _export(tmp_path, ckpt, precision="int4")
 
 
 class _RandomExperts:

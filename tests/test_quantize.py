@@ -242,22 +242,12 @@ def test_quantised_top1_agrees_with_fp32_on_tiny_model(quantized):
 
 
 def test_export_precision_writes_int4_directly(tiny_bundle, tmp_path):
-    from dflash_edge.export.exporter import ExportOptions, export_bundle
     from dflash_edge.runtime import Generator
 
-    root = tiny_bundle("llama", 8).path.parent
-    opts = ExportOptions(
-        out=tmp_path / "int4",
-        target=str(root / "target"),
-        draft=str(root / "drafter"),
-        block_size=8,
-        max_context=128,
-        prefill_chunk=8,
-        verify=False,
-        precision="int4",
-        draft_precision="int4",
-    )
-    out = export_bundle(opts, progress=False)
+    from fixtures_bundle import export_again
+
+    tiny = tiny_bundle("llama", 8)
+    out = export_again(tiny, tmp_path / "int4", 8, precision="int4", draft_precision="int4")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["int4"]  # no fp32 detour
     gen = Generator.load(out, threads=1)
     assert {g["precision"] for g in gen.bundle.manifest["graphs"].values()} == {"int4"}

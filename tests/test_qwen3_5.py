@@ -18,21 +18,15 @@ from dflash_edge.models.linear_attention import (
 )
 from dflash_edge.runtime.errors import ModelFormatError
 
+from tiny import LINEAR_HEADS, SMALL
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TEXT = dict(
     vocab_size=96,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
+    **SMALL,
     linear_conv_kernel_dim=4,
-    linear_key_head_dim=8,
-    linear_value_head_dim=8,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
+    **LINEAR_HEADS,
     max_position_embeddings=512,
     rms_norm_eps=1e-6,
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
@@ -346,7 +340,7 @@ def hybrid_bundle(published, tmp_path_factory, request):
     from dflash_edge.models.drafter import DraftConfig, new_drafter, save_drafter
     from dflash_edge.runtime import Generator
 
-    from fixtures_bundle import add_tiny_tokenizer
+    from tiny import add_tiny_tokenizer
 
     model, path = published[request.param]
     root = tmp_path_factory.mktemp(f"bundle-{request.param}")
@@ -435,7 +429,8 @@ def test_int4_hybrid_bundle_is_lossless(published, tmp_path, oracle):
     from dflash_edge.cli import main
     from dflash_edge.runtime import Generator
 
-    from fixtures_bundle import add_tiny_tokenizer
+    from fixtures_bundle import export_args
+    from tiny import add_tiny_tokenizer
 
     ckpt = tmp_path / "target"
     shutil.copytree(published["qwen3_5"][1], ckpt)
@@ -443,28 +438,7 @@ def test_int4_hybrid_bundle_is_lossless(published, tmp_path, oracle):
     out = (
         tmp_path / "b"
     )  # the CLI: --kv-cache auto asks int8 of an int4 target, which a hybrid lacks
-    assert (
-        main(
-            [
-                "export",
-                "--out",
-                str(out),
-                "--target",
-                str(ckpt),
-                "--draft",
-                "random",
-                "--block-size",
-                "4",
-                "--max-context",
-                "400",
-                "--prefill-chunk",
-                "8",
-                "--precision",
-                "int4",
-            ]
-        )
-        == 0
-    )
+    assert main(export_args(out, ckpt, "random", "--precision", "int4", context=400, chunk=8)) == 0
     entry = json.loads((out / "manifest.json").read_text())["graphs"]["target_hybrid"]
     assert entry["precision"] == "int4" and entry["quantization"]["weights_by_source"]["rtn"] > 0
     gen = Generator.load(out)
@@ -484,7 +458,7 @@ def test_hybrid_target_is_parity_checked_at_export(published, tmp_path, monkeypa
     from dflash_edge.export import parity
     from dflash_edge.export.exporter import ExportOptions, export_bundle
 
-    from fixtures_bundle import add_tiny_tokenizer
+    from tiny import add_tiny_tokenizer
 
     ckpt = tmp_path / "target"
     shutil.copytree(published["qwen3_5"][1], ckpt)

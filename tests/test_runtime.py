@@ -24,7 +24,7 @@ from dflash_edge.runtime.sampling import SamplingParams
 
 from fixtures_bundle import MAX_CONTEXT
 from runtime_cases import PROMPTS, SAMPLERS, reference
-from tiny import check_two_token_distribution
+from tiny import check_two_token_distribution, drafted_pairs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py (so is the `oracle` fixture)
 
@@ -125,17 +125,7 @@ def test_sampling_distribution_matches_target(tiny_bundle):
     """Joint distribution of the first two sampled tokens over many seeds vs the exact target
     one."""
     tb = tiny_bundle("qwen3", 4)
-
-    def sample_pair(seed):
-        return tb.generator.generate_ids(
-            PROMPTS[0],
-            2,
-            SamplingParams(1.0, top_k=5, seed=seed),
-            draft="drafter",
-            stop_token_ids=(),
-        ).token_ids
-
-    check_two_token_distribution(tb.target, PROMPTS[0], sample_pair)
+    check_two_token_distribution(tb.target, PROMPTS[0], drafted_pairs(tb.generator, PROMPTS[0]))
 
 
 # ---- context end, buffers

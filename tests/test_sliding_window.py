@@ -12,7 +12,6 @@ import json
 import pytest
 import torch
 
-from dflash_edge.export.exporter import ExportOptions, export_bundle
 from dflash_edge.models import load_target
 from dflash_edge.models.config import TargetConfig
 from dflash_edge.models.drafter import (
@@ -28,6 +27,8 @@ from dflash_edge.runtime.bundle import BundleError, validate_manifest
 from dflash_edge.runtime.errors import ModelFormatError
 from dflash_edge.runtime.sampling import SamplingParams
 
+from fixtures_bundle import export_tiny
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 WINDOW, BLOCK, CHUNK = 5, 4, 8
@@ -42,6 +43,11 @@ def _drafter_dir(tmp_path, target_cfg, layer_types=LAYER_TYPES, window=WINDOW, n
     return save_drafter(new_drafter(cfg, seed=7), tmp_path / name, dtype=torch.float32)
 
 
+def _export(out, ckpt, draft):
+    """A bundle of block BLOCK, context 96 and chunk CHUNK (what every test here exports)."""
+    return export_tiny(out, ckpt, str(draft), block_size=BLOCK, max_context=96, prefill_chunk=CHUNK)
+
+
 @pytest.fixture(scope="module")
 def windowed(tiny_checkpoints, tmp_path_factory):
     """(bundle dir, torch target, torch drafter, Generator) for a tiny qwen3 target and a W=5
@@ -50,17 +56,7 @@ def windowed(tiny_checkpoints, tmp_path_factory):
     ckpt = tiny_checkpoints["qwen3"][1]
     target = load_target(ckpt)
     draft = _drafter_dir(root, target.config)
-    out = export_bundle(
-        ExportOptions(
-            out=root / "bundle",
-            target=ckpt,
-            draft=str(draft),
-            block_size=BLOCK,
-            max_context=96,
-            prefill_chunk=CHUNK,
-        ),
-        progress=False,
-    )
+    out = _export(root / "bundle", ckpt, draft)
     drafter = load_drafter(draft, target_config=target.config)
     return out, target, drafter, Generator.load(out, threads=1)
 
@@ -160,17 +156,7 @@ def test_drafter_whose_layers_all_slide(tiny_checkpoints, tmp_path):
     lossless."""
     ckpt = tiny_checkpoints["qwen3"][1]
     draft = _drafter_dir(tmp_path, load_target(ckpt).config, ["sliding_attention"], name="all")
-    out = export_bundle(
-        ExportOptions(
-            out=tmp_path / "b",
-            target=ckpt,
-            draft=str(draft),
-            block_size=BLOCK,
-            max_context=96,
-            prefill_chunk=CHUNK,
-        ),
-        progress=False,
-    )
+    out = _export(tmp_path / "b", ckpt, draft)
     m = json.loads((out / "manifest.json").read_text())
     assert [t["name"] for t in m["graphs"]["drafter"]["io"]["inputs"]] == [
         "block_ids",
@@ -223,17 +209,7 @@ def test_bad_windows_are_named(tiny_checkpoints, tmp_path):
         match=r"sliding_window=200 is larger than the bundle's context "
         r"\(--max-context 96\)",
     ):
-        export_bundle(
-            ExportOptions(
-                out=tmp_path / "b",
-                target=ckpt,
-                draft=str(big),
-                block_size=BLOCK,
-                max_context=96,
-                prefill_chunk=CHUNK,
-            ),
-            progress=False,
-        )
+        _export(tmp_path / "b", ckpt, big)
 
 
 def test_manifest_window_is_checked(windowed):

@@ -38,6 +38,19 @@ def fresh_drafter(target, seed: int = 0):
     return new_drafter(cfg, seed=seed)
 
 
+def learning_run(steps: int) -> TrainConfig:
+    """The short recipe the learning tests train with: 8 sequences x 8 anchors a step, lr 1e-2."""
+    return TrainConfig(
+        steps=steps,
+        seqs_per_step=8,
+        anchors_per_seq=8,
+        gamma=2.0,
+        lr=1e-2,
+        warmup=5,
+        head_dtype="float32",
+    )
+
+
 @pytest.fixture(scope="module")
 def samples(tiny_target, tmp_path_factory):
     out = tmp_path_factory.mktemp("responses")
@@ -118,15 +131,7 @@ def test_training_raises_acceptance_well_above_random(tiny_target, samples):
         tiny_target,
         drafter,
         train,
-        TrainConfig(
-            steps=60,
-            seqs_per_step=8,
-            anchors_per_seq=8,
-            gamma=2.0,
-            lr=1e-2,
-            warmup=5,
-            head_dtype="float32",
-        ),
+        learning_run(60),
     )
     after = replay_eval(drafter, tiny_target.model.embed_tokens, head, held, cats, spec)
     print(
@@ -462,15 +467,7 @@ def test_soft_targets_are_the_targets_distributions_and_train(tiny_target, sampl
         tiny_target,
         drafter,
         flat,
-        TrainConfig(
-            steps=40,
-            seqs_per_step=8,
-            anchors_per_seq=8,
-            gamma=2.0,
-            lr=1e-2,
-            warmup=5,
-            head_dtype="float32",
-        ),
+        learning_run(40),
     )
     assert sum(losses[-8:]) / 8 < sum(losses[:8]) / 8 - 0.05  # above a floor: the entropy
     every = make_batch(flat[:4], [torch.arange(*anchor_range(x)) for x in flat[:4]], BLOCK, MASK)

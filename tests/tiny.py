@@ -42,6 +42,23 @@ BASE = dict(
     eos_token_id=2,
 )
 
+# 4 layers of 4 query and 2 KV heads of 16: the dims of the family-table and hybrid-target tests
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
+# a Qwen3.5 linear-attention (gated delta) layer at those dims
+LINEAR_HEADS = dict(
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+)
+
 
 def hf_model(variant: str, seed: int = 0, overrides: dict | None = None):
     """A randomly initialised transformers model of `variant` (a FAMILY_EXTRAS key), `overrides` on
@@ -130,3 +147,17 @@ def check_two_token_distribution(
     assert observed.sum() == n
     assert chisquare(observed, expected).pvalue > 1e-3
     assert 0.5 * np.abs(observed / n - expected / n).sum() < 0.08  # total variation
+
+
+def drafted_pairs(generator, prompt):
+    """`sample_pair` for check_two_token_distribution: seed -> the first two tokens a runtime
+    `generator` samples after `prompt` with its drafter on (temperature 1, top-k 5)."""
+    from dflash_edge.runtime.sampling import SamplingParams
+
+    def sample_pair(seed):
+        params = SamplingParams(1.0, top_k=5, seed=seed)
+        return generator.generate_ids(
+            prompt, 2, params, draft="drafter", stop_token_ids=()
+        ).token_ids
+
+    return sample_pair
