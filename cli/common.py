@@ -1,4 +1,4 @@
-"""Options and helpers that several verbs share: thread flags, prompt sets."""
+"""Options and helpers that several verbs share: thread, provider, KV-cache flags, prompt sets."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..data import PROMPT_SETS, read_prompts
 from ..runtime.errors import DflashEdgeError
+from ..runtime.session import PROVIDERS
 
 
 def add_thread_args(p) -> None:
@@ -68,3 +69,22 @@ def prompt_of(row: dict):
     from ..runtime.fim import FimPrompt
 
     return FimPrompt(row["prompt"], row["suffix"])
+
+
+def add_provider_arg(p) -> None:
+    """`--provider`, its choices from runtime/session.py's one table (checked by the runtime)."""
+    p.add_argument("--provider", default="cpu", help=" | ".join(PROVIDERS))
+
+
+def add_kv_cache_arg(p) -> None:
+    """`--kv-cache`, one meaning and one default in export and quantize."""
+    from ..export.choices import AUTO
+    from ..export.kv_cache import KV_CACHES
+
+    p.add_argument(
+        "--kv-cache",
+        default=AUTO,
+        choices=(AUTO, *KV_CACHES),
+        help="the fused target's KV cache; auto: int8 for int4/int8 targets "
+        "(calibrated on the written graph), else fp32",
+    )

@@ -13,8 +13,7 @@ from ..engines.readiness import bundle_trt_readiness
 from ..export.choices import AUTO
 from ..export.device_plan import EXPORT_PRECISIONS
 from ..export.exporter import ExportOptions, export_bundle
-from ..export.kv_cache import KV_CACHES
-from .common import add_model_args
+from .common import add_kv_cache_arg, add_model_args
 
 
 def add_arguments(p) -> None:
@@ -59,13 +58,7 @@ def add_arguments(p) -> None:
         help="the drafter's own layers (it borrows the target's embedding and head); default fp32 "
         "(fp16 with an fp16 target: that bundle is fp16 throughout)",
     )
-    p.add_argument(
-        "--kv-cache",
-        default=AUTO,
-        choices=(AUTO, *KV_CACHES),
-        help="the fused target's KV cache; auto: int8 for int4/int8 targets "
-        "(calibrated on the written graph), else fp32",
-    )
+    add_kv_cache_arg(p)
     p.add_argument(
         "--low-bit-ops",
         default=AUTO,

@@ -3,10 +3,10 @@ another precision (from the checkpoints its manifest records) + its quality repo
 
 from __future__ import annotations
 
-from ..export.kv_cache import KV_CACHES
 from ..quantize.bundle_quant import QuantizeOptions, quantize_bundle
 from ..quantize.precisions import PRECISIONS, QuantizeError, QuantSettings
 from ..quantize.quality import ReportOptions
+from .common import add_kv_cache_arg
 
 
 def add_arguments(p) -> None:
@@ -33,26 +33,19 @@ def add_arguments(p) -> None:
         default=None,
         help="the drafter checkpoint (dir or hub id), when the one the bundle records is not here",
     )
-    add_kv_cache_argument(p)
+    add_kv_cache_arg(p)
     add_settings_arguments(p)
     add_report_arguments(p)
-
-
-def add_kv_cache_argument(p) -> None:
-    p.add_argument(
-        "--kv-cache",
-        default="fp32",
-        choices=KV_CACHES,
-        help="the fused target's KV cache: int8 stores it in a quarter of the bytes with "
-        "per-channel "
-        "scales calibrated on held-out text (faster attention at long context on CPU)",
-    )
 
 
 def add_settings_arguments(p) -> None:
     d = QuantSettings()
     p.add_argument(
-        "--block-size", type=int, default=d.block_size, help="weights per scale (int4/int8 blocks)"
+        "--group-size",
+        type=int,
+        default=d.block_size,
+        help="weights per scale in re-quantised int4/int8 weights (not export's --block-size, the "
+        "draft block)",
     )
     p.add_argument(
         "--accuracy-level",
@@ -95,7 +88,7 @@ def add_report_arguments(p) -> None:
 
 
 def settings_from(args) -> QuantSettings:
-    return QuantSettings(block_size=args.block_size, accuracy_level=args.accuracy_level)
+    return QuantSettings(block_size=args.group_size, accuracy_level=args.accuracy_level)
 
 
 def report_from(args):

@@ -35,7 +35,8 @@ class QuantizeOptions:
     force: bool = False
     settings: QuantSettings = field(default_factory=QuantSettings)
     report: ReportOptions | None = field(default_factory=ReportOptions)  # None: no quality report
-    kv_cache: str = "fp32"  # the fused target's cache: fp32 | int8 (kv_cache.py)
+    # the fused target's cache: auto | fp32 | int8, as export resolves it (export/choices.py)
+    kv_cache: str = "auto"
     source_target: str | None = None  # the target checkpoint, when the recorded one is not here
     source_draft: str | None = None  # the drafter checkpoint, likewise
 
