@@ -1,7 +1,7 @@
 """The portable `target_hybrid` graph of a Qwen3.5 (hybrid linear-attention) target, written node by
 node from its checkpoint in standard ONNX ops (opset 17). The exporter writes it instead of `target`
 / `target_fused` for a hybrid family (families/qwen3_5.py); the runtime runs it as
-`HybridTargetModel` (runtime/kv.py; I/O: `io_tables.GRAPHS["target_hybrid"]`).
+`HybridTargetModel` (runtime/targets.py; I/O: `io_tables.GRAPHS["target_hybrid"]`).
 
 Its torch reference is `models/linear_attention.HybridModel.step`: full-attention layers read and
 return K/V like the dense target; the Gated DeltaNet layers run the delta rule in the chunk-parallel
