@@ -19,7 +19,12 @@ from .common import add_kv_cache_arg, add_model_args
 def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="bundle directory to create")
     add_model_args(p)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="the draft/verify block (default: the drafter's trained block, at most 16)",
+    )
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--prefill-chunk", type=int, default=64)
     p.add_argument("--force", action="store_true", help="replace an existing bundle")

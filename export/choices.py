@@ -17,18 +17,25 @@ Jetson one; contrib+tensorrt (a TensorRT flavour in `tensorrt/` beside the CPU g
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
+from pathlib import Path
 
 from ..devices.planner import default_draft_precision
 from ..models.checkpoint import BLOCKS
 from ..models.config import TargetConfig
+from ..models.dflash2_config import read_draft_config
 from ..models.fetch import target_files
 from ..models.gguf_checkpoint import config_dir, is_gguf
+from ..models.locate import drafter_folder
 from ..runtime.errors import DflashEdgeError
 from ..runtime.tokenizer import ChatTokenizer
 from .device_plan import EXPORT_PRECISIONS, choose_for_device, low_bit_ops_for
 from .kv_cache import check_kv_cache, check_request
 
 AUTO = "auto"
+# the block when the drafter allows it: verify(16) is where a CPU still pays (docs/BENCHMARKS.md)
+DEFAULT_BLOCK = 16
 SHORTEST_CHAT = [{"role": "user", "content": "Hi"}]
 
 
@@ -37,6 +44,7 @@ def resolve_choices(opts):
     files = target_files(opts.target)  # a hub id is resolved once here
     gguf = is_gguf(files)
     path = config_dir(files) if gguf else files  # config.json + tokenizer (a GGUF's small files)
+    opts = dataclasses.replace(opts, block_size=opts.block_size or default_block(opts.draft, path))
     precision, context = opts.precision, opts.max_context
     if opts.device:  # the device plan picks what fits, or refuses by name
         wanted = EXPORT_PRECISIONS if precision in (None, AUTO) else (precision,)
@@ -66,6 +74,38 @@ def resolve_choices(opts):
         max_context=context,
         low_bit_ops=ops,
     )
+
+
+def default_block(draft: str | None, config_path) -> int:
+    """The block a drafter was trained for, at most DEFAULT_BLOCK: a drafter trained at 8 (z-lab's
+    DFlash2) exports at 8 unless told otherwise (said on stderr); a random one at DEFAULT_BLOCK."""
+    trained = _trained_block(draft, config_path)
+    block = min(DEFAULT_BLOCK, trained or DEFAULT_BLOCK)
+    if block != DEFAULT_BLOCK:
+        print(
+            f"export: block size {block}, the drafter's trained block (--block-size chooses a "
+            f"smaller one)",
+            file=sys.stderr,
+        )
+    return block
+
+
+def _trained_block(draft: str | None, config_path) -> int | None:
+    """`block_size` of the drafter `draft` names (its config.json), None for a random one."""
+    if draft == "random":
+        return None
+    if draft in (None, "default"):
+        from ..models.families import family
+        from ..models.resolve_drafter import default_drafter_path
+
+        cfg = TargetConfig.from_json(config_path)
+        folder = default_drafter_path(family(cfg.model_type).dense_view(cfg))
+    else:
+        folder = drafter_folder(draft)
+    if folder is None or not (Path(folder) / "config.json").is_file():
+        return None  # open_drafter names what is missing
+    raw = json.loads((Path(folder) / "config.json").read_text())
+    return read_draft_config(raw).block_size  # DFlash and DFlash2 layouts alike
 
 
 def auto_precision(path, low_bit_source: bool = False) -> str:

@@ -66,7 +66,8 @@ class ExportOptions:
     out: str | Path
     target: str | None = "default"  # checkpoint dir, .gguf file (read in place), hub id, "default"
     draft: str | None = "default"  # drafter dir, "default" (shipped) or "random"
-    block_size: int = 16
+    # the draft/verify block; None: the drafter's trained block, at most DEFAULT_BLOCK (choices.py)
+    block_size: int | None = None
     max_context: int = 2048
     prefill_chunk: int = 64
     force: bool = False

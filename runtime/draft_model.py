@@ -39,6 +39,13 @@ class DraftModel:
         """An empty context (a new sequence)."""
         self.kv.pos = 0
 
+    def rewind(self, keep: int) -> None:
+        """Keep the context of the first `keep` positions (context K/V are per position); a sliding
+        window cannot roll back, so it re-reads the context from the target's features."""
+        self.kv.pos = (
+            0 if self.kv.window is not None and keep < self.kv.pos else min(keep, self.kv.pos)
+        )
+
     def draft(self, last_token: int, ctx_end: int) -> np.ndarray:
         """Greedy draft tokens [B-1] after `last_token` (a view: valid until the next call).
 

@@ -131,6 +131,7 @@ class Generator:
         self.tuned = tuned  # tuning.py: None until `dflash-edge tune`
         self.fim = find_template(tokenizer)  # fim.py: None when the model has no FIM tokens
         self._guard = GenerationGuard()  # one sequence at a time (the caches are single-sequence)
+        self._kept: list[int] = []  # the ids whose caches are valid, by position (_loop keeps it)
 
     @classmethod
     def load(
@@ -356,26 +357,43 @@ class Generator:
         opts = req.options
         sampling = SamplingParams(opts.temperature, opts.top_k, opts.top_p, opts.seed)
         emit = Emitter(opts.max_new_tokens, eos, room=self._room(req.prompt_ids))
-        t = time.perf_counter()
-        emit.push([self._prefill(req.prompt_ids, sampling)])
-        stats.prefill_s, stats.ttft_s = time.perf_counter() - t, time.perf_counter() - req.t_call
-        clock = _Clock(self, stats)
-        proposer = self._proposer(opts, req.prompt_ids + emit.tokens, req.references)
+        clean = False
         try:
-            yield emit.tokens
-            while not emit.reason:
-                t_step = time.perf_counter()
-                last, pos = emit.tokens[-1], self.target.pos  # pos: of `last` (not yet cached)
-                choice, proposals = proposer.propose(last, pos, room=emit.budget - len(emit.tokens))
-                t = time.perf_counter()
-                tokens = self._verify(last, proposals, sampling)  # verify, accept, commit
-                seconds = time.perf_counter() - t
-                committed = emit.push(tokens)  # advance (stop id, budget, context end)
-                proposer.commit(committed, seconds)
-                stats.record_step(choice, len(tokens), time.perf_counter() - t_step)
-                yield committed
+            t = time.perf_counter()
+            first, stats.cached_tokens = self._prefill(req.prompt_ids, sampling, opts.cache_prompt)
+            emit.push([first])
+            stats.prefill_s, stats.ttft_s = (
+                time.perf_counter() - t,
+                time.perf_counter() - req.t_call,
+            )
+            clock = _Clock(self, stats)
+            proposer = self._proposer(opts, req.prompt_ids + emit.tokens, req.references)
+            try:
+                yield emit.tokens
+                while not emit.reason:
+                    yield self._step(emit, proposer, sampling, stats)
+            finally:
+                clock.stop(emit)
+            clean = True
+        except GeneratorExit:  # the caller stopped between steps: the caches are consistent
+            clean = True
+            raise
         finally:
-            clock.stop(emit)
+            # what the caches hold, by position; nothing after a failure inside a step
+            self._kept = (req.prompt_ids + emit.tokens)[: self.target.pos] if clean else []
+
+    def _step(self, emit: Emitter, proposer, sampling: SamplingParams, stats) -> list[int]:
+        """propose -> verify -> accept -> advance; the tokens committed."""
+        t_step = time.perf_counter()
+        last, pos = emit.tokens[-1], self.target.pos  # pos: of `last` (not yet cached)
+        choice, proposals = proposer.propose(last, pos, room=emit.budget - len(emit.tokens))
+        t = time.perf_counter()
+        tokens = self._verify(last, proposals, sampling)  # verify, accept, commit
+        seconds = time.perf_counter() - t
+        committed = emit.push(tokens)  # advance (stop id, budget, context end)
+        proposer.commit(committed, seconds)
+        stats.record_step(choice, len(tokens), time.perf_counter() - t_step)
+        return committed
 
     def _proposer(self, opts: GenerationOptions, history: list[int], references=()) -> Proposer:
         """The proposal sources of `opts.draft` and the policy choosing among them, fresh for one
@@ -424,12 +442,16 @@ class Generator:
             )
         return self.max_context - len(prompt_ids)
 
-    def _prefill(self, ids: list[int], sampling: SamplingParams) -> int:
-        """Run the prompt from an empty cache (the target's static chunks); the first new token."""
+    def _prefill(self, ids: list[int], sampling: SamplingParams, reuse: bool) -> tuple[int, int]:
+        """Run the prompt past what the last sequence left cached (`reuse`: its longest common
+        prefix with `ids`; the last prompt token always runs); (the first new token, the prompt
+        tokens reused)."""
+        cached = self.target.reusable(_common(self._kept, ids)) if reuse else 0
+        self._kept = ids[:cached]  # before any graph runs: a failure leaves only what holds
         if self.drafter is not None:
-            self.drafter.reset()
-        step, row = self.target.prefill(ids, self.prefill_chunk)
-        return self._select(step, row, len(ids), sampling)  # the last chunk's row of token n-1
+            self.drafter.rewind(cached)
+        step, row = self.target.prefill(ids, self.prefill_chunk, start=cached)
+        return self._select(step, row, len(ids), sampling), cached
 
     def _accept(
         self, step, block: np.ndarray, start: int, sampling: SamplingParams
@@ -495,6 +517,21 @@ class _Clock:
             d_calls,
         )
         s.new_tokens, s.finish_reason = len(emit.tokens), s.finish_reason or emit.reason
+
+
+def _common(kept: list[int], ids: list[int]) -> int:
+    """Length of the longest common prefix of `kept` and `ids`, leaving `ids`' last token to run
+    (its logits are the first new token's).
+
+    >>> _common([1, 2, 3, 4], [1, 2, 9]), _common([1, 2], [1, 2])
+    (2, 1)
+    """
+    most = min(len(kept), len(ids) - 1)
+    if most <= 0:
+        return 0
+    a, b = np.asarray(kept[:most]), np.asarray(ids[:most])
+    differ = np.flatnonzero(a != b)
+    return int(differ[0]) if len(differ) else most
 
 
 def _shorthands(max_new_tokens: int | None, sampling: SamplingParams | None) -> dict:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose caches the last sequence left (not re-run)
     new_tokens: int = 0
     finish_reason: str = ""  # "stop" | "length" | "context"
     acceptance_lengths: list[int] = field(default_factory=list)  # tokens committed per verify step

@@ -82,19 +82,34 @@ class TargetModel:
         """An empty sequence (the next call starts at position 0)."""
         self.kv.pos, self.ran = 0, 0
 
-    def prefill(self, ids: list[int], chunk: int) -> tuple[HostStep, int]:
-        """From an empty cache, run `ids` in static chunks of `chunk` and keep them all; (the last
-        chunk's step, its row for the last token)."""
-        self.reset()
+    def prefill(self, ids: list[int], chunk: int, start: int = 0) -> tuple[HostStep, int]:
+        """Run `ids[start:]` in static chunks of `chunk` after the `start` positions already cached
+        (0: from an empty cache) and keep them all; (the last chunk's step, its row for the last
+        token). Chunks never re-run a position before `start`."""
+        self.rewind(start)
         n = len(ids)
-        for start in chunk_starts(n, chunk, self.RERUN_OK):
-            part = ids[start : start + chunk]
+        for first in chunk_starts(n - start, chunk, self.RERUN_OK):
+            first += start
+            part = ids[first : first + chunk]
             step = self.step(chunk if self.RERUN_OK else len(part))  # else: a shorter last chunk
             step["input_ids"][0, : len(part)] = part
             step["input_ids"][0, len(part) :] = part[-1]  # padding (only when n < P): causal
-            self.forward(step["input_ids"].shape[1], start)
+            self.forward(step["input_ids"].shape[1], first)
         self.kv.pos, self.ran = n, 0
-        return step, n - 1 - start
+        return step, n - 1 - first
+
+    def reusable(self, common: int) -> int:
+        """Of a next sequence's first `common` tokens (equal to the cached ones), how many it keeps:
+        all that are cached (a KV cache rolls back by `pos`)."""
+        return min(common, self.pos)
+
+    def rewind(self, start: int) -> None:
+        """Keep the first `start` cached positions (0: an empty sequence)."""
+        if not 0 <= start <= self.pos:
+            raise ValueError(f"rewind({start}): {self.pos} positions are cached")
+        if start == 0:
+            self.reset()
+        self.kv.pos, self.ran = start, 0
 
     def run(self, ids) -> HostStep:
         """Run `ids` (T tokens) at positions pos.. : the step's `logits` [1, T, V], `next_ids`
@@ -183,6 +198,19 @@ class HybridTargetModel(TargetModel):
     def reset(self) -> None:
         super().reset()
         self.state.reset()
+
+    def reusable(self, common: int) -> int:
+        """The recurrent state is only known after the last position: a next sequence keeps it when
+        it extends the whole cached one, else starts over (a cold prefill)."""
+        return self.pos if common >= self.pos else 0
+
+    def rewind(self, start: int) -> None:
+        if start not in (0, self.pos):
+            raise ValueError(
+                f"rewind({start}): a recurrent state cannot roll back; keep all {self.pos} "
+                f"positions or none"
+            )
+        super().rewind(start)
 
     def keep(self, count: int) -> None:
         if not 1 <= count <= self.state.last:

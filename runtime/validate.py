@@ -369,6 +369,8 @@ class GenerationOptions:
     parse_special: bool = (
         False  # trusted callers only: control-token strings in a raw prompt are parsed
     )
+    # keep the last sequence's caches: the next prompt prefills only past the common prefix
+    cache_prompt: bool = True
 
     @classmethod
     def of(cls, options: "GenerationOptions | None" = None, **fields) -> "GenerationOptions":
@@ -416,6 +418,7 @@ class GenerationOptions:
             **nums,
             stop=check_stop(self.stop, name("stop", "stop")),
             chat=chat,
+            cache_prompt=check_flag("cache_prompt", self.cache_prompt, name("cache_prompt")),
             draft=check_draft(self.draft, name("draft", "draft")),
             verify_len=verify_len,
             parse_special=parse_special,

@@ -245,14 +245,28 @@ def _export(root, target_dir, drafter_dir, **opts):
             out=root / "bundle",
             target=str(target_dir),
             draft=str(drafter_dir),
-            block_size=8,
             max_context=MAX_CONTEXT,
             prefill_chunk=PREFILL_CHUNK,
             force=True,
-            **opts,
+            **{"block_size": 8, **opts},
         ),
         progress=False,
     )
+
+
+def test_the_drafters_trained_block_is_the_default_and_a_larger_one_is_refused(
+    d2_bundle, tmp_path, capsys
+):
+    """A block-8 drafter exports at block 8 when no block is asked for (said on stderr); an explicit
+    16 is refused by name."""
+    from dflash_edge.runtime.errors import DflashEdgeError
+
+    target_dir, drafter = d2_bundle.path.parent / "target", d2_bundle.path.parent / "drafter"
+    out = _export(tmp_path, target_dir, drafter, block_size=None)
+    assert json.loads((out / "manifest.json").read_text())["block_size"] == 8
+    assert "block size 8, the drafter's trained block" in capsys.readouterr().err
+    with pytest.raises(DflashEdgeError, match="--block-size 16 is larger than the drafter"):
+        _export(tmp_path / "x", target_dir, drafter, block_size=16)
 
 
 def test_float16_overflow_is_refused_with_the_layer_named(d2_bundle, tmp_path):

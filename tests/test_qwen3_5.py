@@ -487,3 +487,18 @@ def test_hybrid_target_is_parity_checked_at_export(published, tmp_path, monkeypa
     monkeypatch.setattr(parity, "run_hybrid", broken)
     with pytest.raises(parity.ParityError, match="'target_hybrid' output 'logits'"):
         export_bundle(ExportOptions(**{**vars(opts), "out": tmp_path / "c"}), progress=False)
+
+
+def test_a_hybrid_target_resumes_a_conversation_losslessly(hybrid_bundle):
+    """The recurrent state is kept when the next prompt extends the whole cached sequence (a chat
+    turn); an edited prompt starts over. Either way the tokens are a cold run's."""
+    _, gen = hybrid_bundle
+    ids = [1 + (5 * i) % 40 for i in range(30)]
+    first = gen.generate_ids(ids, 10, stop_token_ids=(), draft="drafter")
+    turn = ids + first.token_ids + [7, 8, 9]
+    for prompt, reused in ((turn, True), (turn[:12] + [3] + turn[13:], False)):
+        warm = gen.generate_ids(prompt, 10, stop_token_ids=(), draft="drafter")
+        cold = gen.generate_ids(prompt, 10, stop_token_ids=(), draft="drafter", cache_prompt=False)
+        assert warm.token_ids == cold.token_ids
+        assert (warm.stats.cached_tokens >= len(ids)) if reused else warm.stats.cached_tokens == 0
+        gen.generate_ids(turn, 10, stop_token_ids=(), draft="drafter")  # turn cached again

@@ -1,0 +1,118 @@
+"""The runtime keeps its last sequence: a request that repeats the last one's start prefills only
+what is new, and decodes exactly what a cold run decodes (tier 1)."""
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+BASE = [1 + (7 * i) % 50 for i in range(40)]
+SAMPLED = {"temperature": 0.8, "top_p": 0.9, "seed": 3}
+
+
+def _cold(gen, ids, **opts):
+    return gen.generate_ids(ids, 12, stop_token_ids=(), cache_prompt=False, **opts)
+
+
+def _warm(gen, ids, **opts):
+    return gen.generate_ids(ids, 12, stop_token_ids=(), **opts)
+
+
+@pytest.fixture(scope="module")
+def gen(tiny_bundle):
+    return tiny_bundle("qwen3", 8).generator
+
+
+@pytest.mark.parametrize("draft", ["none", "drafter", "lookup", "auto"])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_conversation_reuses_its_prefix_and_decodes_as_cold(gen, draft, sampled):
+    """Three turns, each the last prompt + its answer + a follow-up: every turn reuses what the last
+    one left and gives the cold run's tokens (greedy and seeded sampling)."""
+    opts = {"draft": draft, **(SAMPLED if sampled else {})}
+    ids = list(BASE)
+    gen.generate_ids([3], 1, stop_token_ids=(), cache_prompt=False)  # another sequence first
+    for turn in range(3):
+        warm = _warm(gen, ids, **opts)
+        if turn:
+            assert warm.stats.cached_tokens >= len(ids) - 8 - 1
+        assert warm.token_ids == _cold(gen, ids, **opts).token_ids
+        ids = ids + warm.token_ids + [5, 9 + turn, 11]
+
+
+def test_an_edited_prompt_reuses_only_the_common_prefix(gen):
+    first = _warm(gen, BASE)
+    assert first.stats.cached_tokens == 0 or first.stats.cached_tokens < len(BASE)
+    edited = BASE[:25] + [44, 45] + BASE[27:]
+    warm = _warm(gen, edited)
+    assert warm.stats.cached_tokens == 25
+    assert warm.token_ids == _cold(gen, edited).token_ids
+    # a prompt that is a prefix of what is cached: all but its last token are reused
+    short = BASE[:30]
+    _warm(gen, BASE)
+    warm = _warm(gen, short)
+    assert warm.stats.cached_tokens == 29
+    assert warm.token_ids == _cold(gen, short).token_ids
+
+
+def test_cache_prompt_false_reuses_nothing_and_is_checked(gen):
+    from dflash_edge.runtime.validate import InvalidArgumentError
+
+    _warm(gen, BASE)
+    assert _cold(gen, BASE).stats.cached_tokens == 0
+    with pytest.raises(InvalidArgumentError, match="cache_prompt"):
+        gen.generate_ids(BASE, 4, cache_prompt="yes")
+
+
+def test_a_stream_closed_mid_decode_leaves_a_state_the_next_request_can_trust(gen):
+    """The client goes away after a few pieces: what was committed stays reusable, and the next
+    request (sharing the prompt) decodes as a cold run."""
+    text = "the cat sat on the mat and the dog sat on the log " * 3
+    prompt = gen.encode(text, chat=False)
+    stream = gen.stream(text, max_new_tokens=40, chat=False, draft="drafter")
+    for _, _piece in zip(range(3), stream):
+        pass
+    stream.close()
+    follow = prompt + [17, 18, 19]
+    warm = _warm(gen, follow, draft="drafter")
+    assert warm.stats.cached_tokens >= len(prompt) - 1
+    assert warm.token_ids == _cold(gen, follow, draft="drafter").token_ids
+
+
+def test_a_failure_inside_a_step_forgets_the_kept_state(gen, monkeypatch):
+    """A graph run that fails mid-prefill leaves half-written caches: the next request reuses
+    nothing and decodes as a cold run."""
+    _warm(gen, BASE)
+    runner, calls = gen.target.runner, {"n": 0}
+    real = runner.run
+
+    def failing(binding):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected: the graph run failed")
+        return real(binding)
+
+    longer = BASE + list(range(20, 60))
+    monkeypatch.setattr(runner, "run", failing)
+    with pytest.raises(RuntimeError, match="injected"):
+        _warm(gen, longer)
+    monkeypatch.setattr(runner, "run", real)
+    warm = _warm(gen, longer)
+    assert warm.stats.cached_tokens == 0
+    assert warm.token_ids == _cold(gen, longer).token_ids
+
+
+def test_a_failure_mid_decode_forgets_the_kept_state(gen, monkeypatch):
+    runner, calls = gen.target.runner, {"n": 0}
+    real = runner.run
+
+    def failing(binding):
+        calls["n"] += 1
+        if calls["n"] == 4:  # prefill ran; a decode step fails
+            raise RuntimeError("injected: a decode step failed")
+        return real(binding)
+
+    monkeypatch.setattr(runner, "run", failing)
+    with pytest.raises(RuntimeError, match="injected"):
+        gen.generate_ids(BASE, 12, stop_token_ids=(), cache_prompt=False, draft="none")
+    monkeypatch.setattr(runner, "run", real)
+    warm = _warm(gen, BASE + [7], draft="none")
+    assert warm.stats.cached_tokens == 0
