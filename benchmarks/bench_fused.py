@@ -26,7 +26,7 @@ def _filled(bundle: str, graph: str, threads: int, prefix: list[int]):
     from dflash_edge.runtime.sampling import SamplingParams
 
     gen = Generator.load(bundle, threads=threads, verify=False, target_graph=graph)
-    gen._prefill(prefix, SamplingParams())  # a real prefix in the cache
+    gen._prefill(prefix, SamplingParams(), reuse=False)  # a real prefix in the cache
     return gen
 
 

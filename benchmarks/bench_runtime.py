@@ -49,7 +49,7 @@ def measure(
         tgt.step(t)
     context = min(context, gen.max_context - chunk)
     ids = [(7 * i) % 1000 + 10 for i in range(context)]
-    gen._prefill(ids, gen_sampling())  # fills the caches with a real prefix
+    gen._prefill(ids, gen_sampling(), reuse=False)  # fills the caches with a real prefix
     drf.kv.pos = context - block  # the drafter has all but one block of context
 
     def decode():

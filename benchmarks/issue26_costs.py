@@ -75,7 +75,9 @@ def window(root: Path, threads: int) -> None:
         ids = [(7 * i) % 90 + 6 for i in range(ctx)]
         row = {}
         for name, gen in gens.items():
-            gen._prefill(ids, SamplingParams())  # the target's features for every position
+            gen._prefill(
+                ids, SamplingParams(), reuse=False
+            )  # the target's features for every position
 
             def draft(gen=gen):
                 gen.drafter.kv.pos = ctx - 16  # one block of new context, as after an accept

@@ -107,7 +107,7 @@ def step_times(
     vocab = gen.bundle.model["vocab_size"]
     # any in-vocabulary prefix: costs only
     ids = [(7 * i + 3) % min(vocab, 1000) for i in range(ctx)]
-    gen._prefill(ids, SamplingParams())  # a real prefix in both caches
+    gen._prefill(ids, SamplingParams(), reuse=False)  # a real prefix in both caches
 
     walk = lattice_drafter(drf, SamplingParams())  # a DFlash2 drafter: + its host walk
 

@@ -132,6 +132,7 @@ class Generator:
         self.fim = find_template(tokenizer)  # fim.py: None when the model has no FIM tokens
         self._guard = GenerationGuard()  # one sequence at a time (the caches are single-sequence)
         self._kept: list[int] = []  # the ids whose caches are valid, by position (_loop keeps it)
+        self._run_id = 0  # the latest _loop: only it may say what the caches hold
 
     @classmethod
     def load(
@@ -341,7 +342,11 @@ class Generator:
             TextAssembler(self.tokenizer, req.options.stop, cut),
         )
         eos = self.eos | self.fim.stop_ids if req.fim else self.eos
-        tokens = yield from text_pieces(self._loop(req, stats, eos), text)
+        loop = self._loop(req, stats, eos)
+        try:
+            tokens = yield from text_pieces(loop, text)
+        finally:
+            loop.close()  # a text stop ends the loop now, not when it is collected
         if text.stopped:  # the text ended before the loop did (a cut: a limit, as llama-server)
             stats.finish_reason, stats.new_tokens = (
                 "length" if text.was_cut else "stop",
@@ -357,7 +362,8 @@ class Generator:
         opts = req.options
         sampling = SamplingParams(opts.temperature, opts.top_k, opts.top_p, opts.seed)
         emit = Emitter(opts.max_new_tokens, eos, room=self._room(req.prompt_ids))
-        clean = False
+        clean, self._run_id = False, self._run_id + 1
+        run_id = self._run_id
         try:
             t = time.perf_counter()
             first, stats.cached_tokens = self._prefill(req.prompt_ids, sampling, opts.cache_prompt)
@@ -379,8 +385,10 @@ class Generator:
             clean = True
             raise
         finally:
-            # what the caches hold, by position; nothing after a failure inside a step
-            self._kept = (req.prompt_ids + emit.tokens)[: self.target.pos] if clean else []
+            # what the caches hold, by position; nothing after a failure inside a step (and a
+            # loop finished after a later one began says nothing)
+            if run_id == self._run_id:
+                self._kept = (req.prompt_ids + emit.tokens)[: self.target.pos] if clean else []
 
     def _step(self, emit: Emitter, proposer, sampling: SamplingParams, stats) -> list[int]:
         """propose -> verify -> accept -> advance; the tokens committed."""

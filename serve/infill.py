@@ -7,8 +7,9 @@ Request fields, as protocol.py treats the OpenAI ones (anything not listed is a 
   ends; 0: answer at once without generating, the plugins' cache warm-up), `temperature` (default
   0 here: greedy; llama-server's is 0.8), `top_k`, `top_p`, `seed`, `stop`, `stream`, `n_indent`
   (end the middle before a line indented less), `t_max_predict_ms` (end it at the first newline
-  after that long), `model`, and our `draft` and `max_lines`;
-- IGNORED: `cache_prompt`, `t_max_prompt_ms` (llama-server does not act on it either), `id_slot`;
+  after that long), `cache_prompt` (default true: reuse the prefix the last request left cached;
+  `tokens_cached` and `timings.cache_n` say how much), `model`, and our `draft` and `max_lines`;
+- IGNORED: `t_max_prompt_ms` (llama-server does not act on it either), `id_slot`;
 - `samplers`: any list when greedy (the argmax is the same whatever the chain); when sampling, only
   `top_k`, `top_p`, `temperature` (the chain this server runs), else a 400 naming it;
 - NEUTRAL (accepted at the value that changes nothing): `n_probs: 0`, `min_p: 0`, `repeat_penalty:
@@ -32,7 +33,15 @@ import uuid
 
 from ..runtime.fim import FimPrompt
 from ..runtime.validate import GenerationOptions, InvalidArgumentError, check_flag, check_text
-from .protocol import Job, _check_fields, _check_model, _short, extension, parse_body
+from .protocol import (
+    Job,
+    _check_fields,
+    _check_model,
+    _short,
+    extension,
+    extension_options,
+    parse_body,
+)
 
 HONOURED = frozenset(
     {
@@ -48,13 +57,14 @@ HONOURED = frozenset(
         "stream",
         "n_indent",
         "t_max_predict_ms",
+        "cache_prompt",
         "model",
         "draft",
         "max_lines",
         "samplers",
     }
 )
-IGNORED = frozenset({"cache_prompt", "t_max_prompt_ms", "id_slot"})
+IGNORED = frozenset({"t_max_prompt_ms", "id_slot"})
 NEUTRAL = {
     "n_probs": (0,),
     "min_p": (0,),
@@ -114,7 +124,7 @@ def parse_infill(body: dict, served: str | None = None, max_context: int = 1 << 
     ).checked()
     seed = body.get("seed")
     seed = None if seed is None or seed == -1 else seed  # llama-server's -1: a random seed
-    extra = {"draft": body["draft"]} if body.get("draft") is not None else {}
+    extra = extension_options(body)
     fields = {"top_k": 0, "top_p": 1.0, "temperature": 0.0}
     fields.update({k: body[k] for k in fields if body.get(k) is not None})
     options = GenerationOptions(
@@ -221,7 +231,7 @@ class InfillReply:
             "model": self.model,
             "tokens_predicted": len(result.token_ids),
             "tokens_evaluated": s.prompt_tokens,
-            "tokens_cached": 0,
+            "tokens_cached": s.cached_tokens,
             "truncated": False,
             "has_new_line": "\n" in result.text,
             "stop_type": stop_type,
@@ -254,11 +264,14 @@ class InfillReply:
 
 def _timings(s, predicted: int) -> dict:
     prompt_ms, predicted_ms = s.prefill_s * 1e3, s.decode_s * 1e3
+    # llama-server's prompt_n: the prompt tokens evaluated; cache_n: those its cache served
+    evaluated = s.prompt_tokens - s.cached_tokens
     return {
-        "prompt_n": s.prompt_tokens,
+        "cache_n": s.cached_tokens,
+        "prompt_n": evaluated,
         "prompt_ms": round(prompt_ms, 3),
-        "prompt_per_token_ms": round(prompt_ms / max(s.prompt_tokens, 1), 3),
-        "prompt_per_second": round(s.prompt_tokens / prompt_ms * 1e3, 3) if prompt_ms else 0.0,
+        "prompt_per_token_ms": round(prompt_ms / max(evaluated, 1), 3),
+        "prompt_per_second": round(evaluated / prompt_ms * 1e3, 3) if prompt_ms else 0.0,
         "predicted_n": predicted,
         "predicted_ms": round(predicted_ms, 3),
         "predicted_per_token_ms": round(predicted_ms / max(predicted, 1), 3),

@@ -92,7 +92,7 @@ NEUTRAL = {
     "web_search_options": (),
 }
 HONOURED = frozenset(
-    {"model", "seed", "stop", "stream", "stream_options", "draft", *SAMPLING_FIELDS}
+    {"model", "seed", "stop", "stream", "stream_options", "draft", "cache_prompt", *SAMPLING_FIELDS}
 )
 FINISH = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -173,7 +173,7 @@ def parse_request(body: dict, chat: bool, served: str | None = None) -> Job:
         if body.get(name) is not None:
             values[arg], labels[arg] = body[name], name
     seed = body.get("seed")
-    extra = {"draft": body["draft"]} if body.get("draft") is not None else {}
+    extra = extension_options(body)
     options = GenerationOptions(
         **values,
         seed=secrets.randbits(63) if seed is None else seed,
@@ -270,8 +270,21 @@ def extension(result) -> dict:
 
 
 def usage(result) -> dict:
+    """OpenAI's usage object; `cached_tokens`: prompt tokens the server's kept state served."""
     p, c = result.stats.prompt_tokens, len(result.token_ids)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": c,
+        "total_tokens": p + c,
+        "prompt_tokens_details": {"cached_tokens": result.stats.cached_tokens},
+    }
+
+
+def extension_options(body: dict) -> dict:
+    """The GenerationOptions fields beyond OpenAI's: `draft`, and llama-server's `cache_prompt`
+    (true unless false: reuse the prefix the last request left cached)."""
+    names = {"draft": "draft", "cache_prompt": "cache_prompt"}
+    return {arg: body[name] for name, arg in names.items() if body.get(name) is not None}
 
 
 class Reply:

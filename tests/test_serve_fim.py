@@ -119,3 +119,39 @@ def test_a_model_without_fim_tokens_is_refused(serve):
     assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
     r = httpx.post(f"{s.url}/v1/chat/completions", json={"messages": [], "suffix": "t6"})
     assert r.status_code == 400  # chat has no suffix: refused, as before
+
+
+def test_keystrokes_reuse_the_cached_prefix_and_answer_as_cold(fim_server):
+    """llama.vscode's session: each keystroke extends the prefix; the server reuses what the last
+    request left (`tokens_cached`, `timings.cache_n`) and answers as `cache_prompt: false` does."""
+    url, typed = f"{fim_server.url}/infill", ""
+    httpx.post(url, json={**VSCODE, "cache_prompt": False})
+    for key in (" t31", " t32", " t33"):
+        typed += key
+        body = {**VSCODE, "input_prefix": PREFIX + typed, "temperature": 0}
+        warm = httpx.post(url, json=body).json()
+        cold = httpx.post(url, json={**body, "cache_prompt": False}).json()
+        assert warm["content"] == cold["content"]
+        assert cold["tokens_cached"] == 0
+        assert warm["tokens_cached"] > 0 and warm["timings"]["cache_n"] == warm["tokens_cached"]
+        assert warm["timings"]["prompt_n"] == warm["tokens_evaluated"] - warm["tokens_cached"]
+        # the cold request just ran this body: a repeat reuses all of it but the last token
+        again = httpx.post(url, json=body).json()
+        assert again["tokens_cached"] == again["tokens_evaluated"] - 1
+
+
+def test_chat_turns_report_cached_tokens_as_openai(fim_server):
+    url = f"{fim_server.url}/v1/chat/completions"
+    messages = [{"role": "user", "content": "t5 t6 t7 t8 t9 t10 t11 t12"}]
+    first = httpx.post(url, json={"messages": messages, "max_tokens": 6, "temperature": 0}).json()
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
+    answer = first["choices"][0]["message"]["content"]
+    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "t13"}]
+    body = {"messages": messages, "max_tokens": 6, "temperature": 0}
+    second = httpx.post(url, json=body).json()
+    cold = httpx.post(url, json={**body, "cache_prompt": False}).json()
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert second["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
+    bad = httpx.post(url, json={**body, "cache_prompt": "yes"})
+    assert bad.status_code == 400 and "cache_prompt" in bad.text

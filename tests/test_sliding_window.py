@@ -123,7 +123,7 @@ def test_runtime_drafts_equal_torch_reference_and_window_memory_is_bounded(windo
     drafts' hidden states (the mask is not a no-op)."""
     _, target, drafter, gen = windowed
     ids = [(7 * i + 2) % 90 + 6 for i in range(29)]
-    gen._prefill(ids, SamplingParams())  # features of positions 0..28
+    gen._prefill(ids, SamplingParams(), reuse=False)  # features of positions 0..28
     feats = gen.target.hidden.array  # [capacity, N]
     unwindowed = copy.deepcopy(drafter)  # same weights, every layer full
     unwindowed.config.layer_types = ["full_attention"] * len(LAYER_TYPES)
