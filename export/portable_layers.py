@@ -10,7 +10,7 @@ drafter); what differs per family comes from its `AttentionSpec` (biases, per-he
 from the file name.
 
 >>> layer = Layer(ckpt, "model.layers.0", spec, intermediate)  # doctest: +SKIP
->>> x = decoder_layer(g, x, layer, rope, past, mask)  # doctest: +SKIP
+>>> x = decoder_layer(g, x, layer, Keys(rope, past, mask))  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -46,6 +46,16 @@ class Rope:
     sin_q: str
     cos_kv: str
     sin_kv: str
+
+
+@dataclass(frozen=True)
+class Keys:
+    """What one layer's queries attend over: the RoPE rows, the past K / V [1, Hkv, S, D] and the
+    additive mask [rep*T, S + Tkv] (None: every key visible)."""
+
+    rope: Rope
+    past: tuple[str, str]
+    mask: str | None
 
 
 def linear(g: GraphBuilder, x: str, ckpt, name: str, bias: bool) -> str:
@@ -126,20 +136,13 @@ def heads(g: GraphBuilder, y: str, layer: Layer, num: int, norm: str | None) -> 
 
 
 def attention(
-    g: GraphBuilder,
-    h: str,
-    kv_in: str,
-    layer: Layer,
-    rope: Rope,
-    past: tuple[str, str],
-    mask: str | None,
+    g: GraphBuilder, h: str, kv_in: str, layer: Layer, keys: Keys
 ) -> tuple[str, str, str]:
-    """Queries from h [1, T, H], new keys/values from kv_in [1, Tkv, H], attending to [past ; new].
+    """Queries from h [1, T, H], new keys/values from kv_in [1, Tkv, H], attending to [past ; new]
+    (`keys`).
 
-    Returns (o_proj output [1, T, H], new K [1, Hkv, Tkv, D], new V). `mask`: additive [rep*T, S +
-    Tkv] (the causal mask tiled over the query heads of one KV head), or None (all keys visible).
-    """
-    s = layer.spec
+    Returns (o_proj output [1, T, H], new K [1, Hkv, Tkv, D], new V)."""
+    s, rope = layer.spec, keys.rope
     q, k, v = projections(g, h, kv_in, layer)
     q = apply_rope(g, heads(g, q, layer, s.num_heads, "q_norm"), rope.cos_q, rope.sin_q, s.head_dim)
     # [1, Hkv, Tkv, D]
@@ -150,36 +153,24 @@ def attention(
     # [1, T, Hq*D]
     out = g.op(
         "Reshape",
-        [
-            attend(g, q, k_new, v_new, past, mask, s.num_heads, s.num_kv_heads, s.head_dim),
-            g.const([0, 0, s.num_heads * s.head_dim]),
-        ],
+        [attend(g, q, (k_new, v_new), keys, s), g.const([0, 0, s.num_heads * s.head_dim])],
     )
     return linear(g, out, layer.ckpt, f"{layer.prefix}.self_attn.o_proj", s.o_bias), k_new, v_new
 
 
-def attend(
-    g: GraphBuilder,
-    q: str,
-    k_new: str,
-    v_new: str,
-    past: tuple[str, str],
-    mask: str | None,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-) -> str:
+def attend(g: GraphBuilder, q: str, new: tuple[str, str], keys: Keys, spec: AttentionSpec) -> str:
     """Scaled dot-product attention of q [1, Hq, T, D] over [past ; new] keys and values [1, Hkv, S
-    + Tkv, D] (query heads grouped per KV head) -> [1, T, Hq, D]. `mask`: additive [rep*T, S + Tkv],
-    or None."""
-    k = g.op("Concat", [past[0], k_new], axis=2)  # [1, Hkv, S + Tkv, D]
-    v = g.op("Concat", [past[1], v_new], axis=2)
+    + Tkv, D] (query heads grouped per KV head) -> [1, T, Hq, D]; `keys.mask`: additive [rep*T, S +
+    Tkv], or None."""
+    num_heads, num_kv_heads, head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    k = g.op("Concat", [keys.past[0], new[0]], axis=2)  # [1, Hkv, S + Tkv, D]
+    v = g.op("Concat", [keys.past[1], new[1]], axis=2)
     grouped = g.op("Reshape", [q, g.const([1, num_kv_heads, -1, head_dim])])  # [1, Hkv, rep*T, D]
     # [1, Hkv, rep*T, S']
     scores = g.op("MatMul", [grouped, g.op("Transpose", [k], perm=[0, 1, 3, 2])])
     scores = g.op("Div", [scores, g.scalar(math.sqrt(head_dim))])
-    if mask is not None:
-        scores = g.op("Add", [scores, mask])
+    if keys.mask is not None:
+        scores = g.op("Add", [scores, keys.mask])
     out = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])  # [1, Hkv, rep*T, D]
     out = g.op("Reshape", [out, g.const([1, num_heads, -1, head_dim])])  # [1, Hq, T, D]
     return g.op("Transpose", [out], perm=[0, 2, 1, 3])  # [1, T, Hq, D]
@@ -207,13 +198,7 @@ def mlp(g: GraphBuilder, h: str, layer: Layer) -> str:
 
 
 def decoder_layer(
-    g: GraphBuilder,
-    x: str,
-    layer: Layer,
-    rope: Rope,
-    past: tuple[str, str],
-    mask: str | None,
-    ctx: str | None = None,
+    g: GraphBuilder, x: str, layer: Layer, keys: Keys, ctx: str | None = None
 ) -> tuple[str, str, str]:
     """Pre-norm decoder layer (models/layers.DecoderLayer): (x out [1, T, H], new K, new V).
 
@@ -222,7 +207,7 @@ def decoder_layer(
     eps = layer.spec.rms_norm_eps
     h = rms_norm(g, x, layer.ckpt, f"{layer.prefix}.input_layernorm", eps)
     kv_in = h if ctx is None else g.op("Concat", [ctx, h], axis=1)  # [1, C + T, H]
-    attn, k_new, v_new = attention(g, h, kv_in, layer, rope, past, mask)
+    attn, k_new, v_new = attention(g, h, kv_in, layer, keys)
     x = g.op("Add", [x, attn])
     write_mlp = layer.write_mlp or mlp  # the family's (export/families), else dense
     h = rms_norm(g, x, layer.ckpt, f"{layer.prefix}.post_attention_layernorm", eps)
