@@ -26,7 +26,7 @@ import numpy as np
 from .graph_builder import GraphBuilder
 from .portable_drafter import build_drafter
 from .portable_layers import Keys, Layer, attention, mlp, rms_norm
-from .weight_format import matmul
+from .weight_format import Weight, matmul
 
 if TYPE_CHECKING:
     from .target_job import TargetJob
@@ -50,7 +50,7 @@ class ConvAt:
 def _wide(g: GraphBuilder, x: str, ckpt, name: str) -> str:
     """x @ `name.weight`^T at >= 8 bits (8 in a low-bit graph, else the graph's float)."""
     bits = 8 if g.fmt.bits else 0
-    return matmul(g, x, ckpt, [f"{name}.weight"], f"{name}.weight", bits=bits)
+    return matmul(g, x, Weight.named(ckpt, f"{name}.weight"), bits=bits)
 
 
 def _pick(g: GraphBuilder, x: str, i: int, axis: int, shape: list[int]) -> str:

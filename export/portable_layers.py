@@ -23,7 +23,7 @@ import numpy as np
 from ..models.rope import rope_tables
 from ..models.spec import AttentionSpec
 from .graph_builder import GraphBuilder
-from .weight_format import matmul
+from .weight_format import Weight, matmul
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Keys:
 def linear(g: GraphBuilder, x: str, ckpt, name: str, bias: bool) -> str:
     """x @ W^T (+ b), W = `name.weight`: [.., in] -> [.., out], W at the graph's precision
     (weight_format.py)."""
-    y = matmul(g, x, ckpt, [f"{name}.weight"], f"{name}.weight")
+    y = matmul(g, x, Weight.named(ckpt, f"{name}.weight"))
     if bias:
         y = g.op("Add", [y, g.init(f"{name}.bias", lambda: ckpt.array(f"{name}.bias"))])
     return y
@@ -103,7 +103,7 @@ def packed_qkv(g: GraphBuilder, h: str, layer: Layer) -> str:
     name, ckpt = f"{layer.prefix}.self_attn", layer.ckpt
     projs = [f"{name}.{p}_proj" for p in "qkv"]
     # [1, T, (Hq + 2Hkv) D]
-    y = matmul(g, h, ckpt, [f"{p}.weight" for p in projs], f"{name}.qkv_proj.weight")
+    y = matmul(g, h, Weight(ckpt, [f"{p}.weight" for p in projs], f"{name}.qkv_proj.weight"))
     if layer.spec.qkv_bias:
         bias = lambda: np.concatenate([ckpt.array(f"{p}.bias") for p in projs])  # noqa: E731
         y = g.op("Add", [y, g.init(f"{name}.qkv_proj.bias", bias)])
@@ -179,16 +179,13 @@ def attend(g: GraphBuilder, q: str, new: tuple[str, str], keys: Keys, spec: Atte
 def mlp(g: GraphBuilder, h: str, layer: Layer) -> str:
     """down(silu(gate(h)) * up(h)); silu as x * Sigmoid(x) (onnxruntime fuses it): the dense MLP."""
     name = f"{layer.prefix}.mlp"
-    if g.fmt.bits:  # low-bit: gate and up as one MatMulNBits over stacked rows (one op and one
-        width = layer.ckpt.shape(f"{name}.gate_proj.weight")[0]  # correction fewer), both flavours
+    # low-bit: gate and up as one MatMulNBits over stacked rows (one op and one correction
+    # fewer), both flavours
+    if g.fmt.bits:
+        width = layer.ckpt.shape(f"{name}.gate_proj.weight")[0]
+        gate_up = [f"{name}.{p}_proj.weight" for p in ("gate", "up")]
         # [1, T, 2I]
-        both = matmul(
-            g,
-            h,
-            layer.ckpt,
-            [f"{name}.{p}_proj.weight" for p in ("gate", "up")],
-            f"{name}.gate_up_proj.weight",
-        )
+        both = matmul(g, h, Weight(layer.ckpt, gate_up, f"{name}.gate_up_proj.weight"))
         gate, up = g.ops("Split", [both, g.const([width, width])], 2, axis=-1)  # [1, T, I] each
     else:
         gate = linear(g, h, layer.ckpt, f"{name}.gate_proj", False)  # [1, T, I]

@@ -30,7 +30,7 @@ from .portable_layers import (
     split_past,
     stack_new,
 )
-from .weight_format import Table, matmul
+from .weight_format import Table, Weight, matmul
 
 if TYPE_CHECKING:
     from .target_job import MlpWriters, TargetJob
@@ -46,16 +46,8 @@ def embedding(g: GraphBuilder, ckpt) -> Table:
 
 def untied_head(g: GraphBuilder, h: str, ckpt, out: str | None = None) -> str:
     """h @ lm_head^T, the weight shared with the drafter, at the table's precision."""
-    return matmul(
-        g,
-        h,
-        ckpt,
-        ["lm_head.weight"],
-        "lm_head.weight",
-        out,
-        shared="lm_head",
-        bits=g.fmt.table_bits,
-    )
+    head = Weight(ckpt, ["lm_head.weight"], "lm_head.weight", shared="lm_head")
+    return matmul(g, h, head, out, bits=g.fmt.table_bits)
 
 
 def lm_head(g: GraphBuilder, h: str, cfg, ckpt, embed: Table, out: str) -> str:
