@@ -36,14 +36,13 @@ from .graph_builder import OPSET, GraphBuilder
 from .portable_layers import (
     Keys,
     Layer,
-    Rope,
     apply_rope,
     attend,
     float_min,
     int_range,
     linear,
     mlp,
-    rope_rows,
+    rope_at,
     rope_table,
     split_past,
     stack_new,
@@ -310,11 +309,11 @@ def _call_inputs(g: GraphBuilder, cfg, reach: int | None) -> tuple:
     num_past = g.op("Shape", ["past_key"], start=0, end=1)  # [1] = S
     offsets = int_range(g, num_new)  # [T]
     table = rope_table(g, "rope", cfg, cfg.rotary_dim, reach)
-    cos, sin = rope_rows(g, table, g.op("Add", ["start", offsets]))  # [T, R]
+    rope = rope_at(g, table, g.op("Add", ["start", offsets]))  # [T, R]
     mask = causal_mask(
         g, num_new, num_past, offsets, cfg.num_attention_heads // cfg.num_key_value_heads
     )
-    return Rope(cos, sin, cos, sin), mask, _masks(g, offsets)
+    return rope, mask, _masks(g, offsets)
 
 
 def _carry_in(g: GraphBuilder, cfg) -> tuple[dict, dict]:

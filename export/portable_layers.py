@@ -233,6 +233,12 @@ def rope_rows(g: GraphBuilder, table: tuple[str, str], positions: str) -> tuple[
     )
 
 
+def rope_at(g: GraphBuilder, table: tuple[str, str], positions: str) -> Rope:
+    """The RoPE rows at `positions` [T] for queries and keys alike (a target's self-attention)."""
+    cos, sin = rope_rows(g, table, positions)  # [T, D] each
+    return Rope(cos, sin, cos, sin)
+
+
 def rope_table(
     g: GraphBuilder, name: str, cfg, dim: int | None = None, rows: int | None = None
 ) -> tuple[str, str]:

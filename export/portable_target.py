@@ -20,12 +20,11 @@ from .graph_builder import OPSET, GraphBuilder
 from .portable_layers import (
     Keys,
     Layer,
-    Rope,
     decoder_layer,
     float_min,
     int_range,
     rms_norm,
-    rope_rows,
+    rope_at,
     rope_table,
     split_past,
     stack_new,
@@ -95,8 +94,7 @@ def build_target(job: TargetJob, out: Path, mlps: tuple[MlpWriters, ...]) -> Pat
     offsets = int_range(g, num_new)  # [T]
     positions = g.op("Add", ["start", offsets])  # [T]
     mask = causal_mask(g, num_new, num_past, offsets, spec.num_heads // spec.num_kv_heads)
-    cos, sin = rope_rows(g, rope_table(g, "rope", cfg, rows=job.reach), positions)  # [T, D] each
-    rope = Rope(cos, sin, cos, sin)
+    rope = rope_at(g, rope_table(g, "rope", cfg, rows=job.reach), positions)
     embed = embedding(g, ckpt)
     x = embed.gather("input_ids")  # [1, T, H]
     past_k = split_past(g, "past_key", cfg.num_hidden_layers)
