@@ -96,7 +96,8 @@ def hybrid(root: Path, threads: int, precision: str = "fp32") -> None:
     import torch
     import transformers
 
-    from dflash_edge.export.hybrid_target import build_hybrid_target
+    from dflash_edge.export.hybrid_target import GRAPH, build_hybrid_target
+    from dflash_edge.export.target_job import TargetJob
     from dflash_edge.export.weight_store import WeightStore
     from dflash_edge.models.checkpoint import Checkpoint
     from dflash_edge.models.config import TargetConfig
@@ -127,9 +128,10 @@ def hybrid(root: Path, threads: int, precision: str = "fp32") -> None:
     fmt = WeightFormat(
         precision, 0 if precision == "fp32" else 8
     )  # as the exporter's weight_formats
-    path = build_hybrid_target(
-        cfg, Checkpoint.open(root / "ck"), (1,), WeightStore(root), root / "h.onnx", fmt=fmt
+    job = TargetJob(
+        cfg, Checkpoint.open(root / "ck"), (1,), WeightStore(root), {GRAPH: {"fmt": fmt}}
     )
+    path = build_hybrid_target(job, root / "h.onnx")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])

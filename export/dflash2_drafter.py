@@ -11,20 +11,25 @@ The conv and selector weights stay at >= 8 bits whatever the drafter's precision
 break the ranking): projections at 8 bits in an int4 / int8 graph, fp32 otherwise; the codebooks and
 base taps are float tensors (`MANIFEST_NOTE`).
 
->>> build(tc, dc, target_ckpt, draft_ckpt, store, Path("b/drafter.onnx"), 8)  # doctest: +SKIP
+>>> build(job, dc, draft_ckpt, Path("b/drafter.onnx"))  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .graph_builder import GraphBuilder
 from .portable_drafter import build_drafter
-from .portable_layers import Layer, attention, mlp, rms_norm
-from .weight_format import matmul
+from .portable_layers import Keys, Layer, attention, mlp, rms_norm
+from .weight_format import Weight, matmul
+
+if TYPE_CHECKING:
+    from .target_job import TargetJob
 
 MANIFEST_NOTE = (
     "DFlash2: conv taps and codebooks stored as float tensors, conv and selector projections at "
@@ -32,10 +37,20 @@ MANIFEST_NOTE = (
 )
 
 
+@dataclass(frozen=True)
+class ConvAt:
+    """One of a layer's two convs: where its weights are (`name`: `layers.N.attention_conv` or
+    `.mlp_conv`) and the dims (block, kernel, groups, group size)."""
+
+    ckpt: object
+    name: str
+    dims: tuple[int, int, int, int]
+
+
 def _wide(g: GraphBuilder, x: str, ckpt, name: str) -> str:
     """x @ `name.weight`^T at >= 8 bits (8 in a low-bit graph, else the graph's float)."""
     bits = 8 if g.fmt.bits else 0
-    return matmul(g, x, ckpt, [f"{name}.weight"], f"{name}.weight", bits=bits)
+    return matmul(g, x, Weight.named(ckpt, f"{name}.weight"), bits=bits)
 
 
 def _pick(g: GraphBuilder, x: str, i: int, axis: int, shape: list[int]) -> str:
@@ -43,10 +58,10 @@ def _pick(g: GraphBuilder, x: str, i: int, axis: int, shape: list[int]) -> str:
     return g.op("Reshape", [g.op("Gather", [x, g.const([i])], axis=axis), g.const(shape)])
 
 
-def conv(g: GraphBuilder, x: str, dyn: str, ckpt, name: str, side: int, dims) -> str:
+def conv(g: GraphBuilder, x: str, dyn: str, at: ConvAt, side: int) -> str:
     """sum_k (base[side, k] + dyn[k]) * (x shifted down k rows) per channel group: x [1, B, H],
     dyn [1, B, K, G, 1] -> [1, B, H]."""
-    block, kernel, groups, group = dims
+    (block, kernel, groups, group), ckpt, name = at.dims, at.ckpt, at.name
     xs = g.op("Reshape", [x, g.const([1, block, groups, group])])  # [1, B, G, g]
     out = None
     for k in range(min(kernel, block)):
@@ -66,26 +81,27 @@ def conv(g: GraphBuilder, x: str, dyn: str, ckpt, name: str, side: int, dims) ->
     return g.op("Reshape", [out, g.const([1, block, groups * group])])
 
 
-def prepare(g: GraphBuilder, h: str, ckpt, name: str, dims) -> tuple[str, str]:
-    """(conv of h, the finish conv's coefficients [1, B, K, G, 1]) for conv `name`."""
-    block, kernel, groups, _ = dims
-    dyn = _wide(g, h, ckpt, f"{name}.kernel_projection")  # [1, B, 2*K*G]
+def prepare(g: GraphBuilder, h: str, at: ConvAt) -> tuple[str, str]:
+    """(conv of h, the finish conv's coefficients [1, B, K, G, 1]) for conv `at`."""
+    block, kernel, groups, _ = at.dims
+    dyn = _wide(g, h, at.ckpt, f"{at.name}.kernel_projection")  # [1, B, 2*K*G]
     dyn = g.op("Reshape", [dyn, g.const([1, block, 2, kernel, groups, 1])])
     first, second = (_pick(g, dyn, s, 2, [1, block, kernel, groups, 1]) for s in (0, 1))
-    return conv(g, h, first, ckpt, name, 0, dims), second
+    return conv(g, h, first, at, 0), second
 
 
-def dflash2_layer(g, x, layer: Layer, rope, past, mask, ctx=None, dims=None):
+def dflash2_layer(g, x, layer: Layer, keys: Keys, ctx=None, dims=None):
     """portable_layers.decoder_layer with a conv around each sublayer (dflash2.DFlash2Layer)."""
     eps, p, ckpt = layer.spec.rms_norm_eps, layer.prefix, layer.ckpt
+    attn_conv, mlp_conv = (ConvAt(ckpt, f"{p}.{c}", dims) for c in ("attention_conv", "mlp_conv"))
     h = rms_norm(g, x, ckpt, f"{p}.input_layernorm", eps)
-    h, dyn = prepare(g, h, ckpt, f"{p}.attention_conv", dims)
+    h, dyn = prepare(g, h, attn_conv)
     kv_in = h if ctx is None else g.op("Concat", [ctx, h], axis=1)
-    attn, k_new, v_new = attention(g, h, kv_in, layer, rope, past, mask)
-    x = g.op("Add", [x, conv(g, attn, dyn, ckpt, f"{p}.attention_conv", 1, dims)])
+    attn, k_new, v_new = attention(g, h, kv_in, layer, keys)
+    x = g.op("Add", [x, conv(g, attn, dyn, attn_conv, 1)])
     h = rms_norm(g, x, ckpt, f"{p}.post_attention_layernorm", eps)
-    h, dyn = prepare(g, h, ckpt, f"{p}.mlp_conv", dims)
-    m = conv(g, mlp(g, h, layer), dyn, ckpt, f"{p}.mlp_conv", 1, dims)
+    h, dyn = prepare(g, h, mlp_conv)
+    m = conv(g, mlp(g, h, layer), dyn, mlp_conv, 1)
     return g.op("Add", [x, m]), k_new, v_new
 
 
@@ -130,11 +146,10 @@ def lattice(g: GraphBuilder, flat: str, logits: str, dc, ckpt, block: int) -> No
     g.op("Reshape", [walk, g.const([1, rows])], "draft_ids")
 
 
-def build(
-    tc, dc, target_ckpt, draft_ckpt, store, out: Path, block: int, vocab=None, **kwargs
-) -> Path:
+def build(job: TargetJob, dc, draft_ckpt, out: Path, vocab=None) -> Path:
     """portable_drafter.build_drafter for a DFlash2 drafter (same arguments; no reduced vocab:
     the exporter refuses one)."""
+    block = job.opts.block_size
     dims = (block, dc.conv_kernel_size, dc.conv_groups, dc.conv_group_size)
     hooks = {
         "embed_scale": float(dc.input_embedding_scale),
@@ -142,4 +157,4 @@ def build(
         "drafts": lambda g, flat, logits: lattice(g, flat, logits, dc, draft_ckpt, block),
         "dims": {"Kc": dc.selector_top_k},
     }
-    return build_drafter(tc, dc, target_ckpt, draft_ckpt, store, out, block, hooks=hooks, **kwargs)
+    return build_drafter(job, dc, draft_ckpt, out, vocab, hooks=hooks)

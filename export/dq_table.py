@@ -158,4 +158,4 @@ class DqTable(Table):
             block_size=self.layout.block_size,
         )
         y = g.op("MatMul", [flat, w_t])
-        return _corrected(g, flat, self.key, self.layout, self.get, y, None, "embed_tokens")
+        return _corrected(g, flat, y, (self.key, (self.layout, self.get), "embed_tokens"))

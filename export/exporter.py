@@ -282,18 +282,7 @@ def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
         **family_writers(tc.model_type).target_writers(job),
         "drafter": lambda p: (
             dflash2_drafter.build if _dflash2(dc) else portable_drafter.build_drafter
-        )(
-            tc,
-            dc,
-            src.target_ckpt,
-            src.draft_ckpt,
-            store,
-            p,
-            opts.block_size,
-            src.vocab,
-            **fmt["drafter"],
-            reach=reach,
-        ),
+        )(job, dc, src.draft_ckpt, p, src.vocab),
     }
     for name in writers:
         if name == "target_fused" and fused_note is not None:

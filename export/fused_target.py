@@ -14,22 +14,24 @@ references every tensor the portable graph already stores (by name, or byte for 
 `target.onnx.data`, or the embedding in `shared.onnx.data`) instead of storing it again: the two
 flavours share one copy of the weights.
 
->>> build_fused_target(  # doctest: +SKIP
-...     cfg, ckpt, capture=(1, 4), store=store, out=Path("b/target_fused.onnx"))
+>>> build_fused_target(job, Path("b/target_fused.onnx"), mlps)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..models import family_spec
 from ..models.rope import rope_tables
-from .families import family_writers
 from .graph_builder import MS, OPSET_FUSED, GraphBuilder
 from .portable_layers import Layer, linear, packed_qkv
-from .portable_target import embedding, lm_head
+from .portable_target import embedding, lm_head, target_dims
+
+if TYPE_CHECKING:
+    from .target_job import MlpWriters, TargetJob
 
 
 def _norm_weight(g: GraphBuilder, ckpt, name: str) -> str:
@@ -119,26 +121,18 @@ def _rope_halves(g: GraphBuilder, cfg, rows: int | None) -> dict:
     }
 
 
-def build_fused_target(
-    cfg,
-    ckpt,
-    capture: tuple[int, ...],
-    store,
-    out: Path,
-    fmt=None,
-    log=None,
-    reach: int | None = None,
-) -> dict:
-    """Write `out` (the `target_fused` graph), its weights through `store`; returns {reused,
-    appended} bytes.
+def build_fused_target(job: TargetJob, out: Path, mlps: tuple[MlpWriters, ...]) -> dict:
+    """Write `out` (the `target_fused` graph), its weights through `job.store`, each layer's MLP by
+    its `mlps` writer; returns {reused, appended} bytes.
 
     Tensors the portable target already stored (same name in `target.onnx.data`, or the shared
     embedding / head, the packed q/k/v weights) are referenced, never read again; only the
     half-width rope caches are new."""
+    cfg, ckpt, capture = job.tc, job.ckpt, job.capture
     spec, eps = family_spec(cfg), cfg.rms_norm_eps
-    g = GraphBuilder("target_fused", store, fmt, log)
+    g = job.builder("target_fused")
     embed = embedding(g, ckpt)
-    io = _rope_halves(g, cfg, reach)
+    io = _rope_halves(g, cfg, job.reach)
     one32 = g.const(1, np.int32)
     io["seqlens"] = g.op("Add", ["seqlens_k", one32])  # lengths with the pad row
     io["total"] = g.op("Add", ["total_sequence_length", one32])
@@ -149,7 +143,7 @@ def build_fused_target(
         axis=-1,
         epsilon=eps,
     )
-    captured, mlps = {}, family_writers(cfg.model_type).mlp_writers(cfg)
+    captured = {}
     for i in range(cfg.num_hidden_layers):
         layer = Layer(ckpt, f"model.layers.{i}", spec)
         a = _attention(g, h, layer, i, io)
@@ -164,13 +158,5 @@ def build_fused_target(
     g.op("Concat", [captured[i] for i in capture], "hidden", axis=-1)  # [1, T, N]
     lm_head(g, h, cfg, ckpt, embed, "logits")  # as the portable graph's head
     g.op("ArgMax", ["logits"], "next_ids", axis=-1, keepdims=0)  # [1, T]
-    dims = {
-        "L": cfg.num_hidden_layers,
-        "Hkv": cfg.num_key_value_heads,
-        "D": cfg.head_dim,
-        "V": cfg.vocab_size,
-        "H": cfg.hidden_size,
-        "N": len(capture) * cfg.hidden_size,
-    }
-    g.save(out, dims, {"": OPSET_FUSED, MS: 1})
-    return dict(store.stats["target_fused"])
+    g.save(out, target_dims(cfg, capture), {"": OPSET_FUSED, MS: 1})
+    return dict(job.store.stats["target_fused"])

@@ -17,8 +17,8 @@ were accepted) and first rebuilds the states after exactly those tokens (`_commi
 conv rows and one rank-`kept` update of the recurrent state), so a partial accept costs what a full
 one does and nothing is re-run.
 
->>> build_hybrid_target(  # doctest: +SKIP
-...     cfg, ckpt, capture=(1,), store=store, out=Path("b/target_hybrid.onnx"))
+>>> job = TargetJob(cfg, ckpt, capture=(1,), store=store)  # doctest: +SKIP
+>>> build_hybrid_target(job, Path("b/target_hybrid.onnx"))  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ..runtime.errors import DflashEdgeError
 from .dq_table import embedding_table
 from .graph_builder import OPSET, GraphBuilder
 from .portable_layers import (
+    Keys,
     Layer,
     apply_rope,
     attend,
@@ -41,12 +42,13 @@ from .portable_layers import (
     int_range,
     linear,
     mlp,
-    rope_rows,
+    rope_at,
     rope_table,
     split_past,
     stack_new,
 )
 from .portable_target import causal_mask, untied_head
+from .target_job import TargetJob
 
 GRAPH = "target_hybrid"
 MAX_TOKENS = 64  # the most tokens one call may carry (the solve's factor count follows from it)
@@ -121,81 +123,48 @@ def _commit(g: GraphBuilder, c: Carried, hv: int, km1: int) -> tuple[str, str]:
     return conv, g.op("Add", [g.op("Mul", [grow, c.rec_base]), update])
 
 
-def gated_deltanet(g: GraphBuilder, h: str, cfg, ckpt, name: str, carried: Carried, tri):
-    """One linear layer: h [T, H] after the previous call (`carried`) -> (out [T, H], (conv state
-    [Cv, K-1], recurrent state [Hv, Dk, Dv]) at this call's start, and this call's rows for the next
-    one: qkv [T, Cv], k [T, Hv, Dk], u [T, Hv, Dv], decay [T, Hv]). `tri`: (lower incl. diagonal,
-    strictly lower, identity) [T, T]."""
-    lower, strict, eye = tri
-    hk, hv, dk, dv = (
-        cfg.linear_num_key_heads,
-        cfg.linear_num_value_heads,
-        cfg.linear_key_head_dim,
-        cfg.linear_value_head_dim,
-    )
-    conv_state, rec_state = _commit(g, carried, hv, cfg.linear_conv_kernel_dim - 1)
+def _conv_mix(g: GraphBuilder, h: str, cfg, ckpt, name: str, conv_state: str) -> tuple:
+    """(qkv [T, Cv], then q, k, v of the causal depthwise conv over [conv state ; qkv], SiLU'd)."""
     qkv = linear(g, h, ckpt, f"{name}.in_proj_qkv", False)  # [T, Cv]
     seq = g.op("Concat", [conv_state, g.op("Transpose", [qkv], perm=[1, 0])], axis=1)  # [Cv, K-1+T]
-    # [1, Cv, T]
-    conv = g.op(
-        "Conv",
-        [
-            g.op("Unsqueeze", [seq, g.const([0])]),
-            g.init(f"{name}.conv1d.weight", lambda: ckpt.array(f"{name}.conv1d.weight")),
-        ],
-        group=cfg.conv_dim,
-    )
+    batched = g.op("Unsqueeze", [seq, g.const([0])])  # [1, Cv, K-1+T]
+    weight = g.init(f"{name}.conv1d.weight", lambda: ckpt.array(f"{name}.conv1d.weight"))
+    conv = g.op("Conv", [batched, weight], group=cfg.conv_dim)  # [1, Cv, T]
     # [T, Cv]
     mixed = g.op("Transpose", [_silu(g, g.op("Squeeze", [conv, g.const([0])]))], perm=[1, 0])
-    kd = hk * dk
-    q, k, v = g.ops("Split", [mixed, g.const([kd, kd, hv * dv])], 3, axis=1)
+    kd = cfg.linear_num_key_heads * cfg.linear_key_head_dim
+    sizes = g.const([kd, kd, cfg.value_dim])
+    return (qkv, *g.ops("Split", [mixed, sizes], 3, axis=1))
 
-    def keyed(t: str) -> str:  # [T, Hk*Dk] -> L2-normalised, one copy per value head [Hv, T, Dk]
-        t = g.op("Reshape", [t, g.const([-1, hk, 1, dk])])  # [T, Hk, 1, Dk]
-        t = g.op(
-            "Div",
-            [
-                t,
-                g.op(
-                    "Sqrt",
-                    [
-                        g.op(
-                            "Add",
-                            [
-                                g.op("ReduceSum", [g.op("Mul", [t, t]), g.const([-1])], keepdims=1),
-                                g.scalar(1e-6),
-                            ],
-                        )
-                    ],
-                ),
-            ],
-        )
-        t = g.op("Expand", [t, g.const([1, hk, hv // hk, dk])])  # [T, Hk, G, Dk]
-        return g.op("Transpose", [g.op("Reshape", [t, g.const([-1, hv, dk])])], perm=[1, 0, 2])
 
-    q = g.op("Mul", [keyed(q), g.scalar(1 / math.sqrt(dk))])  # [Hv, T, Dk]
-    k, v = keyed(k), _heads(g, v, hv, dv)  # [Hv, T, Dv]
+def _keyed(g: GraphBuilder, t: str, hk: int, hv: int, dk: int) -> str:
+    """[T, Hk*Dk] -> L2-normalised, one copy per value head [Hv, T, Dk]."""
+    t = g.op("Reshape", [t, g.const([-1, hk, 1, dk])])  # [T, Hk, 1, Dk]
+    squares = g.op("ReduceSum", [g.op("Mul", [t, t]), g.const([-1])], keepdims=1)
+    t = g.op("Div", [t, g.op("Sqrt", [g.op("Add", [squares, g.scalar(1e-6)])])])
+    t = g.op("Expand", [t, g.const([1, hk, hv // hk, dk])])  # [T, Hk, G, Dk]
+    return g.op("Transpose", [g.op("Reshape", [t, g.const([-1, hv, dk])])], perm=[1, 0, 2])
+
+
+def _gates(g: GraphBuilder, h: str, ckpt, name: str) -> tuple[str, str]:
+    """(beta [Hv, T], the cumulative log decay G_t [Hv, T]) of h [T, H]."""
     # [Hv, T]
     beta = g.op(
         "Transpose",
         [g.op("Sigmoid", [linear(g, h, ckpt, f"{name}.in_proj_b", False)])],
         perm=[1, 0],
     )
-    dt = g.op(
-        "Add",
-        [
-            linear(g, h, ckpt, f"{name}.in_proj_a", False),
-            g.init(f"{name}.dt_bias", lambda: ckpt.array(f"{name}.dt_bias")),
-        ],
-    )
-    decay = g.op(
-        "Mul",
-        [
-            g.op("Softplus", [dt]),
-            g.init(f"{name}.-exp(A_log)", lambda: -np.exp(ckpt.array(f"{name}.A_log"))),
-        ],
-    )
-    cum = g.op("CumSum", [g.op("Transpose", [decay], perm=[1, 0]), g.const(1)])  # [Hv, T]: G_t
+    a = linear(g, h, ckpt, f"{name}.in_proj_a", False)
+    dt = g.op("Add", [a, g.init(f"{name}.dt_bias", lambda: ckpt.array(f"{name}.dt_bias"))])
+    neg_a = g.init(f"{name}.-exp(A_log)", lambda: -np.exp(ckpt.array(f"{name}.A_log")))
+    decay = g.op("Mul", [g.op("Softplus", [dt]), neg_a])
+    return beta, g.op("CumSum", [g.op("Transpose", [decay], perm=[1, 0]), g.const(1)])
+
+
+def _delta_rule(g: GraphBuilder, qkv: tuple, beta: str, cum: str, rec_state: str, tri) -> tuple:
+    """The chunk-parallel delta rule over this call's T tokens (`qkv`: q, k [Hv, T, Dk], v [Hv, T,
+    Dv]) from recurrent state `rec_state` [Hv, Dk, Dv] -> (o [Hv, T, Dv], u [Hv, T, Dv])."""
+    (q, k, v), (lower, strict, eye) = qkv, tri
     diff = g.op(
         "Sub",
         [g.op("Unsqueeze", [cum, g.const([2])]), g.op("Unsqueeze", [cum, g.const([1])])],
@@ -215,13 +184,35 @@ def gated_deltanet(g: GraphBuilder, h: str, cfg, ckpt, name: str, carried: Carri
         "Add",
         [g.op("Mul", [grow, g.op("MatMul", [q, rec_state])]), g.op("MatMul", [seen, u])],
     )
+    return o, u
+
+
+def _gated_out(g: GraphBuilder, o: str, h: str, cfg, ckpt, name: str) -> str:
+    """The rule's output o [Hv, T, Dv] RMS-normed per head and gated by SiLU(z(h)) -> [T, Hv*Dv]."""
+    hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
     o = g.op("Transpose", [o], perm=[1, 0, 2])  # [T, Hv, Dv]
     mean = g.op("ReduceMean", [g.op("Mul", [o, o])], axes=[-1], keepdims=1)
     o = g.op("Div", [o, g.op("Sqrt", [g.op("Add", [mean, g.scalar(cfg.rms_norm_eps)])])])
     o = g.op("Mul", [o, g.init(f"{name}.norm.weight", lambda: ckpt.array(f"{name}.norm.weight"))])
     # [T, Hv, Dv]
     z = g.op("Reshape", [linear(g, h, ckpt, f"{name}.in_proj_z", False), g.const([-1, hv, dv])])
-    o = g.op("Reshape", [g.op("Mul", [o, _silu(g, z)]), g.const([-1, hv * dv])])  # [T, Hv*Dv]
+    return g.op("Reshape", [g.op("Mul", [o, _silu(g, z)]), g.const([-1, hv * dv])])  # [T, Hv*Dv]
+
+
+def gated_deltanet(g: GraphBuilder, h: str, cfg, layer: Layer, carried: Carried, tri):
+    """One linear layer (`layer.prefix`.linear_attn): h [T, H] after the previous call (`carried`)
+    -> (out [T, H], (conv state [Cv, K-1], recurrent state [Hv, Dk, Dv]) at this call's start, and
+    this call's rows for the next one: qkv [T, Cv], k [T, Hv, Dk], u [T, Hv, Dv], decay [T, Hv]).
+    `tri`: (lower incl. diagonal, strictly lower, identity) [T, T]."""
+    ckpt, name = layer.ckpt, f"{layer.prefix}.linear_attn"
+    hk, hv, dk = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim
+    conv_state, rec_state = _commit(g, carried, hv, cfg.linear_conv_kernel_dim - 1)
+    qkv, q, k, v = _conv_mix(g, h, cfg, ckpt, name, conv_state)
+    q = g.op("Mul", [_keyed(g, q, hk, hv, dk), g.scalar(1 / math.sqrt(dk))])  # [Hv, T, Dk]
+    k, v = _keyed(g, k, hk, hv, dk), _heads(g, v, hv, cfg.linear_value_head_dim)  # [Hv, T, Dv]
+    beta, cum = _gates(g, h, ckpt, name)
+    o, u = _delta_rule(g, (q, k, v), beta, cum, rec_state, tri)
+    o = _gated_out(g, o, h, cfg, ckpt, name)
     # [T, ...] each
     rows = (
         qkv,
@@ -232,39 +223,30 @@ def gated_deltanet(g: GraphBuilder, h: str, cfg, ckpt, name: str, carried: Carri
     return linear(g, o, ckpt, f"{name}.out_proj", False), (conv_state, rec_state), rows
 
 
-def gated_attention(g: GraphBuilder, h: str, cfg, ckpt, name: str, rope, past, mask: str):
-    """One full layer: h [T, H] after past (K, V [1, Hkv, S, D]) -> (out [T, H], new K, new V [1,
-    Hkv, T, D])."""
-    hq, hkv, d, rot = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim
-    bias = cfg.attention_bias
+def gated_attention(g: GraphBuilder, h: str, cfg, layer: Layer, keys: Keys):
+    """One full layer (`layer.prefix`.self_attn): h [T, H] after `keys.past` (K, V [1, Hkv, S, D])
+    -> (out [T, H], new K, new V [1, Hkv, T, D])."""
+    s, ckpt, name = layer.spec, layer.ckpt, f"{layer.prefix}.self_attn"
+    hq, hkv, d, rot = s.num_heads, s.num_kv_heads, s.head_dim, cfg.rotary_dim
+    bias, cos, sin = s.qkv_bias, keys.rope.cos_q, keys.rope.sin_q
     # [T, Hq, 2D]
     qg = g.op("Reshape", [linear(g, h, ckpt, f"{name}.q_proj", bias), g.const([-1, hq, 2 * d])])
     q, gate = g.ops("Split", [qg, g.const([d, d])], 2, axis=2)
 
     def place(t: str, norm: str | None) -> str:  # [T, n, D] -> normed, [1, n, T, D], rotated
-        t = centred_norm(g, t, ckpt, f"{name}.{norm}", cfg.rms_norm_eps) if norm else t
+        t = centred_norm(g, t, ckpt, f"{name}.{norm}", s.rms_norm_eps) if norm else t
         return g.op("Unsqueeze", [g.op("Transpose", [t], perm=[1, 0, 2]), g.const([0])])
 
-    q = apply_rope(g, place(q, "q_norm"), rope[0], rope[1], d, rot)
-    k = apply_rope(
-        g,
-        place(
-            g.op("Reshape", [linear(g, h, ckpt, f"{name}.k_proj", bias), g.const([-1, hkv, d])]),
-            "k_norm",
-        ),
-        rope[0],
-        rope[1],
-        d,
-        rot,
-    )
-    v = place(
-        g.op("Reshape", [linear(g, h, ckpt, f"{name}.v_proj", bias), g.const([-1, hkv, d])]),
-        None,
-    )
+    def projected(proj: str) -> str:  # [T, Hkv, D]
+        return g.op("Reshape", [linear(g, h, ckpt, f"{name}.{proj}", bias), g.const([-1, hkv, d])])
+
+    q = apply_rope(g, place(q, "q_norm"), cos, sin, d, rot)
+    k = apply_rope(g, place(projected("k_proj"), "k_norm"), cos, sin, d, rot)
+    v = place(projected("v_proj"), None)
     # [T, Hq*D]
-    out = g.op("Reshape", [attend(g, q, k, v, past, mask, hq, hkv, d), g.const([-1, hq * d])])
+    out = g.op("Reshape", [attend(g, q, (k, v), keys, s), g.const([-1, hq * d])])
     out = g.op("Mul", [out, g.op("Sigmoid", [g.op("Reshape", [gate, g.const([-1, hq * d])])])])
-    return linear(g, out, ckpt, f"{name}.o_proj", bias), k, v
+    return linear(g, out, ckpt, f"{name}.o_proj", s.o_bias), k, v
 
 
 def _masks(g: GraphBuilder, offsets: str) -> tuple[str, str, str]:
@@ -320,76 +302,61 @@ def check_options(opts) -> None:
         )
 
 
-def build_hybrid_target(
-    cfg, ckpt, capture: tuple[int, ...], store, out: Path, opts=None, fmt=None, log=None
-) -> Path:
-    """Write the hybrid target graph to `out` (weights appended to `store` as they are read, in
-    `fmt`: the projections and the embedding / head at the bundle's precision,
-    export/weight_format.py)."""
-    if opts is not None:
-        check_options(opts)
-    p = cfg.weight_prefix
-    # its weights go to the target's data file (DATA_FILES)
-    g = GraphBuilder(GRAPH, store, fmt, log)
+def _call_inputs(g: GraphBuilder, cfg, reach: int | None) -> tuple:
+    """(the RoPE rows of this call's positions [T, R], the causal mask over [past ; new], `_masks`'
+    triangles)."""
     num_new = g.op("Shape", ["input_ids"], start=1, end=2)  # [1] = T
     num_past = g.op("Shape", ["past_key"], start=0, end=1)  # [1] = S
     offsets = int_range(g, num_new)  # [T]
-    table = rope_table(g, "rope", cfg, cfg.rotary_dim, opts and opts.positions)
-    rope = rope_rows(g, table, g.op("Add", ["start", offsets]))  # [T, R]
+    table = rope_table(g, "rope", cfg, cfg.rotary_dim, reach)
+    rope = rope_at(g, table, g.op("Add", ["start", offsets]))  # [T, R]
     mask = causal_mask(
         g, num_new, num_past, offsets, cfg.num_attention_heads // cfg.num_key_value_heads
     )
-    tri = _masks(g, offsets)
-    embed = embedding_table(g, ckpt, f"{p}.embed_tokens.weight")  # shared with the drafter
-    x = embed.gather(g.op("Squeeze", ["input_ids", g.const([0])]))  # [T, H]
+    return rope, mask, _masks(g, offsets)
+
+
+def _carry_in(g: GraphBuilder, cfg) -> tuple[dict, dict]:
+    """(full layer -> its past (K, V), linear layer -> its `Carried`) from the graph inputs."""
     linear_ids = cfg.linear_layers
     full_ids = [i for i in range(cfg.num_hidden_layers) if i not in linear_ids]
-    past = dict(
-        zip(
-            full_ids,
-            zip(
-                split_past(g, "past_key", len(full_ids)), split_past(g, "past_value", len(full_ids))
-            ),
-        )
-    )
-    carried = dict(zip(linear_ids, _carried(g, len(linear_ids))))
-    spec = attention_spec(cfg)
-    new_k, new_v, starts, rows, captured = [], [], [], [], {}
+    keys = split_past(g, "past_key", len(full_ids))
+    past = dict(zip(full_ids, zip(keys, split_past(g, "past_value", len(full_ids)))))
+    return past, dict(zip(linear_ids, _carried(g, len(linear_ids))))
+
+
+def _decoder(g: GraphBuilder, x: str, job, call: tuple, carry: tuple) -> tuple[str, dict, dict]:
+    """Every decoder layer on x [T, H] (`call`: `_call_inputs`, `carry`: `_carry_in`) -> (x,
+    captured hidden states, this call's outputs per kind: new_k / new_v / starts / rows)."""
+    cfg, ckpt, p = job.tc, job.ckpt, job.tc.weight_prefix
+    (rope, mask, tri), (past, carried) = call, carry
+    spec, eps = attention_spec(cfg), cfg.rms_norm_eps
+    made = {"new_k": [], "new_v": [], "starts": [], "rows": []}
+    captured = {}
     for i, kind in enumerate(cfg.layer_types):
-        name = f"{p}.layers.{i}"
-        h = centred_norm(g, x, ckpt, f"{name}.input_layernorm", cfg.rms_norm_eps)
+        layer = Layer(ckpt, f"{p}.layers.{i}", spec)
+        h = centred_norm(g, x, ckpt, f"{layer.prefix}.input_layernorm", eps)
         if kind == LINEAR:
-            h, state, mine = gated_deltanet(g, h, cfg, ckpt, f"{name}.linear_attn", carried[i], tri)
-            starts.append(state)
-            rows.append(mine)
+            h, state, mine = gated_deltanet(g, h, cfg, layer, carried[i], tri)
+            made["starts"].append(state)
+            made["rows"].append(mine)
         else:
-            h, k, v = gated_attention(g, h, cfg, ckpt, f"{name}.self_attn", rope, past[i], mask)
-            new_k.append(k)
-            new_v.append(v)
+            h, k, v = gated_attention(g, h, cfg, layer, Keys(rope, past[i], mask))
+            made["new_k"].append(k)
+            made["new_v"].append(v)
         x = g.op("Add", [x, h])
-        m = mlp(
-            g,
-            centred_norm(g, x, ckpt, f"{name}.post_attention_layernorm", cfg.rms_norm_eps),
-            Layer(ckpt, name, spec),
-        )
-        x = g.op("Add", [x, m])  # [T, H]
-        if i in capture:
+        normed = centred_norm(g, x, ckpt, f"{layer.prefix}.post_attention_layernorm", eps)
+        x = g.op("Add", [x, mlp(g, normed, layer)])  # [T, H]
+        if i in job.capture:
             captured[i] = x
-    hidden = g.op("Concat", [captured[i] for i in capture], axis=-1)  # [T, N]
-    g.op("Unsqueeze", [hidden, g.const([0])], "hidden")  # [1, T, N]
-    normed = centred_norm(g, x, ckpt, f"{p}.norm", cfg.rms_norm_eps)
-    head = embed.head(normed) if cfg.tie_word_embeddings else untied_head(g, normed, ckpt)  # [T, V]
-    g.op("Unsqueeze", [head, g.const([0])], "logits")  # [1, T, V]
-    g.op("ArgMax", ["logits"], "next_ids", axis=-1, keepdims=0)  # [1, T]
-    stack_new(g, new_k, "new_key")  # [T, Lf, Hkv, D]
-    stack_new(g, new_v, "new_value")
-    for j, out_name in enumerate(("conv_start", "rec_start")):  # [Ll, ...]: this call's
-        _stack(g, [s[j] for s in starts], out_name, 0)  # starting states
-    for j, out_name in enumerate(("qkv", "delta_k", "delta_u", "decay")):  # [T, Ll, ...]: its rows
-        _stack(g, [r[j] for r in rows], out_name, 1)
-    dims = {
-        "Lf": len(full_ids),
-        "Ll": len(linear_ids),
+    return x, captured, made
+
+
+def _hybrid_dims(cfg, capture: tuple[int, ...]) -> dict[str, int]:
+    """The fixed symbols of the graph's I/O (io_tables `target_hybrid`)."""
+    return {
+        "Lf": cfg.num_hidden_layers - len(cfg.linear_layers),
+        "Ll": len(cfg.linear_layers),
         "Hkv": cfg.num_key_value_heads,
         "D": cfg.head_dim,
         "V": cfg.vocab_size,
@@ -401,4 +368,31 @@ def build_hybrid_target(
         "Dk": cfg.linear_key_head_dim,
         "Dv": cfg.linear_value_head_dim,
     }
-    return g.save(out, dims, {"": OPSET})
+
+
+def build_hybrid_target(job: TargetJob, out: Path) -> Path:
+    """Write the hybrid target graph of `job.tc` to `out` (weights appended to `job.store` as
+    they are read, in its `target_hybrid` format: the projections and the embedding / head at the
+    bundle's precision, export/weight_format.py)."""
+    if job.opts is not None:
+        check_options(job.opts)
+    cfg, ckpt, p = job.tc, job.ckpt, job.tc.weight_prefix
+    # its weights go to the target's data file (DATA_FILES)
+    g = job.builder(GRAPH)
+    call = _call_inputs(g, cfg, job.reach)
+    embed = embedding_table(g, ckpt, f"{p}.embed_tokens.weight")  # shared with the drafter
+    x = embed.gather(g.op("Squeeze", ["input_ids", g.const([0])]))  # [T, H]
+    x, captured, made = _decoder(g, x, job, call, _carry_in(g, cfg))
+    hidden = g.op("Concat", [captured[i] for i in job.capture], axis=-1)  # [T, N]
+    g.op("Unsqueeze", [hidden, g.const([0])], "hidden")  # [1, T, N]
+    normed = centred_norm(g, x, ckpt, f"{p}.norm", cfg.rms_norm_eps)
+    head = embed.head(normed) if cfg.tie_word_embeddings else untied_head(g, normed, ckpt)  # [T, V]
+    g.op("Unsqueeze", [head, g.const([0])], "logits")  # [1, T, V]
+    g.op("ArgMax", ["logits"], "next_ids", axis=-1, keepdims=0)  # [1, T]
+    stack_new(g, made["new_k"], "new_key")  # [T, Lf, Hkv, D]
+    stack_new(g, made["new_v"], "new_value")
+    for j, out_name in enumerate(("conv_start", "rec_start")):  # [Ll, ...]: this call's
+        _stack(g, [s[j] for s in made["starts"]], out_name, 0)  # starting states
+    for j, out_name in enumerate(("qkv", "delta_k", "delta_u", "decay")):  # [T, Ll, ...]: its rows
+        _stack(g, [r[j] for r in made["rows"]], out_name, 1)
+    return g.save(out, _hybrid_dims(cfg, job.capture), {"": OPSET})

@@ -24,6 +24,7 @@ stays against the bundle's own target: decode and verify read the same int8 cach
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -238,15 +239,18 @@ def load_prompts(spec: str | Path | None) -> list[str]:
         raise KVCacheError(str(err)) from err
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """How the int8 cache is calibrated: `count` texts of up to `length` tokens, scales widened by
+    `margin`."""
+
+    count: int = COUNT
+    length: int = LENGTH
+    margin: float = MARGIN
+
+
 def write_int8_cache(
-    root,
-    manifest: dict,
-    prompts: list[str],
-    *,
-    count: int = COUNT,
-    length: int = LENGTH,
-    margin: float = MARGIN,
-    threads: int = 0,
+    root, manifest: dict, prompts: list[str], *, plan: Calibration = Calibration(), threads: int = 0
 ) -> dict:
     """Give bundle `root`'s fused target (fp32 cache) an int8 cache in place; returns its new entry.
 
@@ -262,8 +266,8 @@ def write_int8_cache(
         drafter=False,
     )
     room = gen.target.kv.capacity - gen.prefill_chunk  # what calibrate runs of a text
-    texts = calibration_texts(gen, prompts, count, min(length, room))
-    k_scales, v_scales = calibrate(gen, texts, margin)
+    texts = calibration_texts(gen, prompts, plan.count, min(plan.length, room))
+    k_scales, v_scales = calibrate(gen, texts, plan.margin)
     del gen
     calibration = {
         "texts": len(texts),
@@ -271,7 +275,7 @@ def write_int8_cache(
         "teacher_forced": True,
         "seconds": round(time.perf_counter() - t, 1),
     }
-    return apply_int8_cache(root, manifest, k_scales, v_scales, margin, calibration)
+    return apply_int8_cache(root, manifest, k_scales, v_scales, plan.margin, calibration)
 
 
 def apply_int8_cache(

@@ -214,6 +214,53 @@ def moe_gather(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> str:
     return g.op("Reshape", [out, g.const([1, -1, m.hidden_size])])  # [1, T, H]
 
 
+def _slot_rows(g: GraphBuilder, h: str, ids: str, m) -> tuple[str, str]:
+    """(one-hot router [T*k, E] picking each (token, slot)'s expert, the rows [T*k, H]: each token
+    once per slot)."""
+    flat_ids = g.op("Reshape", [ids, g.const([-1])])  # [T*k]
+    one_hot = g.op(
+        "OneHot", [flat_ids, g.const(m.num_experts), g.const([0.0, 1.0], np.float32)], axis=-1
+    )
+    # [T, k, H]
+    rows = g.op(
+        "Expand",
+        [g.op("Reshape", [h, g.const([-1, 1, m.hidden_size])]), g.const([1, m.top_k, 1])],
+    )
+    return one_hot, g.op("Reshape", [rows, g.const([-1, m.hidden_size])])  # [T*k, H]
+
+
+def _experts_op(g: GraphBuilder, rows: str, one_hot: str, fc1, fc2, m) -> str:
+    """onnxruntime's MoE (fp32 experts) or QMoE (blocks) as a top-1 call on `rows` -> [T*k, H]."""
+    attrs = dict(
+        k=1,
+        activation_type="swiglu",
+        swiglu_fusion=1,
+        normalize_routing_weights=1,
+        activation_alpha=1.0,
+        activation_beta=0.0,
+    )
+    if fc1.scales is None:
+        return g.op("MoE", [rows, one_hot, fc1.weights, "", fc2.weights], domain=MS, **attrs)
+    bits, bs = expert_blocks(g, m)
+    if bits == 8 and not g.fmt.accuracy_level:
+        raise DflashEdgeError(
+            "int8 experts with accuracy_level 0: onnxruntime's QMoE has no fp32-activation "
+            "kernel for 8-bit experts, so the fused target cannot match the fp32 reference; "
+            "export with accuracy_level 4 (the default), at int4, or without the fused target "
+            "(--no-fused)"
+        )
+    return g.op(
+        "QMoE",
+        [rows, one_hot, fc1.weights, fc1.scales, "", fc2.weights, fc2.scales],
+        domain=MS,
+        **attrs,
+        expert_weight_bits=bits,
+        block_size=bs,
+        accuracy_level=g.fmt.accuracy_level,
+        weights_prepacked=0,
+    )
+
+
 def moe_fused(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> str:
     """Sparse MLP on h [1, T, H] -> [1, T, H] as onnxruntime's com.microsoft MoE / QMoE.
 
@@ -224,48 +271,9 @@ def moe_fused(g: GraphBuilder, h: str, ckpt, prefix: str, m) -> str:
     decode and a verify; top-1 rows do not (benchmarks/moe_slice.py op: rows_stable). The op still
     runs each chosen expert once on all the rows that chose it."""
     weights, ids = route(g, h, ckpt, prefix, m)  # [1, T, k] each
-    flat_ids = g.op("Reshape", [ids, g.const([-1])])  # [T*k]
-    one_hot = g.op(
-        "OneHot", [flat_ids, g.const(m.num_experts), g.const([0.0, 1.0], np.float32)], axis=-1
-    )
-    # [T, k, H]
-    rows = g.op(
-        "Expand",
-        [g.op("Reshape", [h, g.const([-1, 1, m.hidden_size])]), g.const([1, m.top_k, 1])],
-    )
-    rows = g.op("Reshape", [rows, g.const([-1, m.hidden_size])])  # [T*k, H]
+    one_hot, rows = _slot_rows(g, h, ids, m)
     fc1, fc2 = stacked(g, ckpt, prefix, m, FC1), stacked(g, ckpt, prefix, m, FC2)
-    attrs = dict(
-        k=1,
-        activation_type="swiglu",
-        swiglu_fusion=1,
-        normalize_routing_weights=1,
-        activation_alpha=1.0,
-        activation_beta=0.0,
-    )
-    if fc1.scales is None:
-        # [T*k, H]
-        y = g.op("MoE", [rows, one_hot, fc1.weights, "", fc2.weights], domain=MS, **attrs)
-    else:
-        bits, bs = expert_blocks(g, m)
-        if bits == 8 and not g.fmt.accuracy_level:
-            raise DflashEdgeError(
-                "int8 experts with accuracy_level 0: onnxruntime's QMoE has no fp32-activation "
-                "kernel for 8-bit experts, so the fused target cannot match the fp32 reference; "
-                "export with accuracy_level 4 (the default), at int4, or without the fused target "
-                "(--no-fused)"
-            )
-        # [T*k, H]
-        y = g.op(
-            "QMoE",
-            [rows, one_hot, fc1.weights, fc1.scales, "", fc2.weights, fc2.scales],
-            domain=MS,
-            **attrs,
-            expert_weight_bits=bits,
-            block_size=bs,
-            accuracy_level=g.fmt.accuracy_level,
-            weights_prepacked=0,
-        )
+    y = _experts_op(g, rows, one_hot, fc1, fc2, m)  # [T*k, H]
     # [T, k, H]
     slots = g.op(
         "Mul",

@@ -10,7 +10,7 @@ drafter); what differs per family comes from its `AttentionSpec` (biases, per-he
 from the file name.
 
 >>> layer = Layer(ckpt, "model.layers.0", spec, intermediate)  # doctest: +SKIP
->>> x = decoder_layer(g, x, layer, rope, past, mask)  # doctest: +SKIP
+>>> x = decoder_layer(g, x, layer, Keys(rope, past, mask))  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from ..models.rope import rope_tables
 from ..models.spec import AttentionSpec
 from .graph_builder import GraphBuilder
-from .weight_format import matmul
+from .weight_format import Weight, matmul
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,20 @@ class Rope:
     sin_kv: str
 
 
+@dataclass(frozen=True)
+class Keys:
+    """What one layer's queries attend over: the RoPE rows, the past K / V [1, Hkv, S, D] and the
+    additive mask [rep*T, S + Tkv] (None: every key visible)."""
+
+    rope: Rope
+    past: tuple[str, str]
+    mask: str | None
+
+
 def linear(g: GraphBuilder, x: str, ckpt, name: str, bias: bool) -> str:
     """x @ W^T (+ b), W = `name.weight`: [.., in] -> [.., out], W at the graph's precision
     (weight_format.py)."""
-    y = matmul(g, x, ckpt, [f"{name}.weight"], f"{name}.weight")
+    y = matmul(g, x, Weight.named(ckpt, f"{name}.weight"))
     if bias:
         y = g.op("Add", [y, g.init(f"{name}.bias", lambda: ckpt.array(f"{name}.bias"))])
     return y
@@ -93,7 +103,7 @@ def packed_qkv(g: GraphBuilder, h: str, layer: Layer) -> str:
     name, ckpt = f"{layer.prefix}.self_attn", layer.ckpt
     projs = [f"{name}.{p}_proj" for p in "qkv"]
     # [1, T, (Hq + 2Hkv) D]
-    y = matmul(g, h, ckpt, [f"{p}.weight" for p in projs], f"{name}.qkv_proj.weight")
+    y = matmul(g, h, Weight(ckpt, [f"{p}.weight" for p in projs], f"{name}.qkv_proj.weight"))
     if layer.spec.qkv_bias:
         bias = lambda: np.concatenate([ckpt.array(f"{p}.bias") for p in projs])  # noqa: E731
         y = g.op("Add", [y, g.init(f"{name}.qkv_proj.bias", bias)])
@@ -126,20 +136,13 @@ def heads(g: GraphBuilder, y: str, layer: Layer, num: int, norm: str | None) -> 
 
 
 def attention(
-    g: GraphBuilder,
-    h: str,
-    kv_in: str,
-    layer: Layer,
-    rope: Rope,
-    past: tuple[str, str],
-    mask: str | None,
+    g: GraphBuilder, h: str, kv_in: str, layer: Layer, keys: Keys
 ) -> tuple[str, str, str]:
-    """Queries from h [1, T, H], new keys/values from kv_in [1, Tkv, H], attending to [past ; new].
+    """Queries from h [1, T, H], new keys/values from kv_in [1, Tkv, H], attending to [past ; new]
+    (`keys`).
 
-    Returns (o_proj output [1, T, H], new K [1, Hkv, Tkv, D], new V). `mask`: additive [rep*T, S +
-    Tkv] (the causal mask tiled over the query heads of one KV head), or None (all keys visible).
-    """
-    s = layer.spec
+    Returns (o_proj output [1, T, H], new K [1, Hkv, Tkv, D], new V)."""
+    s, rope = layer.spec, keys.rope
     q, k, v = projections(g, h, kv_in, layer)
     q = apply_rope(g, heads(g, q, layer, s.num_heads, "q_norm"), rope.cos_q, rope.sin_q, s.head_dim)
     # [1, Hkv, Tkv, D]
@@ -150,36 +153,24 @@ def attention(
     # [1, T, Hq*D]
     out = g.op(
         "Reshape",
-        [
-            attend(g, q, k_new, v_new, past, mask, s.num_heads, s.num_kv_heads, s.head_dim),
-            g.const([0, 0, s.num_heads * s.head_dim]),
-        ],
+        [attend(g, q, (k_new, v_new), keys, s), g.const([0, 0, s.num_heads * s.head_dim])],
     )
     return linear(g, out, layer.ckpt, f"{layer.prefix}.self_attn.o_proj", s.o_bias), k_new, v_new
 
 
-def attend(
-    g: GraphBuilder,
-    q: str,
-    k_new: str,
-    v_new: str,
-    past: tuple[str, str],
-    mask: str | None,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-) -> str:
+def attend(g: GraphBuilder, q: str, new: tuple[str, str], keys: Keys, spec: AttentionSpec) -> str:
     """Scaled dot-product attention of q [1, Hq, T, D] over [past ; new] keys and values [1, Hkv, S
-    + Tkv, D] (query heads grouped per KV head) -> [1, T, Hq, D]. `mask`: additive [rep*T, S + Tkv],
-    or None."""
-    k = g.op("Concat", [past[0], k_new], axis=2)  # [1, Hkv, S + Tkv, D]
-    v = g.op("Concat", [past[1], v_new], axis=2)
+    + Tkv, D] (query heads grouped per KV head) -> [1, T, Hq, D]; `keys.mask`: additive [rep*T, S +
+    Tkv], or None."""
+    num_heads, num_kv_heads, head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    k = g.op("Concat", [keys.past[0], new[0]], axis=2)  # [1, Hkv, S + Tkv, D]
+    v = g.op("Concat", [keys.past[1], new[1]], axis=2)
     grouped = g.op("Reshape", [q, g.const([1, num_kv_heads, -1, head_dim])])  # [1, Hkv, rep*T, D]
     # [1, Hkv, rep*T, S']
     scores = g.op("MatMul", [grouped, g.op("Transpose", [k], perm=[0, 1, 3, 2])])
     scores = g.op("Div", [scores, g.scalar(math.sqrt(head_dim))])
-    if mask is not None:
-        scores = g.op("Add", [scores, mask])
+    if keys.mask is not None:
+        scores = g.op("Add", [scores, keys.mask])
     out = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])  # [1, Hkv, rep*T, D]
     out = g.op("Reshape", [out, g.const([1, num_heads, -1, head_dim])])  # [1, Hq, T, D]
     return g.op("Transpose", [out], perm=[0, 2, 1, 3])  # [1, T, Hq, D]
@@ -188,16 +179,13 @@ def attend(
 def mlp(g: GraphBuilder, h: str, layer: Layer) -> str:
     """down(silu(gate(h)) * up(h)); silu as x * Sigmoid(x) (onnxruntime fuses it): the dense MLP."""
     name = f"{layer.prefix}.mlp"
-    if g.fmt.bits:  # low-bit: gate and up as one MatMulNBits over stacked rows (one op and one
-        width = layer.ckpt.shape(f"{name}.gate_proj.weight")[0]  # correction fewer), both flavours
+    # low-bit: gate and up as one MatMulNBits over stacked rows (one op and one correction
+    # fewer), both flavours
+    if g.fmt.bits:
+        width = layer.ckpt.shape(f"{name}.gate_proj.weight")[0]
+        gate_up = [f"{name}.{p}_proj.weight" for p in ("gate", "up")]
         # [1, T, 2I]
-        both = matmul(
-            g,
-            h,
-            layer.ckpt,
-            [f"{name}.{p}_proj.weight" for p in ("gate", "up")],
-            f"{name}.gate_up_proj.weight",
-        )
+        both = matmul(g, h, Weight(layer.ckpt, gate_up, f"{name}.gate_up_proj.weight"))
         gate, up = g.ops("Split", [both, g.const([width, width])], 2, axis=-1)  # [1, T, I] each
     else:
         gate = linear(g, h, layer.ckpt, f"{name}.gate_proj", False)  # [1, T, I]
@@ -207,13 +195,7 @@ def mlp(g: GraphBuilder, h: str, layer: Layer) -> str:
 
 
 def decoder_layer(
-    g: GraphBuilder,
-    x: str,
-    layer: Layer,
-    rope: Rope,
-    past: tuple[str, str],
-    mask: str | None,
-    ctx: str | None = None,
+    g: GraphBuilder, x: str, layer: Layer, keys: Keys, ctx: str | None = None
 ) -> tuple[str, str, str]:
     """Pre-norm decoder layer (models/layers.DecoderLayer): (x out [1, T, H], new K, new V).
 
@@ -222,7 +204,7 @@ def decoder_layer(
     eps = layer.spec.rms_norm_eps
     h = rms_norm(g, x, layer.ckpt, f"{layer.prefix}.input_layernorm", eps)
     kv_in = h if ctx is None else g.op("Concat", [ctx, h], axis=1)  # [1, C + T, H]
-    attn, k_new, v_new = attention(g, h, kv_in, layer, rope, past, mask)
+    attn, k_new, v_new = attention(g, h, kv_in, layer, keys)
     x = g.op("Add", [x, attn])
     write_mlp = layer.write_mlp or mlp  # the family's (export/families), else dense
     h = rms_norm(g, x, layer.ckpt, f"{layer.prefix}.post_attention_layernorm", eps)
@@ -249,6 +231,12 @@ def rope_rows(g: GraphBuilder, table: tuple[str, str], positions: str) -> tuple[
     return g.op("Gather", [table[0], positions], axis=0), g.op(
         "Gather", [table[1], positions], axis=0
     )
+
+
+def rope_at(g: GraphBuilder, table: tuple[str, str], positions: str) -> Rope:
+    """The RoPE rows at `positions` [T] for queries and keys alike (a target's self-attention)."""
+    cos, sin = rope_rows(g, table, positions)  # [T, D] each
+    return Rope(cos, sin, cos, sin)
 
 
 def rope_table(

@@ -6,31 +6,33 @@ sequence-major KV layout, fused argmax); this writes the same computation node b
 weight at a time from the checkpoint, so no model is ever held in memory. The embedding (and an
 untied LM head, stored as W^T) go to the shared file under the keys the drafter borrows them by.
 
->>> build_target(  # doctest: +SKIP
-...     cfg, ckpt, capture=(1, 4), store=store, out=Path("b/target.onnx"))
+>>> build_target(TargetJob(cfg, ckpt, (1, 4), store), Path("b/target.onnx"), mlps)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..models import family_spec
 from .dq_table import embedding_table
-from .families import family_writers
 from .graph_builder import OPSET, GraphBuilder
 from .portable_layers import (
+    Keys,
     Layer,
-    Rope,
     decoder_layer,
     float_min,
     int_range,
     rms_norm,
-    rope_rows,
+    rope_at,
     rope_table,
     split_past,
     stack_new,
 )
-from .weight_format import Table, matmul
+from .weight_format import Table, Weight, matmul
+
+if TYPE_CHECKING:
+    from .target_job import MlpWriters, TargetJob
 
 EMBED = "model.embed_tokens.weight"
 
@@ -43,16 +45,8 @@ def embedding(g: GraphBuilder, ckpt) -> Table:
 
 def untied_head(g: GraphBuilder, h: str, ckpt, out: str | None = None) -> str:
     """h @ lm_head^T, the weight shared with the drafter, at the table's precision."""
-    return matmul(
-        g,
-        h,
-        ckpt,
-        ["lm_head.weight"],
-        "lm_head.weight",
-        out,
-        shared="lm_head",
-        bits=g.fmt.table_bits,
-    )
+    head = Weight(ckpt, ["lm_head.weight"], "lm_head.weight", shared="lm_head")
+    return matmul(g, h, head, out, bits=g.fmt.table_bits)
 
 
 def lm_head(g: GraphBuilder, h: str, cfg, ckpt, embed: Table, out: str) -> str:
@@ -76,36 +70,39 @@ def causal_mask(g: GraphBuilder, num_new: str, num_past: str, offsets: str, rep:
     return mask if rep == 1 else g.op("Tile", [mask, g.const([rep, 1])])  # [rep*T, S + T]
 
 
-def build_target(
-    cfg,
-    ckpt,
-    capture: tuple[int, ...],
-    store,
-    out: Path,
-    fmt=None,
-    log=None,
-    reach: int | None = None,
-) -> Path:
-    """Write the portable target graph to `out`, its weights appended to `store` as they are read;
-    `reach`: the positions the bundle can see (its RoPE rows; default the model's
-    max_position_embeddings)."""
+def target_dims(cfg, capture: tuple[int, ...]) -> dict[str, int]:
+    """The fixed symbols of a dense target graph's I/O (io_tables), both flavours."""
+    return {
+        "L": cfg.num_hidden_layers,
+        "Hkv": cfg.num_key_value_heads,
+        "D": cfg.head_dim,
+        "V": cfg.vocab_size,
+        "H": cfg.hidden_size,
+        "N": len(capture) * cfg.hidden_size,
+    }
+
+
+def build_target(job: TargetJob, out: Path, mlps: tuple[MlpWriters, ...]) -> Path:
+    """Write the portable target graph to `out`, its weights appended to `job.store` as they are
+    read; `mlps`: each layer's MLP writers (the family's); `job.reach`: the positions the bundle
+    can see (its RoPE rows; default the model's max_position_embeddings)."""
+    cfg, ckpt, capture = job.tc, job.ckpt, job.capture
     spec = family_spec(cfg)
-    g = GraphBuilder("target", store, fmt, log)
+    g = job.builder("target")
     num_new = g.op("Shape", ["input_ids"], start=1, end=2)  # [1] = T
     num_past = g.op("Shape", ["past_key"], start=0, end=1)  # [1] = S
     offsets = int_range(g, num_new)  # [T]
     positions = g.op("Add", ["start", offsets])  # [T]
     mask = causal_mask(g, num_new, num_past, offsets, spec.num_heads // spec.num_kv_heads)
-    cos, sin = rope_rows(g, rope_table(g, "rope", cfg, rows=reach), positions)  # [T, D] each
-    rope = Rope(cos, sin, cos, sin)
+    rope = rope_at(g, rope_table(g, "rope", cfg, rows=job.reach), positions)
     embed = embedding(g, ckpt)
     x = embed.gather("input_ids")  # [1, T, H]
     past_k = split_past(g, "past_key", cfg.num_hidden_layers)
     past_v = split_past(g, "past_value", cfg.num_hidden_layers)
     new_k, new_v, captured = [], [], {}
-    for i, writers in enumerate(family_writers(cfg.model_type).mlp_writers(cfg)):
+    for i, writers in enumerate(mlps):
         layer = Layer(ckpt, f"model.layers.{i}", spec, writers.portable)
-        x, k, v = decoder_layer(g, x, layer, rope, (past_k[i], past_v[i]), mask)
+        x, k, v = decoder_layer(g, x, layer, Keys(rope, (past_k[i], past_v[i]), mask))
         new_k.append(k)
         new_v.append(v)
         if i in capture:
@@ -116,12 +113,4 @@ def build_target(
     g.op("ArgMax", ["logits"], "next_ids", axis=-1, keepdims=0)  # [1, T]
     stack_new(g, new_k, "new_key")  # [T, L, Hkv, D]
     stack_new(g, new_v, "new_value")
-    dims = {
-        "L": cfg.num_hidden_layers,
-        "Hkv": cfg.num_key_value_heads,
-        "D": cfg.head_dim,
-        "V": cfg.vocab_size,
-        "H": cfg.hidden_size,
-        "N": len(capture) * cfg.hidden_size,
-    }
-    return g.save(out, dims, {"": OPSET})
+    return g.save(out, target_dims(cfg, capture), {"": OPSET})

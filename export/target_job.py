@@ -1,12 +1,15 @@
 """What a family's target graph writers receive (export/families/<model_type>.py), one signature.
 
+The family hands the shared writers what differs up front (its MLP writers: `dense_writers(job,
+mlps)`); the writers never look the family up again.
+
 >>> writers = family_writers(tc.model_type).target_writers(job)    # doctest: +SKIP
 >>> writers["target"](Path("b/target.onnx"))                       # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from .fused_target import build_fused_target
@@ -22,9 +25,16 @@ class TargetJob:
     ckpt: object  # models.checkpoint.Checkpoint
     capture: tuple[int, ...]  # target layers whose hidden states feed the drafter
     store: object  # export.weight_store.WeightStore
-    fmt: dict  # graph name -> dict(fmt=..., log=...) (weight_format.py)
-    opts: object  # exporter.ExportOptions
-    reach: int  # positions the graphs must reach (ExportOptions.positions)
+    # graph name -> dict(fmt=..., log=...) (weight_format.py); a graph not named: fp32
+    fmt: dict = field(default_factory=dict)
+    opts: object = None  # exporter.ExportOptions (None: a graph written alone, as tests do)
+    reach: int | None = None  # positions the graphs reach (ExportOptions.positions; None: all)
+
+    def builder(self, graph: str):
+        """A GraphBuilder for `graph` over this job's store, in the graph's weight format."""
+        from .graph_builder import GraphBuilder
+
+        return GraphBuilder(graph, self.store, **self.fmt.get(graph, {}))
 
 
 class MlpWriters(NamedTuple):
@@ -39,12 +49,11 @@ def dense_mlps(cfg) -> tuple[MlpWriters, ...]:
     return (MlpWriters(mlp, mlp),) * cfg.num_hidden_layers
 
 
-def dense_writers(job: TargetJob) -> dict:
-    """A dense target's graphs: the portable one and the fused (GroupQueryAttention) one."""
-    args = job.tc, job.ckpt, job.capture, job.store
+def dense_writers(job: TargetJob, mlps: tuple[MlpWriters, ...] | None = None) -> dict:
+    """A dense target's graphs: the portable one and the fused (GroupQueryAttention) one; `mlps`:
+    the family's per-layer MLP writers (default: every layer dense)."""
+    mlps = mlps or dense_mlps(job.tc)
     return {
-        "target": lambda p: build_target(*args, p, **job.fmt["target"], reach=job.reach),
-        "target_fused": lambda p: build_fused_target(
-            *args, p, **job.fmt["target_fused"], reach=job.reach
-        ),
+        "target": lambda p: build_target(job, p, mlps),
+        "target_fused": lambda p: build_fused_target(job, p, mlps),
     }

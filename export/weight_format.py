@@ -11,8 +11,7 @@ The embedding / tied LM head is one table for the target and the drafter (`share
 or 8 bits GatherBlockQuantized reads it for the embedding and MatMulNBits for the head, the scales
 stored in each op's rank.
 
->>> name = "model.layers.0.mlp.up_proj.weight"  # doctest: +SKIP
->>> y = matmul(g, "x", ckpt, [name], name)  # doctest: +SKIP
+>>> y = matmul(g, "x", Weight.named(ckpt, "model.layers.0.mlp.up_proj.weight"))  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -178,7 +177,7 @@ def nbits_node(g, x: str, key: str, lazy, out: str | None = None, shared: str | 
         from .dq_format import dq_matmul
 
         y = dq_matmul(g, x, key, lazy, out if not lay.correction else None, shared)
-        return _corrected(g, x, key, lay, get, y, out, shared)
+        return _corrected(g, x, y, (key, lazy, shared), out)
     inputs = [
         x,
         g.init(f"{key}_Q{lay.bits}", get("B"), _share(shared, "B")),
@@ -192,11 +191,13 @@ def nbits_node(g, x: str, key: str, lazy, out: str | None = None, shared: str | 
     if g.fmt.accuracy_level:
         attrs["accuracy_level"] = g.fmt.accuracy_level
     y = g.op("MatMulNBits", inputs, None if lay.correction else out, domain=MS, **attrs)
-    return _corrected(g, x, key, lay, get, y, out, shared)
+    return _corrected(g, x, y, (key, lazy, shared), out)
 
 
-def _corrected(g, x: str, key: str, lay, get, y: str, out: str | None, shared: str | None) -> str:
-    """y + blocksum(x) @ correction for an affine weight; y itself otherwise."""
+def _corrected(g, x: str, y: str, stored: tuple, out: str | None = None) -> str:
+    """y + blocksum(x) @ correction for an affine weight (`stored`: its key, `_lazy` pair and
+    shared name); y itself otherwise."""
+    key, (lay, get), shared = stored
     if lay.correction:
         # [.., N]
         corr = g.op(
@@ -229,19 +230,25 @@ def block_sums(g, x: str, k: int, bs: int) -> str:
     return g.memo[key]
 
 
-def matmul(
-    g,
-    x: str,
-    ckpt,
-    names: list[str],
-    key: str,
-    out: str | None = None,
-    shared: str | None = None,
-    bits: int | None = None,
-) -> str:
-    """x @ [W_1; W_2; ..]^T for checkpoint weights `names` [N_i, K] (several: packed along N, as
-    q/k/v are); `bits`: 0 / 4 / 8 instead of the graph's precision (an untied LM head follows the
-    table's)."""
+class Weight(NamedTuple):
+    """One MatMul's weight: checkpoint tensors `names` [N_i, K] (several: packed along N, as q/k/v
+    are) stored under `key`; `shared`: its key in the shared file (None: the graph's own)."""
+
+    ckpt: object
+    names: list[str]
+    key: str
+    shared: str | None = None
+
+    @classmethod
+    def named(cls, ckpt, name: str) -> "Weight":
+        """The one checkpoint tensor `name`, stored under its own name."""
+        return cls(ckpt, [name], name)
+
+
+def matmul(g, x: str, w: Weight, out: str | None = None, bits: int | None = None) -> str:
+    """x @ [W_1; W_2; ..]^T for the weight `w`; `out`: the output's name (None: a fresh one);
+    `bits`: 0 / 4 / 8 instead of the graph's precision (an untied LM head follows the table's)."""
+    ckpt, names, key, shared = w
     bits = g.fmt.bits if bits is None else bits
     if bits == 0:
         # [K, sum N]

@@ -8,11 +8,31 @@ from __future__ import annotations
 
 from ..devices.dims import ModelDims
 from .config import TargetConfig
-from .families import family
+from .families import INTERFACE, family
 from .names import target_tensors
+from .spec import AttentionSpec
+
+# what a family module takes with `from ..dense_family import *`: the whole interface but the
+# attention, which each family defines (with `attention` below)
+__all__ = [name for name in INTERFACE if name != "attention_spec"]
 
 Config = TargetConfig
 GGUF = None
+
+
+def attention(cfg, qk_norm: bool = False, qkv_bias=None, o_bias=None) -> AttentionSpec:
+    """The AttentionSpec of `cfg`'s dims; a bias left None follows config.json's
+    `attention_bias`."""
+    return AttentionSpec(
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        cfg.rms_norm_eps,
+        qkv_bias=cfg.attention_bias if qkv_bias is None else qkv_bias,
+        o_bias=cfg.attention_bias if o_bias is None else o_bias,
+        qk_norm=qk_norm,
+    )
 
 
 def mlp_specs(cfg) -> tuple:

@@ -197,12 +197,12 @@ class _HybridGraph:
         import onnxruntime as ort
 
         from dflash_edge.export.hybrid_target import build_hybrid_target
+        from dflash_edge.export.target_job import TargetJob
         from dflash_edge.export.weight_store import WeightStore
         from dflash_edge.models.checkpoint import Checkpoint
 
-        onnx_path = build_hybrid_target(
-            cfg, Checkpoint.open(path), capture, WeightStore(tmp_path), tmp_path / "h.onnx"
-        )
+        job = TargetJob(cfg, Checkpoint.open(path), capture, WeightStore(tmp_path))
+        onnx_path = build_hybrid_target(job, tmp_path / "h.onnx")
         self.session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
         self.names = [o.name for o in self.session.get_outputs()]
         lin, hv, dk, dv = (

@@ -7,6 +7,4 @@ from ..target_job import dense_mlps as mlp_writers  # noqa: F401  (hybrid_target
 
 def target_writers(job: TargetJob) -> dict:
     """The hybrid graph: full-attention KV plus the linear layers' conv and recurrent state."""
-    args = job.tc, job.ckpt, job.capture, job.store
-    fmt = job.fmt["target_hybrid"]
-    return {"target_hybrid": lambda p: build_hybrid_target(*args, p, job.opts, **fmt)}
+    return {"target_hybrid": lambda p: build_hybrid_target(job, p)}

@@ -8,8 +8,7 @@ from functools import partial
 from ...models.families import family
 from ..moe_layers import moe_fused, moe_gather
 from ..portable_layers import mlp
-from ..target_job import MlpWriters
-from ..target_job import dense_writers as target_writers  # noqa: F401
+from ..target_job import MlpWriters, TargetJob, dense_writers
 
 
 def mlp_writers(cfg) -> tuple[MlpWriters, ...]:
@@ -20,6 +19,11 @@ def mlp_writers(cfg) -> tuple[MlpWriters, ...]:
         else MlpWriters(partial(_experts, moe_gather, m), partial(_experts, moe_fused, m))
         for m in family(cfg.model_type).mlp_specs(cfg)
     )
+
+
+def target_writers(job: TargetJob) -> dict:
+    """The dense target's two graphs, each sparse layer's MLP by this family's expert writers."""
+    return dense_writers(job, mlp_writers(job.tc))
 
 
 def _experts(write, m, g, h: str, layer) -> str:

@@ -1,16 +1,7 @@
 """Qwen2 / Qwen2.5 family: q/k/v projections always carry a bias, o_proj never does."""
 
-from ..dense_family import (  # noqa: F401  (the family interface, re-exported)
-    Config,
-    check_tensors,
-    dense_view,
-    manifest_fields,
-    mlp_specs,
-    planner_dims,
-    reference,
-    tensors,
-    text_prefix,
-)
+from ..dense_family import *  # noqa: F403  (the dense interface; below, what differs)
+from ..dense_family import attention
 from ..spec import ArchSpec, AttentionSpec
 
 GGUF = ArchSpec(
@@ -19,12 +10,5 @@ GGUF = ArchSpec(
 
 
 def attention_spec(cfg) -> AttentionSpec:
-    return AttentionSpec(
-        cfg.hidden_size,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-        cfg.rms_norm_eps,
-        qkv_bias=True,
-        o_bias=False,
-    )
+    """Biased q/k/v, unbiased o_proj, whatever config.json says."""
+    return attention(cfg, qkv_bias=True, o_bias=False)

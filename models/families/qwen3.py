@@ -1,16 +1,7 @@
 """Qwen3 family (and DFlash drafters): per-head RMSNorm on queries and keys before RoPE."""
 
-from ..dense_family import (  # noqa: F401  (the family interface, re-exported)
-    Config,
-    check_tensors,
-    dense_view,
-    manifest_fields,
-    mlp_specs,
-    planner_dims,
-    reference,
-    tensors,
-    text_prefix,
-)
+from ..dense_family import *  # noqa: F403  (the dense interface; below, what differs)
+from ..dense_family import attention
 from ..spec import ArchSpec, AttentionSpec
 
 GGUF = ArchSpec(
@@ -19,13 +10,5 @@ GGUF = ArchSpec(
 
 
 def attention_spec(cfg) -> AttentionSpec:
-    return AttentionSpec(
-        cfg.hidden_size,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-        cfg.rms_norm_eps,
-        qkv_bias=cfg.attention_bias,
-        o_bias=cfg.attention_bias,
-        qk_norm=True,
-    )
+    """Per-head q/k RMSNorm; config.json's `attention_bias` on the projections."""
+    return attention(cfg, qk_norm=True)

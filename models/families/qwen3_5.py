@@ -29,7 +29,10 @@ from ...runtime.errors import ModelFormatError
 from .. import dense_family
 from ..config import LINEAR, TargetConfig, layer_types_of
 from ..spec import AttentionSpec
+from . import INTERFACE
 
+# what qwen3_5_text takes with `from .qwen3_5 import *`
+__all__ = list(INTERFACE)
 FULL = "full_attention"
 GGUF = None
 MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
@@ -150,16 +153,7 @@ def _interval_types(raw: dict) -> list[str]:
 
 def attention_spec(cfg: HybridConfig) -> AttentionSpec:
     """The full-attention layers' spec (q_proj is twice as wide: queries and their output gate)."""
-    return AttentionSpec(
-        cfg.hidden_size,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-        cfg.rms_norm_eps,
-        qkv_bias=cfg.attention_bias,
-        o_bias=cfg.attention_bias,
-        qk_norm=True,
-    )
+    return dense_family.attention(cfg, qk_norm=True)
 
 
 def tensors(cfg: HybridConfig) -> dict[str, tuple[int, ...]]:

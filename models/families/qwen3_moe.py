@@ -22,19 +22,10 @@ from __future__ import annotations
 import re
 
 from ...runtime.errors import ModelFormatError
-from ..dense_family import (  # noqa: F401  (the dense parts of the interface, re-exported)
-    Config,
-    dense_view,
-    planner_dims,
-    reference,
-    tensors,
-    text_prefix,
-)
+from ..dense_family import *  # noqa: F403  (the dense interface; below, what differs)
 from ..names import moe_tensors  # noqa: F401
 from ..spec import MoESpec
 from .qwen3 import attention_spec  # noqa: F401  (qwen3's attention: per-head q/k RMSNorm)
-
-GGUF = None
 
 
 def mlp_specs(cfg) -> tuple[MoESpec | None, ...]:
