@@ -10,7 +10,7 @@ graph: kv_cache.py), else fp32. `low_bit_ops="auto"`: contrib (MatMulNBits, the 
 blocks) without a device or for a CPU one, tensorrt (TensorRT's weight-only blocks) for a GPU /
 Jetson one; contrib+tensorrt (a TensorRT flavour in `tensorrt/` beside the CPU graphs) by name.
 
->>> resolve_choices(ExportOptions(out="b/")).precision       # doctest: +SKIP
+>>> resolve_choices(ExportOptions(out="b/"))[0].precision       # doctest: +SKIP
 'fp32'
 """
 
@@ -20,31 +20,28 @@ import dataclasses
 
 from ..devices.planner import default_draft_precision
 from ..models.checkpoint import BLOCKS
-from ..models.config import TargetConfig
-from ..models.fetch import target_files
-from ..models.gguf_checkpoint import config_dir, is_gguf
 from ..runtime.errors import DflashEdgeError
-from ..runtime.tokenizer import ChatTokenizer
 from .device_plan import EXPORT_PRECISIONS, choose_for_device, low_bit_ops_for
 from .kv_cache import check_kv_cache, check_request
+from .sources import open_target
 
 AUTO = "auto"
 SHORTEST_CHAT = [{"role": "user", "content": "Hi"}]
 
 
-def resolve_choices(opts):
-    """`opts` (ExportOptions), each "auto" replaced by its choice; checks the shortest chat fits."""
-    files = target_files(opts.target)  # a hub id is resolved once here
-    gguf = is_gguf(files)
-    path = config_dir(files) if gguf else files  # config.json + tokenizer (a GGUF's small files)
+def resolve_choices(opts, target=None):
+    """(`opts` (ExportOptions) with each "auto" replaced by its choice, the opened target it read
+    to choose: sources.Target, for the writers); checks the shortest chat fits. `target`: one
+    opened already (else `opts.target` is opened here)."""
+    target = target or open_target(opts.target)
     precision, context = opts.precision, opts.max_context
     if opts.device:  # the device plan picks what fits, or refuses by name
         wanted = EXPORT_PRECISIONS if precision in (None, AUTO) else (precision,)
         precision, context = choose_for_device(
-            opts.device, path, opts.draft, opts.block_size, context, wanted
+            opts.device, target, opts.draft, opts.block_size, context, wanted
         )
     if precision in (None, AUTO):
-        precision = auto_precision(path, low_bit_source=gguf)
+        precision = auto_precision(target)
     draft = (
         opts.draft_precision
         if opts.draft_precision not in (None, AUTO)
@@ -54,31 +51,25 @@ def resolve_choices(opts):
     if kv in (None, AUTO):
         kv = "fp32" if precision in ("fp32", "fp16") or not opts.fused else "int8"
     check_request(precision, check_kv_cache(kv))
-    check_shortest_chat(path, opts.block_size, context)
+    check_shortest_chat(target.tokenizer, opts.block_size, context)
     ops = opts.low_bit_ops
     if ops in (None, AUTO):  # the device plan's: TensorRT's blocks on a GPU / Jetson
         ops = low_bit_ops_for(opts.device)
-    return dataclasses.replace(
-        opts,
-        precision=precision,
-        draft_precision=draft,
-        kv_cache=kv,
-        max_context=context,
-        low_bit_ops=ops,
-    )
+    chosen = dict(precision=precision, draft_precision=draft, kv_cache=kv, max_context=context)
+    return dataclasses.replace(opts, **chosen, low_bit_ops=ops), target
 
 
-def auto_precision(path, low_bit_source: bool = False) -> str:
-    """int4 for a checkpoint with exact low-bit blocks (a GGUF, imported or read in place:
-    `low_bit_source`) or a mixture of experts, else fp32."""
-    experts = getattr(TargetConfig.from_json(path), "num_experts", 0)
-    low_bit = low_bit_source or (path / BLOCKS).is_file() or bool(experts)
+def auto_precision(target) -> str:
+    """int4 for a checkpoint with exact low-bit blocks (a GGUF, imported or read in place) or a
+    mixture of experts, else fp32; `target`: sources.Target."""
+    experts = getattr(target.config, "num_experts", 0)
+    low_bit = target.gguf or (target.dir / BLOCKS).is_file() or bool(experts)
     return "int4" if low_bit else "fp32"
 
 
-def check_shortest_chat(path, block_size: int, max_context: int) -> None:
-    """A one-word chat prompt must fit the context, before ~30 s of loading the models."""
-    tok = ChatTokenizer.from_dir(path)
+def check_shortest_chat(tok, block_size: int, max_context: int) -> None:
+    """A one-word chat prompt must fit the context, before ~30 s of loading the models; `tok`: the
+    target's ChatTokenizer."""
     n = len(tok.encode_chat(SHORTEST_CHAT) if tok.chat_template else tok.encode("Hi"))
     if n + block_size > max_context:
         raise DflashEdgeError(

@@ -76,6 +76,33 @@ def test_export_passes_parity_checker_and_hashes(tiny_checkpoints, tmp_path, var
     assert not list(tmp_path.glob(".*.export-*"))
 
 
+def test_export_reads_the_target_once(tiny_checkpoints, tmp_path, monkeypatch):
+    """One resolution, one config parse, one tokenizer load per export: the choices (a device
+    plan included) and the writers share the opened target (export/sources.Target)."""
+    from dflash_edge.export import sources
+    from dflash_edge.models.config import TargetConfig
+    from dflash_edge.runtime.tokenizer import ChatTokenizer
+
+    ckpt = tiny_checkpoints["qwen3"][1]
+    draft = _drafter_dir(tmp_path, ckpt)  # (reads the target's config itself)
+    calls = {"resolve": 0, "config": 0, "tokenizer": 0}
+
+    def counted(key, fn):
+        def wrapper(*args, **kwargs):
+            calls[key] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(sources, "target_files", counted("resolve", sources.target_files))
+    config = counted("config", TargetConfig.from_json.__func__)
+    monkeypatch.setattr(TargetConfig, "from_json", classmethod(config))
+    tokenizer = counted("tokenizer", ChatTokenizer.from_dir.__func__)
+    monkeypatch.setattr(ChatTokenizer, "from_dir", classmethod(tokenizer))
+    _export(tmp_path, ckpt, 4, draft=draft, device="rtx-4090-24gb", verify=False)
+    assert calls == {"resolve": 1, "config": 1, "tokenizer": 1}
+
+
 def test_existing_output_needs_force(tiny_checkpoints, tmp_path):
     ckpt = tiny_checkpoints["qwen3"][1]
     out = _export(tmp_path, ckpt, 4)
