@@ -195,20 +195,26 @@ def run_hybrid(session, probe: Probe) -> tuple[dict, dict, np.ndarray, int]:
         out = dict(zip(outputs, _owned(session.run(None, case))))
         cases.append(tuple(case[n] for n in names))
         got.append(tuple(out[n] for n in _HYBRID_OUT))
-        feeds = {
-            "past_key": np.concatenate([case["past_key"], out["new_key"]]),
-            "past_value": np.concatenate([case["past_value"], out["new_value"]]),
-            "conv_base": out["conv_start"],
-            "rec_base": out["rec_start"],
-            "prev_qkv": out["qkv"],
-            "prev_k": out["delta_k"],
-            "prev_u": out["delta_u"],
-            "prev_decay": out["decay"],
-        }
+        feeds = next_hybrid_feeds(case, out)
         if step == 0:
             features, last = out["hidden"], int(out["next_ids"][0, -1])
             calls.append(([last] + prompt[: probe.block - 1], len(prompt)))
     return {"target_hybrid": cases}, {"target_hybrid": got}, features, last
+
+
+def next_hybrid_feeds(feeds: dict, out: dict) -> dict:
+    """The hybrid target's state feeds for its next call: `feeds`' K/V rows plus the ones `out`
+    (its outputs by name) added, and the starting states it rebuilt."""
+    return {
+        "past_key": np.concatenate([feeds["past_key"], out["new_key"]]),
+        "past_value": np.concatenate([feeds["past_value"], out["new_value"]]),
+        "conv_base": out["conv_start"],
+        "rec_base": out["rec_start"],
+        "prev_qkv": out["qkv"],
+        "prev_k": out["delta_k"],
+        "prev_u": out["delta_u"],
+        "prev_decay": out["decay"],
+    }
 
 
 def drafter_cases(

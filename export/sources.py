@@ -13,7 +13,6 @@ checkpoint when it runs and dropped after it, so parity never holds a whole mode
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,7 +21,7 @@ from pathlib import Path
 from ..models import build_target
 from ..models.checkpoint import Checkpoint, check_shapes
 from ..models.config import TargetConfig
-from ..models.dflash2_config import read_draft_config
+from ..models.dflash2_config import open_drafter_files
 from ..models.families import family
 from ..models.families.qwen3 import attention_spec
 from ..models.fetch import target_files
@@ -194,17 +193,7 @@ def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple
 def open_drafter(path: Path, target_cfg):
     """(DraftConfig, Checkpoint) of a z-lab drafter folder, checked against the target and by tensor
     name/shape."""
-
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise ModelFormatError(
-            f"{cfg_file} not found: a DFlash drafter directory needs config.json + "
-            "model.safetensors"
-        )
-    cfg = read_draft_config(json.loads(cfg_file.read_text()))
-    cfg.check_fits(target_cfg)
-    ckpt = Checkpoint.open(path)
-    ckpt.check_dtypes(cfg.torch_dtype)
+    cfg, ckpt = open_drafter_files(path, target_cfg)
     check_shapes(drafter_tensors(cfg, attention_spec(cfg)), ckpt)
     return cfg, ckpt
 
