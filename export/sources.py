@@ -51,8 +51,8 @@ class Sources:
 
 
 class Target:
-    """A target spec resolved once (`open_target`), each of its parts read at most once, when
-    first asked for: what the export's choices (choices.py) and its writers share."""
+    """A target spec resolved once (`open_target`), its config and tokenizer read once, when first
+    asked for: what the export's choices (choices.py) and its writers share."""
 
     def __init__(self, spec: str | None):
         self.files = target_files(spec)  # a hub id is resolved (fetched) here, once
@@ -75,9 +75,9 @@ class Target:
 
         return ChatTokenizer.from_dir(self.dir)
 
-    @cached_property
-    def ckpt(self):
-        """The checkpoint (headers only; a GGUF's tensors streamed from the file)."""
+    def open_checkpoint(self):
+        """The checkpoint (headers only; a GGUF's tensors streamed from the file), opened anew for
+        each bundle written, so its memory-mapped shards go with that write's sources."""
         return open_gguf(self.files)[0] if self.gguf else Checkpoint.open(self.files)
 
 
@@ -114,7 +114,7 @@ def open_sources(opts, target: Target, scratch: Path) -> Sources:
 def _checked_target(opts, target: Target):
     """`target`'s checkpoint, checked (dtypes, memory, the family's tensors by name and shape)
     before any weight is read; an image-text one answering to the text model's names."""
-    tc, ckpt = target.config, target.ckpt
+    tc, ckpt = target.config, target.open_checkpoint()
     ckpt.check_dtypes(tc.torch_dtype)
     tied = ("lm_head.weight",) if tc.tie_word_embeddings else ()
     if opts.memory_check:  # before any weight is read: say so now, with the estimate
