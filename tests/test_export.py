@@ -514,3 +514,17 @@ def test_api_and_cli_write_the_same_bundle(tiny_checkpoints, tmp_path, flags, ca
     }
     assert seen[0]["target_fused"][1] == ("int8" if kw else "float32")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["api", "cli", "draft4"]
+
+
+def test_drafter_kinds_are_modules_found_by_config_class():
+    """export/drafters/: every kind offers the interface; a config finds its kind by its class."""
+    from dflash_edge.export.drafters import INTERFACE, available, drafter_kind
+    from dflash_edge.models.dflash2_config import DFlash2Config
+
+    assert available() == ("dflash", "dflash2")
+    for cfg_class, name in ((DraftConfig, "dflash"), (DFlash2Config, "dflash2")):
+        kind = drafter_kind(object.__new__(cfg_class))
+        assert kind.__name__.endswith(f".{name}")
+        assert all(hasattr(kind, attr) for attr in INTERFACE)
+    with pytest.raises(DflashEdgeError, match="no drafter kind"):
+        drafter_kind(object())
