@@ -1,7 +1,9 @@
 """`dflash-edge devices`: device profiles (detected one marked); `devices plan`: fit + speed plan.
 
 The planner (devices/, floor 1) never reads bundles or checkpoints; this module (floor 6) turns a
-bundle manifest, a checkpoint's config.json or a preset name into model dims and passes them down.
+bundle manifest or a preset name into model dims and passes them down; a checkpoint's config.json
+goes through export --device's request (export/device_plan.plan_request: the drafter export
+writes).
 
     dflash-edge devices --json
     dflash-edge devices plan --model qwen3-8b --precision int4 --device jetson-orin-nx-16gb \\
@@ -12,10 +14,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 from ..devices.detect import detect, detect_cpu
-from ..devices.dims import DraftDims, ModelDims, draft_dims_from_config, preset, recipe_drafter
+from ..devices.dims import DraftDims, ModelDims, preset
 from ..devices.errors import DeviceError
 from ..devices.planner import (
     FLOAT_PRECISIONS,
@@ -26,10 +27,7 @@ from ..devices.planner import (
     plan,
 )
 from ..devices.profiles import get_profile, load_profiles
-from ..models import planner_dims
-from ..models.fetch import target_files
-from ..models.gguf_checkpoint import config_dir, is_gguf
-from ..models.locate import config_folder, drafter_folder
+from ..export.device_plan import model_dir, plan_request, read_json
 from ..runtime.bundle import read_bundle
 
 DEFAULT_TAU = 2.0
@@ -49,8 +47,8 @@ def add_arguments(p) -> None:
     )
     q.add_argument(
         "--draft",
-        help="with --target: the DFlash drafter's folder or hub id (default: the z-lab recipe, "
-        "5 layers)",
+        help="with --target: the DFlash drafter's folder or hub id (default: the one export "
+        "writes: the shipped drafter for the target, else a random 1-layer one)",
     )
     q.add_argument("--device", help="profile name (default: the detected device)")
     q.add_argument(
@@ -102,14 +100,14 @@ def run(args) -> int:
 
 
 def _device(name: str | None):
-
     if name is None:
         return detect().profile
     return detect_cpu().profile if name == "cpu" else get_profile(name)
 
 
 def request_from_args(args) -> PlanRequest:
-    """Model dims from exactly one of BUNDLE / --model / --target, plus the device and options."""
+    """Model dims from exactly one of BUNDLE / --model / --target, plus the device and options; a
+    checkpoint's request is export --device's (export/device_plan.plan_request)."""
     given = [x for x in (args.bundle, args.model, args.target) if x]
     if len(given) != 1:
         raise DeviceError(
@@ -118,101 +116,86 @@ def request_from_args(args) -> PlanRequest:
     device = _device(args.device)
     if args.bundle:
         return bundle_request(args, device)
+    settings = {
+        "precision": args.precision or "fp16",
+        "context": args.context or 4096,
+        "block": args.block or 0,
+    }
     if args.model:
         target, drafter, tau = preset(args.model)
-    else:
-        target, drafter, tau = checkpoint_dims(args.target, args.draft) + (DEFAULT_TAU,)
-    return PlanRequest(
-        target,
-        drafter,
-        device,
-        precision=args.precision or "fp16",
-        context=args.context or 4096,
-        block=args.block or 0,
-        tau=args.tau or tau,
-    )
-
-
-def checkpoint_dims(target_spec: str, draft_spec: str | None) -> tuple[ModelDims, DraftDims]:
-    """Dims from the config.json of a target (folder, .gguf or hub id) and optional drafter."""
-    target = planner_dims(_read_json(_model_dir(target_spec, "target") / "config.json"))
-    if draft_spec:
-        draft_dir = _model_dir(draft_spec, "draft")
-        return target, draft_dims_from_config(
-            _read_json(draft_dir / "config.json"), f"{draft_dir}/config.json"
-        )
-    return target, recipe_drafter(target)
-
-
-def _model_dir(spec: str, what: str) -> Path:
-    """The folder holding the config.json of `spec`: a hub id fetches that file alone."""
-    folder = config_folder(spec, what)
-    if folder is not None:
-        return folder
-    if what != "target":
-        return drafter_folder(spec)
-    path = target_files(spec)  # a GGUF: its small files only, never an import of its weights
-    return config_dir(path) if is_gguf(path) else path
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise DeviceError(
-            f"{path} cannot be read ({err}); point at a model directory with a config.json"
-        ) from err
+        return PlanRequest(target, drafter, device, **settings, tau=args.tau or tau)
+    cfg = read_json(model_dir(args.target, "target") / "config.json")
+    return plan_request(cfg, args.draft, device, **settings, tau=args.tau or DEFAULT_TAU)
 
 
 def bundle_request(args, device) -> PlanRequest:
     """A bundle's dims, exact weight bytes, precision, block and context from its manifest (never
-    its graphs)."""
-
+    its graphs); `args`: bundle, precision, block, context (the position planned), tau."""
     bundle = read_bundle(args.bundle, verify=False)
-    m, man = bundle.model, bundle.manifest
+    _check_bundle_args(args, bundle)
+    man = bundle.manifest
+    graphs, model = man["graphs"], bundle.model
+    # the target the device would run: the fused graph on a CPU
+    runs = "target_fused" if device.device_class == "cpu" and "target_fused" in graphs else "target"
+    target, drafter = _bundle_dims(man)
+    target_bytes, draft_bytes = _session_bytes(man, runs)
+    req = PlanRequest(
+        target,
+        drafter,
+        device,
+        precision=graphs["target"]["precision"],
+        context=bundle.max_context,
+        position=args.context or 0,
+        block=bundle.block_size,
+        prefill_chunk=man["prefill_chunk"],
+        tau=args.tau or DEFAULT_TAU,
+        target_weight_bytes=target_bytes,
+        draft_weight_bytes=draft_bytes,
+        kv_bytes=_cache_bytes(man, device),
+        table_bytes=_table_bytes(man),
+        draft_precision=graphs["drafter"]["precision"],
+    )
+    # stated by the manifest (session 13+)
+    if target.intermediate_size and drafter.intermediate_size:
+        return req
+    sized = _with_intermediate(req, model.get("draft_vocab_size") or model["vocab_size"])
+    # MoE: the manifest states its widths
+    return replace(sized, target=target) if target.num_experts else sized
+
+
+def _check_bundle_args(args, bundle) -> None:
+    """Refuse what the bundle was not exported for (a hybrid target, another precision, block or a
+    longer context), naming the fix."""
+    man, name = bundle.manifest, args.bundle
     # a hybrid bundle (target_hybrid): its manifest lacks the dense dims
     if "target" not in man["graphs"]:
         raise DeviceError(
-            f"bundle {args.bundle} has a {', '.join(man['graphs'])} target, which plans from its "
+            f"bundle {name} has a {', '.join(man['graphs'])} target, which plans from its "
             f"checkpoint: `dflash-edge devices plan --target DIR` (or a preset: --model qwen3.5-4b)"
         )
     precision = man["graphs"]["target"]["precision"]
     if args.precision and args.precision != precision:
         raise DeviceError(
-            f"bundle {args.bundle} holds {precision} weights, not {args.precision}; plan it as "
+            f"bundle {name} holds {precision} weights, not {args.precision}; plan it as "
             f"{precision} or export/quantise a {args.precision} bundle"
         )
     if args.block and args.block != bundle.block_size:
         raise DeviceError(
-            f"bundle {args.bundle} was exported for block {bundle.block_size}, not {args.block}; "
+            f"bundle {name} was exported for block {bundle.block_size}, not {args.block}; "
             f"re-export with --block-size {args.block} or plan with --block {bundle.block_size}"
         )
     if args.context and args.context > bundle.max_context:
         raise DeviceError(
-            f"bundle {args.bundle} was exported for context <= {bundle.max_context}, not "
-            f"{args.context}; "
-            f"re-export with --max-context {args.context} or plan with --context <= "
-            f"{bundle.max_context}"
+            f"bundle {name} was exported for context <= {bundle.max_context}, not "
+            f"{args.context}; re-export with --max-context {args.context} or plan with "
+            f"--context <= {bundle.max_context}"
         )
-    runs = (
-        "target_fused"
-        if device.device_class == "cpu" and "target_fused" in man["graphs"]
-        else "target"
-    )
-    graphs = man["graphs"]
-    files = {g: {f["path"]: f["bytes"] for f in graphs[g]["files"]} for g in (runs, "drafter")}
-    # tables: the target's
-    own_draft = sum(b for path, b in files["drafter"].items() if path not in files[runs])
-    # exact: what each session reads (the data files hold both flavours)
-    if "weight_bytes" in graphs["drafter"]:
-        borrowed = sum(  # a region two tensors name (the table's head and lookup) once
-            {
-                (t["file"], t["offset"]): t["length"]
-                for t in man["shared_weights"].get("tensors", [])
-                if "drafter" in t["names"]
-            }.values()
-        )
-        own_draft = graphs["drafter"]["weight_bytes"] - borrowed
+
+
+def _bundle_dims(man: dict) -> tuple[ModelDims, DraftDims]:
+    """(target, drafter) dims from the manifest's `model` section (an MLP width 0 where an older
+    manifest does not state it)."""
+    m = man["model"]
     target = ModelDims(
         family=m["family"],
         hidden_size=m["hidden_size"],
@@ -236,28 +219,26 @@ def bundle_request(args, device) -> PlanRequest:
         num_target_layer_ids=len(m["target_layer_ids"]),
         block_size=man["trained_block_size"],
     )
-    req = PlanRequest(
-        target,
-        drafter,
-        device,
-        precision=precision,
-        context=bundle.max_context,
-        position=args.context or 0,
-        block=bundle.block_size,
-        prefill_chunk=man["prefill_chunk"],
-        tau=args.tau or DEFAULT_TAU,
-        target_weight_bytes=graphs[runs].get("weight_bytes") or sum(files[runs].values()),
-        draft_weight_bytes=own_draft,
-        kv_bytes=_cache_bytes(man, device),
-        table_bytes=_table_bytes(man),
-        draft_precision=man["graphs"]["drafter"]["precision"],
-    )
-    # stated by the manifest (session 13+)
-    if target.intermediate_size and drafter.intermediate_size:
-        return req
-    sized = _with_intermediate(req, m.get("draft_vocab_size") or m["vocab_size"])
-    # MoE: the manifest states its widths
-    return replace(sized, target=target) if target.num_experts else sized
+    return target, drafter
+
+
+def _session_bytes(man: dict, runs: str) -> tuple[int, int]:
+    """(weight bytes of the target graph `runs`, the drafter's own): exact where the manifest
+    states what each session reads (the data files hold both flavours), else its files' bytes."""
+    graphs = man["graphs"]
+    files = {g: {f["path"]: f["bytes"] for f in graphs[g]["files"]} for g in (runs, "drafter")}
+    # tables: the target's
+    own_draft = sum(b for path, b in files["drafter"].items() if path not in files[runs])
+    if "weight_bytes" in graphs["drafter"]:
+        borrowed = sum(  # a region two tensors name (the table's head and lookup) once
+            {
+                (t["file"], t["offset"]): t["length"]
+                for t in man["shared_weights"].get("tensors", [])
+                if "drafter" in t["names"]
+            }.values()
+        )
+        own_draft = graphs["drafter"]["weight_bytes"] - borrowed
+    return graphs[runs].get("weight_bytes") or sum(files[runs].values()), own_draft
 
 
 def _table_bytes(man: dict) -> tuple[float, float] | None:

@@ -10,7 +10,7 @@ graph: kv_cache.py), else fp32. `low_bit_ops="auto"`: contrib (MatMulNBits, the 
 blocks) without a device or for a CPU one, tensorrt (TensorRT's weight-only blocks) for a GPU /
 Jetson one; contrib+tensorrt (a TensorRT flavour in `tensorrt/` beside the CPU graphs) by name.
 
->>> resolve_choices(ExportOptions(out="b/")).precision       # doctest: +SKIP
+>>> resolve_choices(ExportOptions(out="b/"))[0].precision       # doctest: +SKIP
 'fp32'
 """
 
@@ -23,15 +23,10 @@ from pathlib import Path
 
 from ..devices.planner import default_draft_precision
 from ..models.checkpoint import BLOCKS
-from ..models.config import TargetConfig
-from ..models.dflash2_config import read_draft_config
-from ..models.fetch import target_files
-from ..models.gguf_checkpoint import config_dir, is_gguf
-from ..models.locate import drafter_folder
 from ..runtime.errors import DflashEdgeError
-from ..runtime.tokenizer import ChatTokenizer
 from .device_plan import EXPORT_PRECISIONS, choose_for_device, low_bit_ops_for
 from .kv_cache import check_kv_cache, check_request
+from .sources import open_target
 
 AUTO = "auto"
 # the block when the drafter allows it: verify(16) is where a CPU still pays (docs/BENCHMARKS.md)
@@ -39,20 +34,22 @@ DEFAULT_BLOCK = 16
 SHORTEST_CHAT = [{"role": "user", "content": "Hi"}]
 
 
-def resolve_choices(opts):
-    """`opts` (ExportOptions), each "auto" replaced by its choice; checks the shortest chat fits."""
-    files = target_files(opts.target)  # a hub id is resolved once here
-    gguf = is_gguf(files)
-    path = config_dir(files) if gguf else files  # config.json + tokenizer (a GGUF's small files)
-    opts = dataclasses.replace(opts, block_size=opts.block_size or default_block(opts.draft, path))
+def resolve_choices(opts, target=None):
+    """(`opts` (ExportOptions) with each "auto" replaced by its choice, the opened target it read
+    to choose: sources.Target, for the writers); checks the shortest chat fits. `target`: one
+    opened already (else `opts.target` is opened here)."""
+    target = target or open_target(opts.target)
+    opts = dataclasses.replace(
+        opts, block_size=opts.block_size or default_block(opts.draft, target)
+    )
     precision, context = opts.precision, opts.max_context
     if opts.device:  # the device plan picks what fits, or refuses by name
         wanted = EXPORT_PRECISIONS if precision in (None, AUTO) else (precision,)
         precision, context = choose_for_device(
-            opts.device, path, opts.draft, opts.block_size, context, wanted
+            opts.device, target, opts.draft, opts.block_size, context, wanted
         )
     if precision in (None, AUTO):
-        precision = auto_precision(path, low_bit_source=gguf)
+        precision = auto_precision(target)
     draft = (
         opts.draft_precision
         if opts.draft_precision not in (None, AUTO)
@@ -62,24 +59,18 @@ def resolve_choices(opts):
     if kv in (None, AUTO):
         kv = "fp32" if precision in ("fp32", "fp16") or not opts.fused else "int8"
     check_request(precision, check_kv_cache(kv))
-    check_shortest_chat(path, opts.block_size, context)
+    check_shortest_chat(target.tokenizer, opts.block_size, context)
     ops = opts.low_bit_ops
     if ops in (None, AUTO):  # the device plan's: TensorRT's blocks on a GPU / Jetson
         ops = low_bit_ops_for(opts.device)
-    return dataclasses.replace(
-        opts,
-        precision=precision,
-        draft_precision=draft,
-        kv_cache=kv,
-        max_context=context,
-        low_bit_ops=ops,
-    )
+    chosen = dict(precision=precision, draft_precision=draft, kv_cache=kv, max_context=context)
+    return dataclasses.replace(opts, **chosen, low_bit_ops=ops), target
 
 
-def default_block(draft: str | None, config_path) -> int:
+def default_block(draft: str | None, target) -> int:
     """The block a drafter was trained for, at most DEFAULT_BLOCK: a drafter trained at 8 (z-lab's
     DFlash2) exports at 8 unless told otherwise (said on stderr); a random one at DEFAULT_BLOCK."""
-    trained = _trained_block(draft, config_path)
+    trained = _trained_block(draft, target)
     block = min(DEFAULT_BLOCK, trained or DEFAULT_BLOCK)
     if block != DEFAULT_BLOCK:
         print(
@@ -90,15 +81,17 @@ def default_block(draft: str | None, config_path) -> int:
     return block
 
 
-def _trained_block(draft: str | None, config_path) -> int | None:
+def _trained_block(draft: str | None, target) -> int | None:
     """`block_size` of the drafter `draft` names (its config.json), None for a random one."""
+    from ..models.dflash2_config import read_draft_config
+    from ..models.families import family
+    from ..models.locate import drafter_folder
+    from ..models.resolve_drafter import default_drafter_path
+
     if draft == "random":
         return None
     if draft in (None, "default"):
-        from ..models.families import family
-        from ..models.resolve_drafter import default_drafter_path
-
-        cfg = TargetConfig.from_json(config_path)
+        cfg = target.config
         folder = default_drafter_path(family(cfg.model_type).dense_view(cfg))
     else:
         folder = drafter_folder(draft)
@@ -108,17 +101,17 @@ def _trained_block(draft: str | None, config_path) -> int | None:
     return read_draft_config(raw).block_size  # DFlash and DFlash2 layouts alike
 
 
-def auto_precision(path, low_bit_source: bool = False) -> str:
-    """int4 for a checkpoint with exact low-bit blocks (a GGUF, imported or read in place:
-    `low_bit_source`) or a mixture of experts, else fp32."""
-    experts = getattr(TargetConfig.from_json(path), "num_experts", 0)
-    low_bit = low_bit_source or (path / BLOCKS).is_file() or bool(experts)
+def auto_precision(target) -> str:
+    """int4 for a checkpoint with exact low-bit blocks (a GGUF, imported or read in place) or a
+    mixture of experts, else fp32; `target`: sources.Target."""
+    experts = getattr(target.config, "num_experts", 0)
+    low_bit = target.gguf or (target.dir / BLOCKS).is_file() or bool(experts)
     return "int4" if low_bit else "fp32"
 
 
-def check_shortest_chat(path, block_size: int, max_context: int) -> None:
-    """A one-word chat prompt must fit the context, before ~30 s of loading the models."""
-    tok = ChatTokenizer.from_dir(path)
+def check_shortest_chat(tok, block_size: int, max_context: int) -> None:
+    """A one-word chat prompt must fit the context, before ~30 s of loading the models; `tok`: the
+    target's ChatTokenizer."""
     n = len(tok.encode_chat(SHORTEST_CHAT) if tok.chat_template else tok.encode("Hi"))
     if n + block_size > max_context:
         raise DflashEdgeError(

@@ -1,10 +1,13 @@
-"""`ExportOptions.device` (`export --device NAME`): the plan's precision and max context, or refuse.
+"""`ExportOptions.device` (`export --device NAME`): the plan's precision and max context, or refuse;
+and the planner's request for a checkpoint (`plan_request`), which `devices plan --target` and
+`export --device` both make.
 
 The exporter writes the precisions in `EXPORT_PRECISIONS` (fp32, or quantised through `export
 --precision`). The plan picks the first of them that fits, at the requested context or the largest
-that fits below it; when none fits it raises, naming what would (precision, context).
+that fits below it; when none fits it raises, naming what would (precision, context). The drafter
+planned is the one export writes beside the target (`drafter_dims`).
 
->>> choose_for_device(args)       # doctest: +SKIP
+>>> choose_for_device("rtx-4090-24gb", target, "default", 16, 2048)  # doctest: +SKIP
 ('fp32', 2048)
 """
 
@@ -17,43 +20,79 @@ from pathlib import Path
 
 from ..data import shipped_drafter
 from ..devices.detect import detect_cpu
-from ..devices.dims import draft_dims_from_config, recipe_drafter
+from ..devices.dims import DraftDims, draft_dims_from_config
 from ..devices.errors import DeviceError
 from ..devices.planner import PlanRequest, alternatives, max_context, memory_plan
 from ..devices.profiles import get_profile
 from ..models import planner_dims
+from ..models.config import TargetConfig
+from ..models.draft_config import DraftConfig
+from ..models.families import family
+from ..models.fetch import target_files
+from ..models.gguf_checkpoint import config_dir, is_gguf
+from ..models.locate import config_folder, drafter_folder
 
 EXPORT_PRECISIONS = ("fp32", "fp16", "int8", "int4")  # most precise first
 
 
-def _drafter_dims(draft: str, target_cfg: dict, target, block: int):
+def plan_request(tc, draft: str | None, device, **settings) -> PlanRequest:
+    """The planner's request for target config `tc` (TargetConfig, or its config.json dict) beside
+    the drafter `draft` names (`drafter_dims`) on `device` (a DeviceProfile); `settings`:
+    PlanRequest's own fields (precision, context, block, tau)."""
+    if isinstance(tc, dict):
+        tc = TargetConfig.from_dict(tc)
+    return PlanRequest(planner_dims(tc), drafter_dims(draft, tc), device, **settings)
+
+
+def drafter_dims(draft: str | None, tc) -> DraftDims:
+    """The dims of the drafter `export --draft DRAFT` writes beside target config `tc`: a folder's
+    or hub id's config.json; "default" / None: the shipped drafter trained for the target, else
+    (none shipped, or "random") the random one export makes (sources.drafter_dir: 1 layer at the
+    target's dense widths, its trained block 16)."""
+    dense = family(tc.model_type).dense_view(tc)  # a drafter's dims are dense
     if draft in (None, "default"):
-        path = shipped_drafter(
-            *(target_cfg.get(k) for k in ("hidden_size", "vocab_size", "num_hidden_layers"))
-        )
+        path = shipped_drafter(dense.hidden_size, dense.vocab_size, dense.num_hidden_layers)
         draft = str(path) if path else "random"
     if draft == "random":
-        return recipe_drafter(target, num_layers=1, block_size=block)
-    return draft_dims_from_config(
-        json.loads((Path(draft) / "config.json").read_text()), f"{draft}/config.json"
-    )
+        return draft_dims_from_config(DraftConfig.for_target(dense, mask_token_id=0).to_dict())
+    folder = model_dir(draft, "draft")
+    return draft_dims_from_config(read_json(folder / "config.json"), f"{folder}/config.json")
+
+
+def model_dir(spec: str, what: str) -> Path:
+    """The folder holding the config.json of `spec` ("target" or "draft"): a hub id fetches that
+    file alone; a GGUF target its small files, never an import of its weights."""
+    folder = config_folder(spec, what)
+    if folder is not None:
+        return folder
+    if what != "target":
+        return drafter_folder(spec)
+    path = target_files(spec)
+    return config_dir(path) if is_gguf(path) else path
+
+
+def read_json(path: Path) -> dict:
+    """A config.json as a dict; DeviceError naming the file when it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise DeviceError(
+            f"{path} cannot be read ({err}); point at a model directory with a config.json"
+        ) from err
 
 
 def choose_for_device(
     device: str,
-    target_dir: Path,
+    target,
     draft: str,
     block: int,
     context: int,
     precisions: tuple = EXPORT_PRECISIONS,
 ) -> tuple[str, int]:
-    """(precision, max_context) for `device`; DeviceError naming what would fit when nothing
-    does."""
-    profile = get_profile(device) if device != "cpu" else _cpu_profile()
-    cfg = json.loads((Path(target_dir) / "config.json").read_text())
-    target = planner_dims(cfg)
-    drafter = _drafter_dims(draft, cfg, target, block)
-    req = PlanRequest(target, drafter, profile, context=context, block=block)
+    """(precision, max_context) for `device` and `target` (sources.Target: its config and folder);
+    DeviceError naming what would fit when nothing does."""
+    profile = get_profile(device) if device != "cpu" else detect_cpu().profile
+    req = plan_request(target.config, draft, profile, context=context, block=block)
     usable = [replace(req, precision=p) for p in precisions if p in profile.precisions]
     for alt in usable:  # the most precise that fits the requested context ...
         if memory_plan(alt)["fits"]:
@@ -63,8 +102,7 @@ def choose_for_device(
             fitted = min(fitted, context)
             print(
                 f"export --device {device}: {alt.precision} fits up to context {fitted}; using "
-                "--max-context "
-                f"{fitted} instead of {context}",
+                f"--max-context {fitted} instead of {context}",
                 file=sys.stderr,
             )
             return alt.precision, fitted
@@ -74,9 +112,8 @@ def choose_for_device(
     )
     raise DeviceError(
         f"export --device {device}: this exporter writes {', '.join(precisions)} and none of it "
-        "fits "
-        f"{profile.name} at context >= 256 (would fit: {would}); quantise the bundle or pick a "
-        f"bigger device (`dflash-edge devices plan --target {target_dir} --device {device}`)"
+        f"fits {profile.name} at context >= 256 (would fit: {would}); quantise the bundle or pick "
+        f"a bigger device (`dflash-edge devices plan --target {target.dir} --device {device}`)"
     )
 
 
@@ -89,8 +126,3 @@ def low_bit_ops_for(device: str | None) -> str:
     if device in (None, "cpu"):
         return "contrib"
     return "contrib" if get_profile(device).device_class == "cpu" else "tensorrt"
-
-
-def _cpu_profile():
-
-    return detect_cpu().profile

@@ -31,13 +31,9 @@ from ..runtime.io_tables import FLAVOURS, io_manifest
 from ..runtime.memory import MemoryMeter
 from ..runtime.publish import publish_dir
 from ..runtime.tokenizer import CHAT_TEMPLATE_FILE
-from . import (  # modules: tests stand in for functions
-    dflash2_drafter,
-    parity,
-    portable_drafter,
-    tensorrt_flavour,
-)
+from . import parity, tensorrt_flavour  # modules: tests stand in for functions
 from .choices import resolve_choices
+from .drafters import write_drafter
 from .families import family_writers
 from .graph_builder import OPSET, OPSET_FUSED
 from .hybrid_reference import hybrid_reference
@@ -101,9 +97,10 @@ class ExportOptions:
         return self.max_context + max(self.block_size, self.prefill_chunk) + 1
 
 
-def _check_options(opts: ExportOptions, tc, dc) -> None:
-    """`opts` against the target config `tc` and drafter config `dc`, before any graph is
-    written."""
+def _check_options(opts: ExportOptions, src) -> None:
+    """`opts` against the target and drafter configs of `src` (sources.Sources), before any graph
+    is written."""
+    tc, dc = src.target_cfg, src.draft_cfg
     if opts.block_size < 2:
         raise DflashEdgeError(
             f"--block-size {opts.block_size} < 2: a block is the last token plus >= 1 mask"
@@ -121,11 +118,7 @@ def _check_options(opts: ExportOptions, tc, dc) -> None:
         )
     if opts.prefill_chunk < 1:
         raise DflashEdgeError(f"--prefill-chunk {opts.prefill_chunk} must be >= 1")
-    if _dflash2(dc) and opts.draft_vocab:
-        raise DflashEdgeError(
-            f"--draft-vocab {opts.draft_vocab}: a DFlash2 drafter's selector ranks candidates of "
-            f"the whole vocabulary; export it without --draft-vocab"
-        )
+    src.kind.check_options(opts)
     for flag, value in (
         ("--precision", opts.precision),
         ("--draft-precision", opts.draft_precision),
@@ -185,16 +178,16 @@ def export_bundle(opts: ExportOptions, progress=None, finish=None) -> Path:
     out = Path(opts.out).expanduser()
     if out.exists() and not opts.force:
         raise DflashEdgeError(f"{out} already exists; pass --force to replace it")
-    opts = resolve_choices(opts)
+    opts, target = resolve_choices(opts)
     steps = tqdm(total=6, desc="export", unit="step", disable=progress is False, file=sys.stderr)
     meter, t0 = MemoryMeter(), time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(out)
     tmp = staging_dir(out)
     try:
-        graphs = _write(opts, tmp, steps, meter)
+        graphs = _write(opts, target, tmp, steps, meter)
         graphs = _int8_cache(opts, tmp, graphs, steps, meter)
-        flavour = _tensorrt_flavour(opts, tmp, steps, meter)
+        flavour = _tensorrt_flavour(opts, target, tmp, steps, meter)
         if finish is not None:
             finish(tmp)
         pause_at("publish")
@@ -245,15 +238,15 @@ def _int8_cache(opts: ExportOptions, tmp: Path, graphs: dict, steps, meter: Memo
     return manifest["graphs"]
 
 
-def _tensorrt_flavour(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict | None:
-    """`contrib+tensorrt`: the TensorRT flavour in `tmp`/tensorrt (tensorrt_flavour.py), named in
-    the main manifest's `flavours`."""
+def _tensorrt_flavour(opts: ExportOptions, target, tmp: Path, steps, meter) -> dict | None:
+    """`contrib+tensorrt`: the TensorRT flavour in `tmp`/tensorrt (tensorrt_flavour.py) from the
+    same opened `target`, named in the main manifest's `flavours`."""
     if opts.low_bit_ops != "contrib+tensorrt":
         return None
     manifest = json.loads((tmp / bundle_mod.MANIFEST).read_text())
     steps.set_postfix_str("TensorRT flavour")
     entry = tensorrt_flavour.write_flavour(
-        opts, tmp, lambda o, sub: _write(o, sub, steps, meter), manifest
+        opts, tmp, lambda o, sub: _write(o, target, sub, steps, meter), manifest
     )
     if entry is not None:
         manifest["flavours"] = {tensorrt_flavour.FLAVOUR: entry}
@@ -261,73 +254,105 @@ def _tensorrt_flavour(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter)
     return entry
 
 
-def _write(opts: ExportOptions, tmp: Path, steps, meter: MemoryMeter) -> dict:
-    """Everything of the bundle into the partial folder `tmp`; returns the manifest's graph
-    entries."""
+@dataclass
+class _Writing:
+    """One bundle being written into the partial folder `tmp` (a TensorRT flavour is a second)."""
 
-    timings, t0 = {}, time.perf_counter()
+    opts: ExportOptions
+    src: object  # sources.Sources
+    tmp: Path
+    steps: object  # the tqdm bar
+    meter: MemoryMeter
+    timings: dict  # stage -> seconds (the manifest's `source.export_seconds`)
+    store: WeightStore = dataclasses.field(init=False)
+    formats: dict = dataclasses.field(init=False)  # graph -> WeightFormat
+    log: FormatLog = dataclasses.field(default_factory=FormatLog)
+
+    def __post_init__(self):
+        self.store, self.formats = WeightStore(self.tmp), weight_formats(self.opts)
+
+    def fmt(self, graph: str) -> dict:
+        """The weight format arguments of `graph`'s writer."""
+        return dict(fmt=self.formats[graph], log=self.log)
+
+
+def _write(opts: ExportOptions, target, tmp: Path, steps, meter: MemoryMeter) -> dict:
+    """Everything of the bundle into the partial folder `tmp`, from the `target` resolve_choices
+    opened (sources.Target); returns the manifest's graph entries."""
+
+    t0 = time.perf_counter()
     with meter.stage("load"):
-        src = open_sources(opts, scratch=tmp / SCRATCH)
-    tc, dc = src.target_cfg, src.draft_cfg
-    _check_options(opts, tc, dc)
+        src = open_sources(opts, target, scratch=tmp / SCRATCH)
+    _check_options(opts, src)
     steps.update(1)
-    timings["load"] = time.perf_counter() - t0
-    store, capture, paths = WeightStore(tmp), tuple(dc.target_layer_ids), {}
-    fused_note = fused_supported(tc) if opts.fused else "not requested (--no-fused)"
-    formats, log = weight_formats(opts), FormatLog()
-    fmt = {n: dict(fmt=f, log=log) for n, f in formats.items()}
-    reach = opts.positions
-    job = TargetJob(tc, src.target_ckpt, capture, store, fmt, opts, reach)
-    writers = {
-        **family_writers(tc.model_type).target_writers(job),
-        "drafter": lambda p: (
-            dflash2_drafter.build if _dflash2(dc) else portable_drafter.build_drafter
-        )(job, dc, src.draft_ckpt, p, src.vocab),
-    }
-    for name in writers:
-        if name == "target_fused" and fused_note is not None:
-            continue
-        t = time.perf_counter()
-        steps.set_postfix_str(f"writing {name}")
-        paths[name] = tmp / f"{name}.onnx"
-        with meter.stage(f"export_{name}"):
-            result = writers[name](paths[name])
-        pause_at("graphs")
-        if name == "target_fused":
-            fused_note = result
-        timings[f"export_{name}"] = time.perf_counter() - t
-        steps.update(name != "target_fused")
+    w = _Writing(opts, src, tmp, steps, meter, {"load": time.perf_counter() - t0})
+    paths, fused_note = _write_graphs(w)
     tok_files = _copy_tokenizer(src.target_dir, tmp)
     report = {}
     if opts.verify:  # reads the drafter's checkpoint again (a random one: scratch)
         t = time.perf_counter()
         steps.set_postfix_str("parity")
         pause_at("parity")
-        report = _parity(src, paths, opts, meter, log)
-        timings["parity"] = time.perf_counter() - t
+        report = _parity(w, paths)
+        w.timings["parity"] = time.perf_counter() - t
     # nothing reads it from here on; never published
     shutil.rmtree(tmp / SCRATCH, ignore_errors=True)
     steps.update(1)
-    shared = store.manifest()
+    shared = w.store.manifest()
     graphs = {
-        n: _graph_entry(tmp, n, _static_shapes(opts)[n], shared, formats[n], log) for n in paths
+        n: _graph_entry(tmp, n, _static_shapes(opts)[n], shared, w.formats[n], w.log) for n in paths
     }
-    sources = {
+    sources = _source_section(w, report, fused_note)
+    bundle_mod.write_manifest(tmp, _manifest(w, tok_files, graphs, sources, shared))
+    _check_only_named_files(tmp, graphs, tok_files)
+    steps.update(1)
+    return graphs
+
+
+def _write_graphs(w: _Writing) -> tuple[dict, object]:
+    """Every graph into `w.tmp`, in writing order (the family's target graphs, then the drafter by
+    its kind); (graph -> path, the fused target's note: why there is none, or its writer's)."""
+    opts, src = w.opts, w.src
+    fmt = {n: w.fmt(n) for n in w.formats}
+    capture = tuple(src.draft_cfg.target_layer_ids)
+    job = TargetJob(src.target_cfg, src.target_ckpt, capture, w.store, fmt, opts, opts.positions)
+    writers = {
+        **family_writers(src.target_cfg.model_type).target_writers(job),
+        "drafter": lambda p: write_drafter(job, src, p),
+    }
+    fused_note = fused_supported(src.target_cfg) if opts.fused else "not requested (--no-fused)"
+    paths = {}
+    for name, writer in writers.items():
+        if name == "target_fused" and fused_note is not None:
+            continue
+        t = time.perf_counter()
+        w.steps.set_postfix_str(f"writing {name}")
+        paths[name] = w.tmp / f"{name}.onnx"
+        with w.meter.stage(f"export_{name}"):
+            result = writer(paths[name])
+        pause_at("graphs")
+        if name == "target_fused":
+            fused_note = result
+        w.timings[f"export_{name}"] = time.perf_counter() - t
+        w.steps.update(name != "target_fused")
+    return paths, fused_note
+
+
+def _source_section(w: _Writing, report: dict, fused_note) -> dict:
+    """The manifest's `source`: where the bundle came from, the options, parity, times, memory."""
+    src = w.src
+    return {
         "target": str(src.target_ckpt.root),  # the checkpoint folder, or the GGUF file
         "drafter": src.draft_source,
-        "export_options": _recorded_options(opts),
+        "export_options": _recorded_options(w.opts),
         "drafter_random_init": src.draft_source == "random",
         "parity": report,
         "target_fused": fused_note,
         "writer": "stream",
-        "export_seconds": {k: round(v, 2) for k, v in timings.items()},
-        "peak_rss_mb": meter.report_mb(),
-        "rss_after_stage_mb": meter.after_mb(),
+        "export_seconds": {k: round(v, 2) for k, v in w.timings.items()},
+        "peak_rss_mb": w.meter.report_mb(),
+        "rss_after_stage_mb": w.meter.after_mb(),
     }
-    bundle_mod.write_manifest(tmp, _manifest(tc, dc, tok_files, graphs, opts, sources, shared))
-    _check_only_named_files(tmp, graphs, tok_files)
-    steps.update(1)
-    return graphs
 
 
 def _recorded_options(opts: ExportOptions) -> dict:
@@ -338,15 +363,16 @@ def _recorded_options(opts: ExportOptions) -> dict:
     return kept
 
 
-def _parity(src, paths: dict, opts: ExportOptions, meter: MemoryMeter, log) -> dict:
+def _parity(w: _Writing, paths: dict) -> dict:
     """ORT graphs first (one session at a time), then the layer-by-layer torch reference on the same
     inputs, its weights as the bundle stores them (low-bit blocks dequantised: parity at the
     bundle's own precision)."""
 
+    opts, meter, src = w.opts, w.meter, w.src
     src = dataclasses.replace(
         src,
-        target_ckpt=StoredWeights(src.target_ckpt, log),
-        draft_ckpt=StoredWeights(src.draft_ckpt, log),
+        target_ckpt=StoredWeights(src.target_ckpt, w.log),
+        draft_ckpt=StoredWeights(src.draft_ckpt, w.log),
     )
     tc, dc = src.target_cfg, src.draft_cfg
     prompt = src.tokenizer.encode_chat([{"role": "user", "content": PARITY_PROMPT}])
@@ -369,7 +395,8 @@ def _parity(src, paths: dict, opts: ExportOptions, meter: MemoryMeter, log) -> d
     with meter.stage("parity"):
         tol = parity.tolerance_for(opts.precision, opts.accuracy_level, recurrent=hybrid)
         ref = (hybrid_reference if hybrid else reference)(src, opts.block_size)
-        return parity.check_graphs(paths, probe, ref, tol=tol, stage=meter.stage)
+        views = {"drafter": src.kind.parity_view}
+        return parity.check_graphs(paths, probe, ref, tol=tol, stage=meter.stage, views=views)
 
 
 def _static_shapes(opts: ExportOptions) -> dict:
@@ -443,70 +470,89 @@ def _weight_bytes(path: Path) -> int:
     )
 
 
-def _manifest(tc, dc, tok_files, graphs, opts, sources, shared: list[dict]) -> dict:
-    windows = {}
-    layers = {"Ld": dc.num_hidden_layers - len(dc.window_layers), "Lw": len(dc.window_layers)}
-    if dc.window_layers:  # sliding-window drafter layers: their cache and I/O (io_tables.py)
-        windows = {
-            "draft_layer_types": list(dc.layer_types),
-            "draft_sliding_window": dc.sliding_window,
-        }
-    if _dflash2(dc):  # its lattice outputs (io_tables.py); >= 8-bit conv and selector weights
-        windows["draft_selector_top_k"] = layers["Kc"] = dc.selector_top_k
-        graphs["drafter"].setdefault("quantization", {})["dflash2"] = dflash2_drafter.MANIFEST_NOTE
-    if dc.window_layers or _dflash2(dc):
-        graphs["drafter"]["io"] = io_manifest("drafter", "float32", layers)
+def _manifest(w: _Writing, tok_files: dict, graphs: dict, sources: dict, shared: list) -> dict:
+    """The bundle's manifest (runtime/bundle.py's schema) of what `w` wrote; `graphs` gets the
+    drafter kind's I/O and notes."""
+    opts = w.opts
     return {
         "format": bundle_mod.FORMAT,
         "manifest_version": bundle_mod.MANIFEST_VERSION,
         "exporter_version": EXPORTER_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "model": {
-            "family": tc.model_type,
-            "vocab_size": tc.vocab_size,
-            "hidden_size": tc.hidden_size,
-            "num_layers": tc.num_hidden_layers,
-            "num_heads": tc.num_attention_heads,
-            "num_kv_heads": tc.num_key_value_heads,
-            "head_dim": tc.head_dim,
-            "intermediate_size": tc.intermediate_size,
-            "draft_intermediate_size": dc.intermediate_size,
-            "draft_num_layers": dc.num_hidden_layers,
-            "target_layer_ids": list(dc.target_layer_ids),
-            "mask_token_id": dc.mask_token_id,
-            "draft_vocab_size": opts.draft_vocab or tc.vocab_size,
-            "eos_token_ids": list(tc.eos_token_id),
-            "bos_token_id": tc.bos_token_id,
-            "max_position_embeddings": tc.max_position_embeddings,
-            **windows,
-            **family(tc.model_type).manifest_fields(tc),
-        },
+        "model": _model_section(w.src, opts, graphs),
         "block_size": opts.block_size,
-        "trained_block_size": dc.block_size,
+        "trained_block_size": w.src.draft_cfg.block_size,
         "max_context": opts.max_context,
         "prefill_chunk": opts.prefill_chunk,
         "kv_cache": {"layout": bundle_mod.KV_LAYOUT, "dtype": "float32", "slack": opts.block_size},
-        "shared_weights": {
-            "embed_tokens": (
-                "stored once in shared.onnx.data, referenced by target.onnx and drafter.onnx; the "
-                "runtime loads it once for both sessions"
-                if shared
-                else "duplicated: target.onnx and drafter.onnx each hold a copy"
-            ),
-            "lm_head": (
-                "tied to embed_tokens" if tc.tie_word_embeddings else "shared like embed_tokens"
-            )
-            + (
-                f"; drafter.onnx holds only the rows of its {opts.draft_vocab}-token draft "
-                "vocabulary"
-                if opts.draft_vocab
-                else ""
-            ),
-            "tensors": shared,
-        },
+        "shared_weights": _shared_section(w.src.target_cfg, opts, shared),
         "graphs": graphs,
         "tokenizer": tok_files,
         "source": sources,
+    }
+
+
+def _model_section(src, opts: ExportOptions, graphs: dict) -> dict:
+    """The manifest's `model`: the target's dims, the drafter's (and its kind's), the family's."""
+    tc, dc = src.target_cfg, src.draft_cfg
+    return {
+        "family": tc.model_type,
+        "vocab_size": tc.vocab_size,
+        "hidden_size": tc.hidden_size,
+        "num_layers": tc.num_hidden_layers,
+        "num_heads": tc.num_attention_heads,
+        "num_kv_heads": tc.num_key_value_heads,
+        "head_dim": tc.head_dim,
+        "intermediate_size": tc.intermediate_size,
+        "draft_intermediate_size": dc.intermediate_size,
+        "draft_num_layers": dc.num_hidden_layers,
+        "target_layer_ids": list(dc.target_layer_ids),
+        "mask_token_id": dc.mask_token_id,
+        "draft_vocab_size": opts.draft_vocab or tc.vocab_size,
+        "eos_token_ids": list(tc.eos_token_id),
+        "bos_token_id": tc.bos_token_id,
+        "max_position_embeddings": tc.max_position_embeddings,
+        **_drafter_fields(src.kind, dc, graphs["drafter"]),
+        **family(tc.model_type).manifest_fields(tc),
+    }
+
+
+def _drafter_fields(kind, dc, entry: dict) -> dict:
+    """The drafter's own `model` keys (sliding-window layers, its kind's); its graph `entry` gets
+    the I/O they change (io_tables.py) and its kind's quantization note."""
+    fields = {}
+    layers = {"Ld": dc.num_hidden_layers - len(dc.window_layers), "Lw": len(dc.window_layers)}
+    if dc.window_layers:  # sliding-window drafter layers: their cache and I/O (io_tables.py)
+        fields = {
+            "draft_layer_types": list(dc.layer_types),
+            "draft_sliding_window": dc.sliding_window,
+        }
+    fields.update(kind.manifest_fields(dc))
+    if kind.QUANTIZATION_NOTE:  # e.g. DFlash2's >= 8-bit conv and selector weights
+        entry.setdefault("quantization", {})["dflash2"] = kind.QUANTIZATION_NOTE
+    if dc.window_layers or kind.io_dims(dc):
+        entry["io"] = io_manifest("drafter", "float32", {**layers, **kind.io_dims(dc)})
+    return fields
+
+
+def _shared_section(tc, opts: ExportOptions, shared: list[dict]) -> dict:
+    """The manifest's `shared_weights`: how the target and drafter share the embedding / head."""
+    return {
+        "embed_tokens": (
+            "stored once in shared.onnx.data, referenced by target.onnx and drafter.onnx; the "
+            "runtime loads it once for both sessions"
+            if shared
+            else "duplicated: target.onnx and drafter.onnx each hold a copy"
+        ),
+        "lm_head": (
+            "tied to embed_tokens" if tc.tie_word_embeddings else "shared like embed_tokens"
+        )
+        + (
+            f"; drafter.onnx holds only the rows of its {opts.draft_vocab}-token draft vocabulary"
+            if opts.draft_vocab
+            else ""
+        ),
+        "tensors": shared,
     }
 
 
@@ -540,8 +586,3 @@ def _copy_tokenizer(src: Path, dst: Path) -> dict:
     # verified at load
     checksums = [bundle_mod.file_entry(dst, f) for f in ("tokenizer.json", config) if f]
     return {"file": "tokenizer.json", "config": config, "checksums": checksums}
-
-
-def _dflash2(dc) -> bool:
-    """Whether drafter config `dc` is a DFlash2 drafter's (models/dflash2_config.py)."""
-    return hasattr(dc, "selector_top_k")

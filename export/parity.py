@@ -195,20 +195,26 @@ def run_hybrid(session, probe: Probe) -> tuple[dict, dict, np.ndarray, int]:
         out = dict(zip(outputs, _owned(session.run(None, case))))
         cases.append(tuple(case[n] for n in names))
         got.append(tuple(out[n] for n in _HYBRID_OUT))
-        feeds = {
-            "past_key": np.concatenate([case["past_key"], out["new_key"]]),
-            "past_value": np.concatenate([case["past_value"], out["new_value"]]),
-            "conv_base": out["conv_start"],
-            "rec_base": out["rec_start"],
-            "prev_qkv": out["qkv"],
-            "prev_k": out["delta_k"],
-            "prev_u": out["delta_u"],
-            "prev_decay": out["decay"],
-        }
+        feeds = next_hybrid_feeds(case, out)
         if step == 0:
             features, last = out["hidden"], int(out["next_ids"][0, -1])
             calls.append(([last] + prompt[: probe.block - 1], len(prompt)))
     return {"target_hybrid": cases}, {"target_hybrid": got}, features, last
+
+
+def next_hybrid_feeds(feeds: dict, out: dict) -> dict:
+    """The hybrid target's state feeds for its next call: `feeds`' K/V rows plus the ones `out`
+    (its outputs by name) added, and the starting states it rebuilt."""
+    return {
+        "past_key": np.concatenate([feeds["past_key"], out["new_key"]]),
+        "past_value": np.concatenate([feeds["past_value"], out["new_value"]]),
+        "conv_base": out["conv_start"],
+        "rec_base": out["rec_start"],
+        "prev_qkv": out["qkv"],
+        "prev_k": out["delta_k"],
+        "prev_u": out["delta_u"],
+        "prev_decay": out["decay"],
+    }
 
 
 def drafter_cases(
@@ -342,12 +348,13 @@ def _compare(graph: str, names, got, want, tol: Tolerance, report: dict) -> None
 
 
 def check_graphs(
-    paths: dict, probe: Probe, reference, tol: Tolerance = Tolerance(), stage=None
+    paths: dict, probe: Probe, reference, tol: Tolerance = Tolerance(), stage=None, views=None
 ) -> dict:
     """Run every graph of `paths` on `probe`'s inputs, then `reference(inputs)` (graph -> torch
     outputs per case, numpy) on the same inputs, and compare. `stage(name)`: a context manager
-    timing the reference (the exporter's memory meter). Returns {graph.output.metric: value}; raises
-    ParityError on the first failure."""
+    timing the reference (the exporter's memory meter); `views`: graph -> `(names, got, want) ->
+    (got, want)` as compared (a drafter kind's `parity_view`: export/drafters/). Returns
+    {graph.output.metric: value}; raises ParityError on the first failure."""
     stage = stage or (lambda _: nullcontext())
     with stage("parity_onnxruntime"):
         inputs, got = run_graphs(paths, probe)
@@ -357,29 +364,13 @@ def check_graphs(
     report: dict = {}
     for graph in got:
         cases = zip(got[graph], want["target" if graph == "target_fused" else graph])
+        view = (views or {}).get(graph, lambda names, g, w: (g, w))
         for case, (g, w) in enumerate(cases):
             try:
-                _compare(graph, _OUTPUTS[graph], *_lattice_view(graph, g, w), tol, report)
+                _compare(graph, _OUTPUTS[graph], *view(_OUTPUTS[graph], g, w), tol, report)
             except ParityError as error:  # finite outputs, but an activation overflowed?
                 raise _overflowed(paths, inputs, graph, case) or error
     return report
-
-
-def _lattice_view(graph: str, got: tuple, want: tuple) -> tuple[tuple, tuple]:
-    """A DFlash2 drafter's lattice as compared: each row's candidates as a sorted set (the order of
-    near-equal logits may swap), and the scores of candidate pairs both sides hold (0 elsewhere)."""
-    names = _OUTPUTS[graph]
-    if "candidate_ids" not in names or got[names.index("candidate_ids")] is None:
-        return got, want
-    c, s = names.index("candidate_ids"), names.index("lattice_scores")
-    got, want = list(got), list(want)
-    cg, cw = got[c], np.asarray(want[c])  # [1, R, k]
-    same = cg == cw  # [1, R, k]: candidate j of row r agrees
-    before = np.concatenate([np.ones_like(same[:, :1]), same[:, :-1]], axis=1)  # predecessors
-    both = before[..., :, None] & same[..., None, :]  # [1, R, k (m), k (j)]
-    got[s], want[s] = np.where(both, got[s], 0), np.where(both, np.asarray(want[s]), 0)
-    got[c], want[c] = np.sort(cg, -1), np.sort(cw, -1)
-    return tuple(got), tuple(want)
 
 
 def _overflowed(paths: dict, inputs: dict, graph: str, case: int) -> ParityError | None:

@@ -7,28 +7,29 @@ Also parity's independent check (`reference`): the torch graph modules of models
 torch models of models/, built on the meta device with each decoder layer's weights read from the
 checkpoint when it runs and dropped after it, so parity never holds a whole model either.
 
->>> src = open_sources(opts, scratch=Path("/tmp/x"))      # doctest: +SKIP
+>>> src = open_sources(opts, open_target(opts.target), scratch=Path("/tmp/x"))  # doctest: +SKIP
 >>> src.target_cfg.hidden_size, src.draft_cfg.target_layer_ids   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from ..models import build_target
 from ..models.checkpoint import Checkpoint, check_shapes
 from ..models.config import TargetConfig
-from ..models.dflash2_config import read_draft_config
+from ..models.dflash2_config import open_drafter_files
 from ..models.families import family
 from ..models.families.qwen3 import attention_spec
 from ..models.fetch import target_files
-from ..models.gguf_checkpoint import is_gguf, open_gguf
+from ..models.gguf_checkpoint import config_dir, is_gguf, open_gguf
 from ..models.locate import drafter_folder
 from ..models.names import drafter_tensors
 from ..runtime.errors import ModelFormatError
+from .drafters import drafter_kind
 from .fits import check_fits, peak_weight_bytes
 
 
@@ -43,29 +44,55 @@ class Sources:
     tokenizer: object
     vocab: object = None  # sorted int64 token ids of a reduced draft vocabulary, or None
 
+    @property
+    def kind(self):
+        """The drafter's kind module (export/drafters/)."""
+        return drafter_kind(self.draft_cfg)
 
-def open_sources(opts, scratch: Path) -> Sources:
-    """Configs, checkpoints (headers) and tokenizer for `opts` (ExportOptions); a random drafter is
-    written to `scratch`."""
-    from ..runtime.tokenizer import ChatTokenizer
 
-    target_dir, ckpt = open_target(opts.target)
-    tc = TargetConfig.from_json(target_dir)
-    ckpt.check_dtypes(tc.torch_dtype)
-    if opts.memory_check:  # before any weight is read: say so now, with the estimate
-        skip = ("lm_head.weight",) if tc.tie_word_embeddings else ()
-        precision = getattr(opts, "precision", "fp32")
-        check_fits(
-            peak_weight_bytes(ckpt.num_params(skip), tc.vocab_size * tc.hidden_size, precision),
-            f"{target_dir.name} ({precision})",
-        )
-    fam = family(tc.model_type)
-    fam.check_tensors(tc, ckpt.names())  # e.g. an expert count off by the config's, named first
-    tied = ("lm_head.weight",) if tc.tie_word_embeddings else ()
-    check_shapes(fam.tensors(tc), ckpt, ignore=tied + _not_text(ckpt))
-    if fam.text_prefix(tc) != "model":
-        ckpt = TextNames(ckpt, fam.text_prefix(tc))
-    tok = ChatTokenizer.from_dir(target_dir)
+class Target:
+    """A target spec resolved once (`open_target`), its config and tokenizer read once, when first
+    asked for: what the export's choices (choices.py) and its writers share."""
+
+    def __init__(self, spec: str | None):
+        self.files = target_files(spec)  # a hub id is resolved (fetched) here, once
+        self.gguf = is_gguf(self.files)
+
+    @cached_property
+    def dir(self) -> Path:
+        """The folder of config.json + tokenizer (a GGUF's small files, in the cache)."""
+        return config_dir(self.files) if self.gguf else self.files
+
+    @cached_property
+    def config(self):
+        """models.config.TargetConfig (or the family's own subclass)."""
+        return TargetConfig.from_json(self.dir)
+
+    @cached_property
+    def tokenizer(self):
+        """runtime.tokenizer.ChatTokenizer."""
+        from ..runtime.tokenizer import ChatTokenizer
+
+        return ChatTokenizer.from_dir(self.dir)
+
+    def open_checkpoint(self):
+        """The checkpoint (headers only; a GGUF's tensors streamed from the file), opened anew for
+        each bundle written, so its memory-mapped shards go with that write's sources."""
+        return open_gguf(self.files)[0] if self.gguf else Checkpoint.open(self.files)
+
+
+def open_target(spec: str | None) -> Target:
+    """The `Target` of a spec: a checkpoint folder, a cached model's name, "default" / None, or a
+    GGUF file read in place (models/gguf_checkpoint.py: its tensors streamed from the file, only
+    its small files written to the cache)."""
+    return Target(spec)
+
+
+def open_sources(opts, target: Target, scratch: Path) -> Sources:
+    """Configs, checkpoints (headers) and tokenizer for `opts` (ExportOptions) over the opened
+    `target`; a random drafter is written to `scratch`."""
+    tc, ckpt = target.config, _checked_target(opts, target)
+    tok = target.tokenizer
     draft_dir, source = drafter_dir(opts.draft, tc, tok, scratch)
     dc, dckpt = open_drafter(draft_dir, tc)
     if dc.window_layers and dc.sliding_window > opts.max_context:
@@ -81,18 +108,27 @@ def open_sources(opts, scratch: Path) -> Sources:
         vocab = load_draft_vocab(
             None if source == "random" else draft_dir, opts.draft_vocab, tc.vocab_size
         )
-    return Sources(target_dir, tc, ckpt, dc, dckpt, source, tok, vocab)
+    return Sources(target.dir, tc, ckpt, dc, dckpt, source, tok, vocab)
 
 
-def open_target(spec: str | None) -> tuple[Path, object]:
-    """(folder of config.json + tokenizer, checkpoint) of a target spec: a checkpoint folder, a
-    cached model's name, "default" / None, or a GGUF file read in place (models/gguf_checkpoint.py:
-    its tensors streamed from the file, only its small files written to the cache)."""
-    path = target_files(spec)
-    if is_gguf(path):
-        ckpt, folder = open_gguf(path)
-        return folder, ckpt
-    return path, Checkpoint.open(path)
+def _checked_target(opts, target: Target):
+    """`target`'s checkpoint, checked (dtypes, memory, the family's tensors by name and shape)
+    before any weight is read; an image-text one answering to the text model's names."""
+    tc, ckpt = target.config, target.open_checkpoint()
+    ckpt.check_dtypes(tc.torch_dtype)
+    tied = ("lm_head.weight",) if tc.tie_word_embeddings else ()
+    if opts.memory_check:  # before any weight is read: say so now, with the estimate
+        precision = getattr(opts, "precision", "fp32")
+        check_fits(
+            peak_weight_bytes(ckpt.num_params(tied), tc.vocab_size * tc.hidden_size, precision),
+            f"{target.dir.name} ({precision})",
+        )
+    fam = family(tc.model_type)
+    fam.check_tensors(tc, ckpt.names())  # e.g. an expert count off by the config's, named first
+    check_shapes(fam.tensors(tc), ckpt, ignore=tied + _not_text(ckpt))
+    if fam.text_prefix(tc) != "model":
+        ckpt = TextNames(ckpt, fam.text_prefix(tc))
+    return ckpt
 
 
 class TextNames:
@@ -157,17 +193,7 @@ def drafter_dir(spec: str | None, target_cfg, tokenizer, scratch: Path) -> tuple
 def open_drafter(path: Path, target_cfg):
     """(DraftConfig, Checkpoint) of a z-lab drafter folder, checked against the target and by tensor
     name/shape."""
-
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise ModelFormatError(
-            f"{cfg_file} not found: a DFlash drafter directory needs config.json + "
-            "model.safetensors"
-        )
-    cfg = read_draft_config(json.loads(cfg_file.read_text()))
-    cfg.check_fits(target_cfg)
-    ckpt = Checkpoint.open(path)
-    ckpt.check_dtypes(cfg.torch_dtype)
+    cfg, ckpt = open_drafter_files(path, target_cfg)
     check_shapes(drafter_tensors(cfg, attention_spec(cfg)), ckpt)
     return cfg, ckpt
 
@@ -181,15 +207,11 @@ def reference(src: Sources, block: int):
     def run(inputs: dict) -> dict:
         import torch
 
-        from ..models.drafter import WindowedDrafterGraph
-        from ..models.graphs import DrafterGraph, TargetGraph
+        from ..models.graphs import TargetGraph
 
         target, drafter = _lazy_target(src), _lazy_drafter(src)
         vocab = None if src.vocab is None else torch.as_tensor(src.vocab)
-        # its I/O
-        drafter_graph = WindowedDrafterGraph if src.draft_cfg.window_layers else DrafterGraph
-        if hasattr(src.draft_cfg, "selector_top_k"):  # DFlash2: + the lattice outputs
-            drafter_graph = WindowedDrafterGraph
+        drafter_graph = src.kind.reference_graph(src.draft_cfg)  # its I/O
         modules = {
             "target": TargetGraph(target, tuple(src.draft_cfg.target_layer_ids)),
             "drafter": drafter_graph(target, drafter, vocab),

@@ -13,7 +13,9 @@ from `dflash_config` first, then the top level (z-lab's `_draft_value`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..runtime.errors import ModelFormatError
 from .draft_config import DraftConfig
@@ -118,3 +120,22 @@ def read_draft_config(raw: dict) -> DraftConfig:
     if set(raw.get("architectures") or []) & set(DFLASH2_ARCHITECTURES):
         return DFlash2Config.from_dict(raw)
     return DraftConfig.from_dict(raw)
+
+
+def open_drafter_files(path: Path, target_config=None):
+    """(config, Checkpoint of its headers) of a z-lab drafter folder; with `target_config`, checked
+    to fit that target (export/sources.open_drafter and drafter.load_drafter both start here)."""
+    from .checkpoint import Checkpoint
+
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.exists():
+        raise ModelFormatError(
+            f"{cfg_file} not found: a DFlash drafter directory needs config.json + "
+            "model.safetensors"
+        )
+    cfg = read_draft_config(json.loads(cfg_file.read_text()))
+    if target_config is not None:
+        cfg.check_fits(target_config)
+    ckpt = Checkpoint.open(path)
+    ckpt.check_dtypes(cfg.torch_dtype)
+    return cfg, ckpt

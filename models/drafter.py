@@ -19,12 +19,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..runtime.errors import ModelFormatError
 from ..runtime.publish import publish_dir
-from .checkpoint import Checkpoint
 from .config import TargetConfig
 from .dflash2 import CandidateSelector, DFlash2Layer, draft_lattice, greedy_walk
-from .dflash2_config import DFlash2Config, read_draft_config
+from .dflash2_config import DFlash2Config, open_drafter_files
 from .draft_config import (  # noqa: F401  (re-exported: callers import them from here)
     SMOLLM2_MASK_TOKEN,
     ZLAB_MODEL_CLASS,
@@ -175,18 +173,7 @@ def load_drafter(
     """Load a z-lab-format drafter directory; with `target_config`, check that it fits that
     target."""
 
-    path = Path(path).expanduser()
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise ModelFormatError(
-            f"{cfg_file} not found: a DFlash drafter directory needs config.json + "
-            "model.safetensors"
-        )
-    cfg = read_draft_config(json.loads(cfg_file.read_text()))
-    if target_config is not None:
-        cfg.check_fits(target_config)
-    ckpt = Checkpoint.open(path)
-    ckpt.check_dtypes(cfg.torch_dtype)
+    cfg, ckpt = open_drafter_files(Path(path).expanduser(), target_config)
     return load_streamed(lambda: DFlashDrafter(cfg), ckpt, dtype).to(dtype).eval()
 
 

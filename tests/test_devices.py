@@ -484,6 +484,7 @@ def test_plan_of_a_bundle_rejects_what_it_was_not_exported_for(tiny_bundle, extr
 
 def test_export_device_refuses_naming_what_would_fit(tmp_path):
     from dflash_edge.export.device_plan import choose_for_device
+    from dflash_edge.export.sources import open_target
 
     cfg = {
         "model_type": "qwen3",
@@ -498,10 +499,11 @@ def test_export_device_refuses_naming_what_would_fit(tmp_path):
         "max_position_embeddings": 40960,
     }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
+    target = open_target(str(tmp_path))
     with pytest.raises(
         DeviceError, match=r"writes fp32 and none of it fits rtx-4060-8gb.*int4 at context 2048"
     ):
-        choose_for_device("rtx-4060-8gb", tmp_path, "random", 16, 2048, ("fp32",))
+        choose_for_device("rtx-4060-8gb", target, "random", 16, 2048, ("fp32",))
     assert (
         main(
             [
@@ -521,17 +523,17 @@ def test_export_device_refuses_naming_what_would_fit(tmp_path):
         == 2
     )  # the CLI hook refuses before exporting
     precision, ctx = choose_for_device(
-        "rtx-4060-8gb", tmp_path, "random", 16, 2048
+        "rtx-4060-8gb", target, "random", 16, 2048
     )  # any precision: a quantised one
     assert precision in ("int8", "int4") and ctx == 2048
     assert not (tmp_path / "b").exists()
-    assert choose_for_device("rtx-4090-24gb", tmp_path, "random", 16, 2048) == ("fp32", 2048)
-    assert choose_for_device("rtx-4090-24gb", tmp_path, "random", 16, 40000) == (
+    assert choose_for_device("rtx-4090-24gb", target, "random", 16, 2048) == ("fp32", 2048)
+    assert choose_for_device("rtx-4090-24gb", target, "random", 16, 40000) == (
         "fp16",
         40000,
     )  # a lower precision
     precision, ctx = choose_for_device(
-        "rtx-4090-24gb", tmp_path, "random", 16, 40000, ("fp32",)
+        "rtx-4090-24gb", target, "random", 16, 40000, ("fp32",)
     )  # before a shorter context
     assert precision == "fp32" and 256 <= ctx < 40000
 

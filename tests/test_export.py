@@ -78,6 +78,33 @@ def test_export_passes_parity_checker_and_hashes(tiny_checkpoints, tmp_path, var
     assert not list(tmp_path.glob(".*.export-*"))
 
 
+def test_export_reads_the_target_once(tiny_checkpoints, tmp_path, monkeypatch):
+    """One resolution, one config parse, one tokenizer load per export: the choices (a device
+    plan included) and the writers share the opened target (export/sources.Target)."""
+    from dflash_edge.export import sources
+    from dflash_edge.models.config import TargetConfig
+    from dflash_edge.runtime.tokenizer import ChatTokenizer
+
+    ckpt = tiny_checkpoints["qwen3"][1]
+    draft = _drafter_dir(tmp_path, ckpt)  # (reads the target's config itself)
+    calls = {"resolve": 0, "config": 0, "tokenizer": 0}
+
+    def counted(key, fn):
+        def wrapper(*args, **kwargs):
+            calls[key] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(sources, "target_files", counted("resolve", sources.target_files))
+    config = counted("config", TargetConfig.from_json.__func__)
+    monkeypatch.setattr(TargetConfig, "from_json", classmethod(config))
+    tokenizer = counted("tokenizer", ChatTokenizer.from_dir.__func__)
+    monkeypatch.setattr(ChatTokenizer, "from_dir", classmethod(tokenizer))
+    _export(tmp_path, ckpt, 4, draft=draft, device="rtx-4090-24gb", verify=False)
+    assert calls == {"resolve": 1, "config": 1, "tokenizer": 1}
+
+
 def test_existing_output_needs_force(tiny_checkpoints, tmp_path):
     ckpt = tiny_checkpoints["qwen3"][1]
     out = _export(tmp_path, ckpt, 4)
@@ -454,3 +481,17 @@ def test_api_and_cli_write_the_same_bundle(tiny_checkpoints, tmp_path, flags, ca
     }
     assert seen[0]["target_fused"][1] == ("int8" if kw else "float32")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["api", "cli", "draft4"]
+
+
+def test_drafter_kinds_are_modules_found_by_config_class():
+    """export/drafters/: every kind offers the interface; a config finds its kind by its class."""
+    from dflash_edge.export.drafters import INTERFACE, available, drafter_kind
+    from dflash_edge.models.dflash2_config import DFlash2Config
+
+    assert available() == ("dflash", "dflash2")
+    for cfg_class, name in ((DraftConfig, "dflash"), (DFlash2Config, "dflash2")):
+        kind = drafter_kind(object.__new__(cfg_class))
+        assert kind.__name__.endswith(f".{name}")
+        assert all(hasattr(kind, attr) for attr in INTERFACE)
+    with pytest.raises(DflashEdgeError, match="no drafter kind"):
+        drafter_kind(object())

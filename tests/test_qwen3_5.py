@@ -231,6 +231,8 @@ class _HybridGraph:
         """Run `ids` after keeping `kept` of the previous call's tokens (default: all of them)."""
         import numpy as np
 
+        from dflash_edge.export.parity import next_hybrid_feeds
+
         kept = self.last if kept is None else kept
         start = self.length - self.last + kept  # K/V rows after the kept tokens
         f = {
@@ -252,16 +254,7 @@ class _HybridGraph:
                 ),
             )
         )
-        self.feeds = {
-            "past_key": np.concatenate([f["past_key"], out["new_key"]]),
-            "past_value": np.concatenate([f["past_value"], out["new_value"]]),
-            "conv_base": out["conv_start"],
-            "rec_base": out["rec_start"],
-            "prev_qkv": out["qkv"],
-            "prev_k": out["delta_k"],
-            "prev_u": out["delta_u"],
-            "prev_decay": out["decay"],
-        }
+        self.feeds = next_hybrid_feeds(f, out)
         self.length, self.last = start + len(ids), len(ids)
         return out
 
