@@ -21,7 +21,7 @@ from ..runtime.errors import DflashEdgeError
 from ..runtime.memory import peak_rss_bytes
 from ..runtime.validate import check_verify_len
 from . import bench_report
-from .common import add_prompts_arg, add_thread_args, load_prompts, prompt_of
+from .common import add_prompts_arg, add_provider_arg, add_thread_args, load_prompts, prompt_of
 
 
 def add_arguments(p) -> None:
@@ -57,7 +57,7 @@ def add_arguments(p) -> None:
         action="store_true",
         help="no effect: the adaptive policy is the default arm",
     )
-    p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
+    add_provider_arg(p)
     add_thread_args(p)
     bench_report.add_arguments(p)  # --power / --no-power, --report DIR
 

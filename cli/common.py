@@ -1,4 +1,4 @@
-"""Options and helpers that several verbs share: thread flags, prompt sets."""
+"""Options and helpers that several verbs share: thread and provider flags, prompt sets."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..data import PROMPT_SETS, read_prompts
 from ..runtime.errors import DflashEdgeError
+from ..runtime.session import PROVIDERS
 
 
 def add_thread_args(p) -> None:
@@ -21,6 +22,11 @@ def add_thread_args(p) -> None:
         help="intra-op threads sleep between ops instead of spinning (for cores shared with other "
         "work)",
     )
+
+
+def add_provider_arg(p) -> None:
+    """`--provider`, named from runtime/session.py's PROVIDERS (checked where the bundle loads)."""
+    p.add_argument("--provider", default="cpu", help=" | ".join(PROVIDERS))
 
 
 def add_model_args(p, draft: bool = True) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..runtime.errors import DflashEdgeError
 from ..runtime.validate import CLI_LABELS, DRAFT_MODES, GenerationOptions
-from .common import add_thread_args
+from .common import add_provider_arg, add_thread_args
 
 
 def add_arguments(p) -> None:
@@ -45,7 +45,7 @@ def add_arguments(p) -> None:
         help="where proposals come from: " + "; ".join(f"{m}: {w}" for m, w in DRAFT_MODES.items()),
     )
     p.add_argument("--output", default=None, help="write the completed file here")
-    p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
+    add_provider_arg(p)
     add_thread_args(p)
 
 

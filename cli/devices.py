@@ -1,6 +1,6 @@
 """`dflash-edge devices`: device profiles (detected one marked); `devices plan`: fit + speed plan.
 
-The planner (devices/, floor 1) never reads bundles or checkpoints; this module (floor 2) turns a
+The planner (devices/, floor 1) never reads bundles or checkpoints; this module (floor 6) turns a
 bundle manifest, a checkpoint's config.json or a preset name into model dims and passes them down.
 
     dflash-edge devices --json

@@ -3,6 +3,7 @@ another precision (from the checkpoints its manifest records) + its quality repo
 
 from __future__ import annotations
 
+from ..export.choices import AUTO
 from ..export.kv_cache import KV_CACHES
 from ..quantize.bundle_quant import QuantizeOptions, quantize_bundle
 from ..quantize.precisions import PRECISIONS, QuantizeError, QuantSettings
@@ -41,18 +42,21 @@ def add_arguments(p) -> None:
 def add_kv_cache_argument(p) -> None:
     p.add_argument(
         "--kv-cache",
-        default="fp32",
-        choices=KV_CACHES,
-        help="the fused target's KV cache: int8 stores it in a quarter of the bytes with "
-        "per-channel "
-        "scales calibrated on held-out text (faster attention at long context on CPU)",
+        default=AUTO,
+        choices=(AUTO, *KV_CACHES),
+        help="the fused target's KV cache, as in export: int8 stores it in a quarter of the bytes "
+        "with per-channel scales calibrated on held-out text (faster attention at long context "
+        "on CPU); auto: int8 for int4/int8 targets, else fp32",
     )
 
 
 def add_settings_arguments(p) -> None:
     d = QuantSettings()
     p.add_argument(
-        "--block-size", type=int, default=d.block_size, help="weights per scale (int4/int8 blocks)"
+        "--group-size",
+        type=int,
+        default=d.block_size,
+        help="weights per scale (int4/int8 groups along K; power of two >= 16)",
     )
     p.add_argument(
         "--accuracy-level",
@@ -95,7 +99,7 @@ def add_report_arguments(p) -> None:
 
 
 def settings_from(args) -> QuantSettings:
-    return QuantSettings(block_size=args.block_size, accuracy_level=args.accuracy_level)
+    return QuantSettings(block_size=args.group_size, accuracy_level=args.accuracy_level)
 
 
 def report_from(args):

@@ -13,7 +13,7 @@ import sys
 
 from ..runtime.session import default_threads
 from ..runtime.validate import CLI_LABELS, DRAFT_MODES, GenerationOptions, check_prompt
-from .common import add_thread_args
+from .common import add_provider_arg, add_thread_args
 
 
 def add_arguments(p) -> None:
@@ -68,7 +68,7 @@ def add_arguments(p) -> None:
         default=None,
         help="drafts verified per step, 1..block size - 1 (default: tuned / adaptive)",
     )
-    p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
+    add_provider_arg(p)
     add_thread_args(p)
 
 

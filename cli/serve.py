@@ -31,7 +31,7 @@ from ..serve.protocol import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_REQUEST_TIMEOUT_S,
 )
-from .common import add_thread_args
+from .common import add_provider_arg, add_thread_args
 
 API_KEY_ENV = "DFLASH_EDGE_API_KEY"
 
@@ -97,7 +97,7 @@ def add_arguments(p) -> None:
         default=None,
         help="model id to report (default: the bundle directory's name)",
     )
-    p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
+    add_provider_arg(p)
     add_thread_args(p)
 
 

@@ -16,7 +16,7 @@ import sys
 
 from ..runtime.errors import DflashEdgeError
 from ..runtime.tuning import write_tuned
-from .common import add_prompts_arg, add_thread_args, load_prompts, prompt_of
+from .common import add_prompts_arg, add_provider_arg, add_thread_args, load_prompts, prompt_of
 
 
 def add_arguments(p) -> None:
@@ -28,7 +28,7 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--max-new-tokens", type=int, default=96, help="tokens per calibration prompt")
     p.add_argument("--context", type=int, default=256, help="cached positions while timing steps")
-    p.add_argument("--provider", default="cpu", help="cpu | cuda | tensorrt")
+    add_provider_arg(p)
     add_thread_args(p)
 
 

@@ -35,7 +35,7 @@ class QuantizeOptions:
     force: bool = False
     settings: QuantSettings = field(default_factory=QuantSettings)
     report: ReportOptions | None = field(default_factory=ReportOptions)  # None: no quality report
-    kv_cache: str = "fp32"  # the fused target's cache: fp32 | int8 (kv_cache.py)
+    kv_cache: str = "auto"  # the fused target's cache: auto | fp32 | int8, as export's (choices.py)
     source_target: str | None = None  # the target checkpoint, when the recorded one is not here
     source_draft: str | None = None  # the drafter checkpoint, likewise
 

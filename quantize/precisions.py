@@ -22,7 +22,8 @@ class QuantizeError(DflashEdgeError, ValueError):
 class QuantSettings:
     """How re-quantised (non-GGUF) weights are stored; recorded in the manifest beside each graph.
 
-    block_size: weights per scale along K (MatMulNBits / GatherBlockQuantized; power of 2, >= 16).
+    block_size: weights per scale along K (the CLI's --group-size; MatMulNBits /
+    GatherBlockQuantized; power of 2, >= 16).
     accuracy_level: MatMulNBits' compute type for the activations (4 = int8, the fast CPU path and
     row-exact; 0 = fp32).
     """
@@ -33,7 +34,7 @@ class QuantSettings:
     def __post_init__(self):
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise QuantizeError(
-                f"--block-size {self.block_size}: must be a power of two >= 16 (e.g. 32, 64, 128)"
+                f"--group-size {self.block_size}: must be a power of two >= 16 (e.g. 32, 64, 128)"
             )
         if self.accuracy_level not in (0, 4):
             raise QuantizeError(

@@ -362,7 +362,7 @@ def test_cli_errors_are_one_line_and_exit_2(tiny_bundle, tmp_path, capsys):
     )
     assert "unknown precision 'int2'" in capsys.readouterr().err
     assert (
-        main(["quantize", src, "--out", str(tmp_path / "o"), "--block-size", "24", "--no-report"])
+        main(["quantize", src, "--out", str(tmp_path / "o"), "--group-size", "24", "--no-report"])
         == 2
     )
     assert "power of two" in capsys.readouterr().err
