@@ -63,14 +63,7 @@ class DFlashDrafter(nn.Module):
         )
 
     def new_cache(self, max_len: int) -> StaticKVCache:
-        c = self.config
-        return StaticKVCache(
-            c.num_hidden_layers,
-            c.num_key_value_heads,
-            c.head_dim,
-            max_len,
-            dtype=self.fc.weight.dtype,
-        )
+        return StaticKVCache.for_config(self.config, max_len, self.fc.weight.dtype)
 
     def step(
         self,

@@ -69,14 +69,7 @@ class TargetModel(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def new_cache(self, max_len: int) -> StaticKVCache:
-        c = self.config
-        return StaticKVCache(
-            c.num_hidden_layers,
-            c.num_key_value_heads,
-            c.head_dim,
-            max_len,
-            dtype=self.lm_head.weight.dtype,
-        )
+        return StaticKVCache.for_config(self.config, max_len, self.lm_head.weight.dtype)
 
     def step(self, input_ids, positions, past_k, past_v, mask, capture=(), last_logits_only=False):
         """Pure forward: (logits, captured hidden or None, new_k list, new_v list).
