@@ -15,6 +15,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime.errors import DflashEdgeError
@@ -65,31 +66,34 @@ def add_arguments(p) -> None:
 ARMS = {"plain": "none", "always": "drafter", "default": "auto"}  # arm -> GenerationOptions.draft
 
 
-def bench_prompt(
-    gen,
-    row: dict,
-    index: int,
-    max_new_tokens: int,
-    arms: tuple[str, ...],
-    verify_len: int | None = None,
-    repeats: int = 1,
-) -> tuple[dict, dict]:
-    """Greedy runs of one prompt in each arm (`repeats` rounds, the order rotating); (row, stats by
-    arm).
+@dataclass(frozen=True)
+class BenchPlan:
+    """What each prompt runs: `arms` (ARMS' names, "plain" among them) for `repeats` rounds, the
+    order rotating; `verify_len` (None: the policy's) in the drafting arms."""
+
+    arms: tuple[str, ...]
+    max_new_tokens: int
+    verify_len: int | None = None
+    repeats: int = 1
+
+
+def bench_prompt(gen, row: dict, index: int, plan: BenchPlan) -> tuple[dict, dict]:
+    """Greedy runs of one prompt in each arm of `plan`; (row, stats by arm).
 
     Tokens/s per arm is the median over the rounds; the other figures come from the first round.
     """
+    arms = plan.arms
     runs = []
-    for rnd in range(repeats):
+    for rnd in range(plan.repeats):
         shift = (index + rnd) % len(arms)
         runs += [
             (
                 arm,
                 gen.generate(
                     prompt_of(row),
-                    max_new_tokens=max_new_tokens,
+                    max_new_tokens=plan.max_new_tokens,
                     draft=ARMS[arm],
-                    verify_len=None if arm == "plain" else verify_len,
+                    verify_len=None if arm == "plain" else plan.verify_len,
                 ),
             )
             for arm in arms[shift:] + arms[:shift]
@@ -257,14 +261,13 @@ def run(args) -> int:
     if args.verify_len is not None:
         check_verify_len(args.verify_len, gen.block_size, "--verify-len")
     arms = ("plain", "default") if args.skip_always else ("plain", "always", "default")
+    plan = BenchPlan(arms, args.max_new_tokens, args.verify_len, args.repeats)
     for arm in arms:  # warm-up: first runs pay lazy initialisation
         gen.generate("Hello", max_new_tokens=8, draft=ARMS[arm])
     gen.reset()  # energy: the warm-up is not metered
     rows, raw = [], []
     for i, row in enumerate(_progress(rows_in)):
-        out, stats = bench_prompt(
-            gen, row, i, args.max_new_tokens, arms, args.verify_len, args.repeats
-        )
+        out, stats = bench_prompt(gen, row, i, plan)
         rows.append(out)
         raw.append(stats)
     report = summarize(rows, raw, gen, args)

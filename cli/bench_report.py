@@ -140,58 +140,59 @@ def analyse(report: dict, raw: list[dict]) -> dict:
 
 
 def plot_all(out: Path, figures: dict, energy: dict | None) -> list[str]:
+    """Draw the report's plots into `out` (the energy one where an arm measured it); returns
+    their file names."""
     plt = _pyplot()
-    written = []
-
-    def save(fig, name):
+    plots = [
+        (PLOTS[0], (6, 3.2), lambda ax: _speed_plot(ax, figures["per_category"])),
+        (PLOTS[1], (6, 3.2), lambda ax: _histogram_plot(ax, figures["acceptance_histogram"])),
+        (PLOTS[2], (6, 3.2), lambda ax: _position_plot(ax, figures["acceptance_by_position"])),
+        (PLOTS[3], (5, 3.2), lambda ax: _time_plot(ax, figures["ms_per_token"])),
+    ]
+    arms = [
+        a for a, v in (energy or {}).items() if isinstance(v, dict) and v.get("energy_j_per_token")
+    ]
+    if arms:
+        plots.append(("energy.png", (5, 3.2), lambda ax: _energy_plot(ax, energy, arms)))
+    for name, size, draw in plots:
+        fig, ax = plt.subplots(figsize=size)
+        draw(ax)
         fig.tight_layout()
         fig.savefig(out / name, dpi=80)
         plt.close(fig)
-        written.append(name)
+    return [name for name, _, _ in plots]
 
-    cats = figures["per_category"]
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+
+def _speed_plot(ax, cats: dict) -> None:
     xs = range(len(cats))
-    ax.bar([x - 0.2 for x in xs], [c["ar_tokens_per_s"] for c in cats.values()], 0.4, label="plain")
-    ax.bar(
-        [x + 0.2 for x in xs],
-        [c["spec_tokens_per_s"] for c in cats.values()],
-        0.4,
-        label="speculative",
-    )
+    plain = [c["ar_tokens_per_s"] for c in cats.values()]
+    spec = [c["spec_tokens_per_s"] for c in cats.values()]
+    ax.bar([x - 0.2 for x in xs], plain, 0.4, label="plain")
+    ax.bar([x + 0.2 for x in xs], spec, 0.4, label="speculative")
     ax.set_xticks(list(xs), list(cats), rotation=20)
     ax.set_ylabel("decode tokens/s (median)")
-    ax.set_ylim(
-        0,
-        1.3
-        * max(
-            [c["ar_tokens_per_s"] for c in cats.values()]
-            + [c["spec_tokens_per_s"] for c in cats.values()]
-        ),
-    )
+    ax.set_ylim(0, 1.3 * max(plain + spec))
     ax.set_title("Decode speed per category")
     ax.legend(ncols=2)
-    save(fig, PLOTS[0])
 
-    hist = figures["acceptance_histogram"]
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+
+def _histogram_plot(ax, hist: dict) -> None:
     ax.bar([int(k) for k in hist], list(hist.values()))
     ax.set_xlabel("tokens committed per verify step")
     ax.set_ylabel("steps")
     ax.set_title("Acceptance length")
-    save(fig, PLOTS[1])
 
-    pos = {int(k): v for k, v in figures["acceptance_by_position"].items() if v is not None}
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+
+def _position_plot(ax, by_position: dict) -> None:
+    pos = {int(k): v for k, v in by_position.items() if v is not None}
     ax.plot(list(pos), list(pos.values()), marker="o")
     ax.set_xlabel("draft position in the block")
     ax.set_ylabel("share of steps accepted")
     ax.set_ylim(0, 1)
     ax.set_title("Acceptance per block position")
-    save(fig, PLOTS[2])
 
-    parts = figures["ms_per_token"]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+
+def _time_plot(ax, parts: dict) -> None:
     bottom = [0.0, 0.0]
     for comp in ("target", "draft", "overhead"):
         vals = [parts["plain"][comp], parts["speculative"][comp]]
@@ -200,18 +201,12 @@ def plot_all(out: Path, figures: dict, energy: dict | None) -> list[str]:
     ax.set_ylabel("ms per generated token")
     ax.set_title("Where the time goes")
     ax.legend()
-    save(fig, PLOTS[3])
 
-    arms = [
-        a for a, v in (energy or {}).items() if isinstance(v, dict) and v.get("energy_j_per_token")
-    ]
-    if arms:
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.bar(arms, [energy[a]["energy_j_per_token"] for a in arms])
-        ax.set_ylabel(f"J per token ({energy['meter']})")
-        ax.set_title("Energy per token")
-        save(fig, "energy.png")
-    return written
+
+def _energy_plot(ax, energy: dict, arms: list[str]) -> None:
+    ax.bar(arms, [energy[a]["energy_j_per_token"] for a in arms])
+    ax.set_ylabel(f"J per token ({energy['meter']})")
+    ax.set_title("Energy per token")
 
 
 def markdown(report: dict, figures: dict, plots: list[str]) -> str:

@@ -80,9 +80,12 @@ def run(args) -> int:
     return 0
 
 
-def replayed(target, drafter, prompt_ids, categories, spec, progress=None, batch: int = 16):
-    """Greedy target responses (fp32, batches of similar length) with features, then
-    `replay_eval`."""
+REPLAY_BATCH = 16  # prompts generated together (of similar length) before replaying them
+
+
+def replayed(target, drafter, prompt_ids, categories, spec, progress=None):
+    """Greedy target responses (fp32, batches of REPLAY_BATCH prompts of similar length) with
+    features, then `replay_eval`."""
     import torch
 
     from ..train.evaluate import AcceptanceReport, replay_eval
@@ -95,7 +98,7 @@ def replayed(target, drafter, prompt_ids, categories, spec, progress=None, batch
         dtype="float32",
     )
     rep = AcceptanceReport(spec.block_size)
-    for rows in plan_batches(prompt_ids, batch):
+    for rows in plan_batches(prompt_ids, REPLAY_BATCH):
         samples = generate_batch(
             target, [prompt_ids[i] for i in rows], gen, torch.Generator().manual_seed(0)
         )

@@ -95,29 +95,10 @@ def build_engines(opts: EngineOptions) -> dict:
         print(f"build-engines: building {flavour}, this bundle's TensorRT flavour", file=sys.stderr)
         opts = replace(opts, bundle=flavour)
     bundle = read_bundle(opts.bundle)
-    graphs = opts.graphs or tuple(portable_graphs(bundle.manifest["graphs"]))
-    unknown = sorted(set(graphs) - set(bundle.manifest["graphs"]))
-    if unknown:
-        have = ", ".join(bundle.manifest["graphs"])
-        raise DflashEdgeError(f"graph(s) {unknown} are not in {bundle.root}; it has {have}")
-    fused = sorted(set(graphs) - set(portable_graphs(graphs)))
-    if fused:
-        portable = ", ".join(portable_graphs(bundle.manifest["graphs"]))
-        raise DflashEdgeError(
-            f"graph(s) {fused} use onnxruntime-only fused ops that TensorRT cannot parse; "
-            f"build the portable graphs instead ({portable})"
-        )
+    graphs = _chosen_graphs(bundle, opts.graphs)
     trt = import_tensorrt()
     _warn_precision(opts.precision)
-    typed = {}  # graph -> strongly typed (weight-only low-bit: its types are the graph's own)
-    for graph in graphs:
-        report = check_trt_readiness(bundle.graph_path(graph), graph)
-        typed[graph] = weight_only(report)
-        if not report.ok:
-            raise DflashEdgeError(
-                f"{bundle.graph_path(graph)} is not ready for TensorRT:\n{report}\n"
-                f"re-export the bundle with a dflash-edge whose graphs pass this check"
-            )
+    typed = _strongly_typed(bundle, graphs)
     profiles = trt_profiles(bundle)
     device = opts.device or detect_device_name()
     engines = bundle.manifest.setdefault("engines", {})
@@ -146,6 +127,41 @@ def build_engines(opts: EngineOptions) -> dict:
         write_manifest(bundle.root, bundle.manifest)
         print(f"built {rel} ({len(plan) / 1e6:.1f} MB) in {seconds:.0f} s", file=sys.stderr)
     return engines
+
+
+def _chosen_graphs(bundle, wanted: tuple) -> tuple:
+    """`wanted` (default: the bundle's portable graphs), each one the bundle has and TensorRT can
+    parse; else a DflashEdgeError naming the ones to build."""
+    have = bundle.manifest["graphs"]
+    graphs = wanted or tuple(portable_graphs(have))
+    unknown = sorted(set(graphs) - set(have))
+    if unknown:
+        raise DflashEdgeError(
+            f"graph(s) {unknown} are not in {bundle.root}; it has {', '.join(have)}"
+        )
+    fused = sorted(set(graphs) - set(portable_graphs(graphs)))
+    if fused:
+        portable = ", ".join(portable_graphs(have))
+        raise DflashEdgeError(
+            f"graph(s) {fused} use onnxruntime-only fused ops that TensorRT cannot parse; "
+            f"build the portable graphs instead ({portable})"
+        )
+    return graphs
+
+
+def _strongly_typed(bundle, graphs) -> dict[str, bool]:
+    """graph -> strongly typed (weight-only low-bit: its types are the graph's own), once each
+    graph passed the readiness check (a DflashEdgeError with its report otherwise)."""
+    typed = {}
+    for graph in graphs:
+        report = check_trt_readiness(bundle.graph_path(graph), graph)
+        typed[graph] = weight_only(report)
+        if not report.ok:
+            raise DflashEdgeError(
+                f"{bundle.graph_path(graph)} is not ready for TensorRT:\n{report}\n"
+                f"re-export the bundle with a dflash-edge whose graphs pass this check"
+            )
+    return typed
 
 
 def _jsonable(profile: dict) -> dict:

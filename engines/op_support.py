@@ -238,6 +238,18 @@ UNSUPPORTED = frozenset(
 )
 
 # op -> the documented restriction, paraphrased (reported as a note when the op occurs).
+_REDUCE_OPS = (
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSum",
+    "ReduceSumSquare",
+)
 _REDUCE_AXES = "`axes` must be an initializer"
 RESTRICTIONS: dict[str, str] = {
     "Attention": "Q, K, V and attn_mask must be 4-D; past_key/past_value/nonpad_kv_seqlen inputs, "
@@ -265,21 +277,7 @@ RESTRICTIONS: dict[str, str] = {
     "RandomNormalLike": "seed is ignored",
     "RandomUniform": "seed is ignored",
     "RandomUniformLike": "seed is ignored",
-    **{
-        op: _REDUCE_AXES
-        for op in (
-            "ReduceL1",
-            "ReduceL2",
-            "ReduceLogSum",
-            "ReduceLogSumExp",
-            "ReduceMax",
-            "ReduceMean",
-            "ReduceMin",
-            "ReduceProd",
-            "ReduceSum",
-            "ReduceSumSquare",
-        )
-    },
+    **{op: _REDUCE_AXES for op in _REDUCE_OPS},
     "Resize": "modes nearest/linear; aspect ratio policy stretch; no antialiasing",
     "RotaryEmbedding": "`position_ids` must be INT64",
     "STFT": "`frame_step` and `window` must be initializers; real-valued input",
@@ -294,21 +292,7 @@ RESTRICTIONS: dict[str, str] = {
 
 # op -> (input index that must be a constant, what the table says). Checked where the input exists.
 CONST_INPUTS: dict[str, tuple[int, str]] = {
-    **{
-        op: (1, _REDUCE_AXES)
-        for op in (
-            "ReduceL1",
-            "ReduceL2",
-            "ReduceLogSum",
-            "ReduceLogSumExp",
-            "ReduceMax",
-            "ReduceMean",
-            "ReduceMin",
-            "ReduceProd",
-            "ReduceSum",
-            "ReduceSumSquare",
-        )
-    },
+    **{op: (1, _REDUCE_AXES) for op in _REDUCE_OPS},
     "CumSum": (1, "`axis` must be a build-time constant"),
     "OneHot": (1, "`depth` must be a build-time constant"),
     "TopK": (1, "`K` must be a build-time constant"),

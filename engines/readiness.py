@@ -188,34 +188,43 @@ def _check_io(graph, types: dict[str, str], report: Report) -> None:
         )
 
 
+@dataclass
+class _Scan:
+    """What the node checks of one graph read (tensor types, constant names, initializer dims)
+    and write (the report; `seen`: keys reported once already, shared with its subgraphs)."""
+
+    types: dict[str, str]
+    consts: set
+    dims: dict[str, list[int]]
+    report: Report
+    seen: set
+
+    def once(self, key: str, kind: str, text: str) -> None:
+        """Report `text` as a "problem" or a note, the first time `key` comes up."""
+        if key not in self.seen:
+            self.seen.add(key)
+            (self.report.problems if kind == "problem" else self.report.notes).append(text)
+
+
 def _check_graph(graph, types: dict[str, str], report: Report, seen: set) -> None:
     consts = {i.name for i in graph.initializer} | {
         o for n in graph.node if n.op_type == "Constant" for o in n.output
     }
     dims = {i.name: list(i.dims) for i in graph.initializer}
+    scan = _Scan(types, consts, dims, report, seen)
     for node in graph.node:
         op = node.op_type if node.domain in STANDARD_DOMAINS else f"{node.domain}::{node.op_type}"
         report.ops[op] = report.ops.get(op, 0) + 1
-        _check_node(node, op, types, consts, report, seen, dims)
+        _check_node(node, op, scan)
         for attr in node.attribute:  # If / Loop / Scan bodies: check their ops too
             for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
                 _check_graph(sub, {**types, **_tensor_types(sub)}, report, seen)
 
 
-def _once(report: Report, seen: set, key: str, kind: str, text: str) -> None:
-    if key not in seen:
-        seen.add(key)
-        (report.problems if kind == "problem" else report.notes).append(text)
-
-
-def _check_node(
-    node, op: str, types: dict[str, str], consts: set, report: Report, seen: set, dims=None
-) -> None:
+def _check_node(node, op: str, scan: _Scan) -> None:
     where = f"node {node.name or node.output[0]!r}"
     if node.domain not in STANDARD_DOMAINS:
-        _once(
-            report,
-            seen,
+        scan.once(
             op,
             "problem",
             f"{op} ({where}) is not a standard ONNX op: TensorRT needs a plugin "
@@ -225,9 +234,7 @@ def _check_node(
         return
     if op in sup.UNSUPPORTED or op not in sup.OPS:
         why = "documented as unsupported" if op in sup.UNSUPPORTED else "not in its operator table"
-        _once(
-            report,
-            seen,
+        scan.once(
             op,
             "problem",
             f"{op} ({where}) is {why} for TensorRT "
@@ -235,35 +242,29 @@ def _check_node(
         )
         return
     if op in sup.CONTROL_FLOW:
-        _once(
-            report,
-            seen,
+        scan.once(
             "cf:" + op,
             "problem",
             f"{op} ({where}) is control flow: the graph's path depends on "
             f"runtime values/shapes; export with static block shapes so tracing removes it",
         )
     if op in sup.DATA_DEPENDENT_SHAPE:
-        _once(
-            report,
-            seen,
+        scan.once(
             "dds:" + op,
             "note",
             f"{op} has a data-dependent output shape (slow in TensorRT)",
         )
-    _check_restrictions(node, op, where, consts, report, seen)
-    _check_dtype(node, op, where, types, report, seen)
+    _check_restrictions(node, op, where, scan)
+    _check_dtype(node, op, where, scan)
     if op == "DequantizeLinear":
-        _check_weight_only(node, where, types, consts, report, seen, dims or {})
+        _check_weight_only(node, where, scan)
 
 
-def _check_weight_only(
-    node, where: str, types: dict[str, str], consts: set, report, seen, dims: dict
-) -> None:
+def _check_weight_only(node, where: str, scan: _Scan) -> None:
     """Blocked / low-bit DequantizeLinear against TensorRT's weight-only rules (op_support)."""
     from onnx import helper
 
-    qtype = sup.ONNX_TO_TRT.get(types.get(node.input[0], ""))
+    qtype = sup.ONNX_TO_TRT.get(scan.types.get(node.input[0], ""))
     rule = sup.WEIGHT_ONLY.get(qtype)
     if rule is None:  # a type TensorRT does not dequantize: _check_dtype names it
         return
@@ -271,20 +272,16 @@ def _check_weight_only(
         (helper.get_attribute_value(a) for a in node.attribute if a.name == "block_size"), 0
     )
     if len(node.input) > 2 and node.input[2]:
-        _once(
-            report,
-            seen,
+        scan.once(
             f"wo-zp:{qtype}",
             "problem",
             f"{qtype} DequantizeLinear ({where}) has a zero point: TensorRT dequantizes "
             "symmetrically only (zero point 0)",
         )
     axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 1)
-    shape = dims.get(node.input[0])
+    shape = scan.dims.get(node.input[0])
     if block and shape and shape[axis] % block:
-        _once(
-            report,
-            seen,
+        scan.once(
             f"wo-partial:{qtype}:{block}",
             "problem",
             f"{qtype} DequantizeLinear ({where}): {shape[axis]} weights along its blocked axis are "
@@ -296,27 +293,21 @@ def _check_weight_only(
             if rule["blocks"]
             else "with one scale per tensor or per channel only, not in blocks"
         )
-        _once(
-            report,
-            seen,
+        scan.once(
             f"wo-block:{qtype}:{block}",
             "problem",
             f"{qtype} DequantizeLinear ({where}) in blocks of {block}: TensorRT takes {qtype} "
             f"weights {takes} (a GGUF's own blocks are 32 / 16 wide; re-quantised TensorRT blocks "
             "are not written yet)",
         )
-    _once(
-        report,
-        seen,
+    scan.once(
         f"wo:{qtype}",
         "note",
         f"{qtype} weight-only DequantizeLinear: TensorRT >= {rule['since']}, a strongly typed "
         "network (build-engines sets it); not built here",
     )
-    if node.input[0] not in consts:
-        _once(
-            report,
-            seen,
+    if node.input[0] not in scan.consts:
+        scan.once(
             f"wo-computed:{qtype}",
             "note",
             f"{qtype} DequantizeLinear ({where}) of a computed tensor (embedding rows gathered "
@@ -324,39 +315,34 @@ def _check_weight_only(
         )
 
 
-def _check_restrictions(node, op: str, where: str, consts: set, report: Report, seen: set) -> None:
+def _check_restrictions(node, op: str, where: str, scan: _Scan) -> None:
     """Check the restrictions that a static look can decide; note the others once per op."""
     for table, kind in ((sup.CONST_INPUTS, "problem"), (sup.SOFT_CONST_INPUTS, "note")):
         if op in table:
             idx, rule = table[op]
-            if len(node.input) > idx and node.input[idx] and node.input[idx] not in consts:
-                _once(
-                    report,
-                    seen,
-                    f"c:{op}:{node.input[idx]}",
+            name = node.input[idx] if len(node.input) > idx else ""
+            if name and name not in scan.consts:
+                scan.once(
+                    f"c:{op}:{name}",
                     kind,
-                    f"{op} ({where}): {rule}, but input "
-                    f"{node.input[idx]!r} is computed; constant-fold it at export",
+                    f"{op} ({where}): {rule}, but input {name!r} is computed; constant-fold it at "
+                    "export",
                 )
     bad = [a.name for a in node.attribute if a.name in sup.BAD_ATTRIBUTES.get(op, ())]
     if bad:
-        report.problems.append(
+        scan.report.problems.append(
             f"{op} ({where}) uses attribute(s) {bad}, which TensorRT does not support"
         )
     checked = op in sup.CONST_INPUTS or op in sup.SOFT_CONST_INPUTS or op in sup.BAD_ATTRIBUTES
     if op in sup.RESTRICTIONS and not checked:
-        _once(
-            report,
-            seen,
+        scan.once(
             "r:" + op,
             "note",
             f"{op}: {sup.RESTRICTIONS[op]} (not checked statically)",
         )
 
 
-def _check_dtype(
-    node, op: str, where: str, types: dict[str, str], report: Report, seen: set
-) -> None:
+def _check_dtype(node, op: str, where: str, scan: _Scan) -> None:
     side, idx = sup.TYPED_TENSOR.get(op, ("input", 0))
     names = node.input if side == "input" else node.output
     tensors = [names[idx]] if len(names) > idx and names[idx] else []
@@ -364,42 +350,34 @@ def _check_dtype(
         tensors.append(node.output[0])
     allowed = sup.OPS[op].split()
     for tensor in tensors:
-        onnx_t = types.get(tensor)
+        onnx_t = scan.types.get(tensor)
         if onnx_t is None:
             continue  # unknown after inference: nothing to check
         trt_t = sup.ONNX_TO_TRT.get(onnx_t, onnx_t)
         if trt_t in allowed:
             continue
         if op == "Gather" and trt_t in sup.GATHER_LAYER_TYPES:
-            _once(
-                report,
-                seen,
+            scan.once(
                 f"g:{trt_t}",
                 "note",
                 f"Gather ({where}) on {onnx_t}: onnx-tensorrt's table lists no {onnx_t}; "
                 "TensorRT's Gather layer takes it (operators/Gather.html); unverified here",
             )
         elif trt_t == "INT64" and "INT32" in allowed:
-            _once(
-                report,
-                seen,
+            scan.once(
                 f"i64:{op}",
                 "note",
                 f"{op} ({where}) on INT64: the table lists INT32 only, "
                 f"so TensorRT casts INT64 to INT32 (values beyond +-2^31 would clamp)",
             )
         elif trt_t == "DOUBLE":
-            _once(
-                report,
-                seen,
+            scan.once(
                 f"f64:{op}",
                 "note",
                 f"{op} ({where}) on DOUBLE: {sup.CAST_DOWN_TYPES['DOUBLE']}",
             )
         else:
-            _once(
-                report,
-                seen,
+            scan.once(
                 f"t:{op}:{trt_t}",
                 "problem",
                 f"{op} ({where}) on {onnx_t}: TensorRT "

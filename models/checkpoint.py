@@ -119,16 +119,7 @@ class Checkpoint:
         time)."""
         import numpy as np
 
-        if name not in self.entries:
-            raise ModelFormatError(
-                f"{self.root}: tensor {name} is missing — the weights do not match config.json"
-            )
-        e = self.entries[name]
-        if shape is not None and tuple(shape) != e.shape:
-            raise ModelFormatError(
-                f"{self.root}: misshaped tensor {name}: file {e.shape} vs model {tuple(shape)} "
-                f"— the weights do not match config.json"
-            )
+        e = lookup(self.root, self.entries, name, shape)
         if e.dtype not in _NUMPY:
             raise ModelFormatError(
                 f"{self.root}: tensor {name} is {e.dtype}; only float checkpoints are supported"
@@ -209,6 +200,22 @@ class Checkpoint:
             raise ModelFormatError(
                 f"{self.root}: tensor dtype does not match: {_preview(bad)}; {hint}"
             )
+
+
+def lookup(root, table: dict, name: str, shape=None):
+    """`table[name]` (a checkpoint's entry with a `.shape`), or a ModelFormatError naming the
+    missing or misshaped tensor; `shape` (optional): the shape the model expects."""
+    if name not in table:
+        raise ModelFormatError(
+            f"{root}: tensor {name} is missing — the weights do not match config.json"
+        )
+    entry = table[name]
+    if shape is not None and tuple(shape) != entry.shape:
+        raise ModelFormatError(
+            f"{root}: misshaped tensor {name}: file {entry.shape} vs model {tuple(shape)} "
+            "— the weights do not match config.json"
+        )
+    return entry
 
 
 def check_shapes(

@@ -61,14 +61,7 @@ class DFlashDrafter(nn.Module):
         )
 
     def new_cache(self, max_len: int) -> StaticKVCache:
-        c = self.config
-        return StaticKVCache(
-            c.num_hidden_layers,
-            c.num_key_value_heads,
-            c.head_dim,
-            max_len,
-            dtype=self.fc.weight.dtype,
-        )
+        return StaticKVCache.for_config(self.config, max_len, self.fc.weight.dtype)
 
     def step(
         self,
@@ -76,15 +69,15 @@ class DFlashDrafter(nn.Module):
         block_positions,
         ctx_feats,
         ctx_positions,
-        past_k,
-        past_v,
+        past,
         past_positions=None,
     ):
         """Pure forward: (normed block hidden [1, B, H], new context K list, new context V list).
 
         `ctx_feats` [1, C, n_ids*H] are the target features of context positions not cached yet;
         every block position attends to [cached context ; new context ; whole block], a sliding
-        layer to the part its window shows (`attention_mask`). `past_positions[i]` [S_i]: the
+        layer to the part its window shows (`attention_mask`). `past[i]`: layer i's cached context,
+        a (K, V) pair of [1, Hkv, S_i, D]; `past_positions[i]` [S_i]: the
         positions of layer i's cached rows (default 0..S_i-1; a window cache passes its last W-1
         positions, negative ones for empty rows)."""
         scale = float(getattr(self.config, "input_embedding_scale", 1.0))  # DFlash2's
@@ -97,14 +90,16 @@ class DFlashDrafter(nn.Module):
         x = block_embeds  # [1, B, H]
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
-            held = torch.arange(past_k[i].shape[2]) if past_positions is None else past_positions[i]
+            held = (
+                torch.arange(past[i][0].shape[2]) if past_positions is None else past_positions[i]
+            )
             mask = attention_mask(
                 block_positions,
                 torch.cat([held, new_pos]),
                 self.config.window(i),
                 self.config.layer_causal(i),
             )
-            x, k, v = layer(x, rope_q, past_k[i], past_v[i], mask, ctx=ctx, rope_kv=rope_kv)
+            x, k, v = layer(x, rope_q, *past[i], mask, ctx=ctx, rope_kv=rope_kv)
             new_k.append(k[:, :, :num_ctx])  # [1, Hkv, C, D]: block K/V dropped
             new_v.append(v[:, :, :num_ctx])
         return self.norm(x), new_k, new_v
@@ -124,8 +119,7 @@ class DFlashDrafter(nn.Module):
             block_positions,
             ctx_feats,
             ctx_positions,
-            [p[0] for p in past],
-            [p[1] for p in past],
+            past,
         )
         for i, (k, v) in enumerate(zip(new_k, new_v)):
             cache.write(i, k, v)
@@ -241,7 +235,7 @@ class WindowedDrafterGraph(DrafterGraph):
         block_positions = start + num_ctx + torch.arange(block, dtype=torch.long)  # [B]
         slid = cfg.window_layers
         full = [i for i in range(cfg.num_hidden_layers) if i not in slid]
-        past_k, past_v, past_pos = ([None] * cfg.num_hidden_layers for _ in range(3))
+        past, past_pos = ([None] * cfg.num_hidden_layers for _ in range(2))
         for layers, keys, values, positions in (
             (full, past_key, past_value, lambda: torch.arange(past_key.shape[0])),
             (slid, window_key, window_value, lambda: window_positions(start, window_key.shape[0])),
@@ -249,14 +243,13 @@ class WindowedDrafterGraph(DrafterGraph):
             for i, k, v in (
                 zip(layers, _split_layers(keys), _split_layers(values)) if layers else ()
             ):
-                past_k[i], past_v[i], past_pos[i] = k, v, positions()
+                past[i], past_pos[i] = (k, v), positions()
         hidden, new_k, new_v = self.drafter.step(
             self.embed(block_ids),
             block_positions,
             ctx_hidden,
             ctx_positions,
-            past_k,
-            past_v,
+            past,
             past_pos,
         )
         draft_ids, *lattice = self.drafts(hidden, block_ids)

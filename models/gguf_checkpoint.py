@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..runtime.errors import CorruptFileError, ModelFormatError
 from ..runtime.publish import publish_dir
+from .checkpoint import lookup
 from .fetch import cache_home
 from .gguf_check import check_gguf
 from .gguf_import import (
@@ -233,17 +234,7 @@ class GgufCheckpoint:
         """Nothing is held open between reads."""
 
     def _entry(self, name: str, shape) -> _Tensor:
-        if name not in self.tensors:
-            raise ModelFormatError(
-                f"{self.root}: tensor {name} is missing — the weights do not match config.json"
-            )
-        t = self.tensors[name]
-        if shape is not None and tuple(shape) != t.shape:
-            raise ModelFormatError(
-                f"{self.root}: misshaped tensor {name}: file {t.shape} vs model {tuple(shape)} "
-                "— the weights do not match config.json"
-            )
-        return t
+        return lookup(self.root, self.tensors, name, shape)
 
     def _raw(self, t: _Tensor, start: int, stop: int):
         """Rows [start, stop) of `t` as bytes [rows, bytes per row], read into private memory

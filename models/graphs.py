@@ -41,8 +41,7 @@ class TargetGraph(nn.Module):
         logits, hidden, new_k, new_v = self.target.step(
             input_ids,
             positions,
-            _split_layers(past_key),
-            _split_layers(past_value),
+            list(zip(_split_layers(past_key), _split_layers(past_value))),
             mask,
             self.capture,
         )
@@ -76,8 +75,7 @@ class DrafterGraph(nn.Module):
             block_positions,
             ctx_hidden,
             ctx_positions,
-            _split_layers(past_key),
-            _split_layers(past_value),
+            list(zip(_split_layers(past_key), _split_layers(past_value))),
         )
         draft_ids = lm_logits(self.lm_head, hidden[:, 1:]).argmax(-1)  # [1, B-1]
         if self.vocab is not None:

@@ -70,10 +70,13 @@ def delta_rule_steps(q, k, v, g, beta, state):
     return torch.stack(outs), torch.stack(states)
 
 
-def delta_rule_chunked(q, k, v, g, beta, state, chunk: int = 64):
-    """Chunk by chunk (the derivation in the module docstring): (outputs [T, Hv, Dv], final state
-    [Hv, Dk, Dv])."""
-    outs = []
+CHUNK = 64  # positions per chunk of `delta_rule_chunked`
+
+
+def delta_rule_chunked(q, k, v, g, beta, state):
+    """Chunk by chunk (CHUNK positions; the derivation in the module docstring): (outputs
+    [T, Hv, Dv], final state [Hv, Dk, Dv])."""
+    chunk, outs = CHUNK, []
     for lo in range(0, q.shape[0], chunk):
         qc, kc, vc = (x[lo : lo + chunk].transpose(0, 1) for x in (q, k, v))  # [Hv, L, D]
         gc, bc = g[lo : lo + chunk].T, beta[lo : lo + chunk].T  # [Hv, L]

@@ -32,6 +32,13 @@ class StaticKVCache:
         self.max_len = max_len
         self.length = 0
 
+    @classmethod
+    def for_config(cls, cfg, max_len: int, dtype: torch.dtype) -> StaticKVCache:
+        """A cache shaped for `cfg`'s layers and KV heads (a target's or a drafter's config)."""
+        return cls(
+            cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, max_len, dtype=dtype
+        )
+
     def past(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The live prefix of one layer, as views (no copy)."""
         return self.k[layer, :, :, : self.length], self.v[layer, :, :, : self.length]

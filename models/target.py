@@ -69,19 +69,12 @@ class TargetModel(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def new_cache(self, max_len: int) -> StaticKVCache:
-        c = self.config
-        return StaticKVCache(
-            c.num_hidden_layers,
-            c.num_key_value_heads,
-            c.head_dim,
-            max_len,
-            dtype=self.lm_head.weight.dtype,
-        )
+        return StaticKVCache.for_config(self.config, max_len, self.lm_head.weight.dtype)
 
-    def step(self, input_ids, positions, past_k, past_v, mask, capture=(), last_logits_only=False):
+    def step(self, input_ids, positions, past, mask, capture=(), last_logits_only=False):
         """Pure forward: (logits, captured hidden or None, new_k list, new_v list).
 
-        `past_k[i]`/`past_v[i]` are layer i's cached prefix [1, Hkv, S, D]; `mask` is additive
+        `past[i]` is layer i's cached prefix, a (K, V) pair of [1, Hkv, S, D]; `mask` is additive
         [T, S + T]. Nothing is written anywhere: the caller stores the returned K/V. With
         `last_logits_only` the logits are those of the last position only ([b, 1, V]: a batched
         prefill then skips a [b, T, V] tensor).
@@ -90,7 +83,7 @@ class TargetModel(nn.Module):
         rope = self.rope(positions)
         new_k, new_v, captured = [], [], []
         for i, layer in enumerate(self.model.layers):
-            x, k, v = layer(x, rope, past_k[i], past_v[i], mask)
+            x, k, v = layer(x, rope, *past[i], mask)
             new_k.append(k)
             new_v.append(v)
             if i in capture:
@@ -113,9 +106,7 @@ class TargetModel(nn.Module):
         positions = torch.arange(start, start + num_new)
         past = [cache.past(i) for i in range(self.config.num_hidden_layers)]
         mask = causal_mask(num_new, start, dtype=self.lm_head.weight.dtype)
-        logits, hidden, new_k, new_v = self.step(
-            input_ids, positions, [p[0] for p in past], [p[1] for p in past], mask, tuple(capture)
-        )
+        logits, hidden, new_k, new_v = self.step(input_ids, positions, past, mask, tuple(capture))
         for i, (k, v) in enumerate(zip(new_k, new_v)):
             cache.write(i, k, v)
         cache.advance(num_new)

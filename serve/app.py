@@ -79,84 +79,14 @@ class ApiError(Exception):
 def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
     """The server's app over `generator` (a loaded dflash_edge.runtime.Generator)."""
     sched = Scheduler(generator, options.max_queue)
-    model = options.model_name or generator.bundle.root.resolve().name
-    created = int(time.time())
-
-    async def chat(request: Request):
-        return await _complete(request, parse, (True, model), Reply)
-
-    async def completions(request: Request):
-        return await _complete(request, parse, (False, model), Reply)
-
-    async def fill(request: Request):
-        def reply(job, model):
-            return infill.InfillReply(job, model, generator.tokenizer.decode)
-
-        return await _complete(request, infill.parse, (model, generator.max_context), reply)
-
-    async def _complete(request: Request, parse_fn, args: tuple, make_reply):
-        raw = await _read_body(request, options.max_body_bytes, options.request_timeout_s)
-        job = await run_in_threadpool(parse_fn, raw, *args)  # JSON and checks off the event loop
-        if job.warmup:
-            return JSONResponse(make_reply(job, model).warmup())
-        try:
-            ticket = sched.submit(job.prompt, job.options)
-        except ServerBusy as err:
-            raise ApiError(
-                429,
-                error_body(str(err), "server_busy", code="queue_full"),
-                {"Retry-After": str(err.retry_after)},
-            ) from err
-        events = aiter(ticket)
-        try:
-            # waits its turn: started, or an input error
-            kind, value = await _next_event(events, request)
-            if kind == "started" and job.stream:
-                return StreamingResponse(
-                    _sse(make_reply(job, model), events, ticket),
-                    media_type="text/event-stream",
-                    headers={"Cache-Control": "no-cache"},
-                )
-            while kind == "started" or kind == "piece":
-                kind, value = await _next_event(events, request)
-        except BaseException:
-            ticket.cancel()
-            raise
-        ticket.cancel()
-        if kind == "done":
-            return JSONResponse(make_reply(job, model).whole(value))
-        if kind == "error":
-            raise _as_api_error(value)
-        return Response(status_code=499)  # the client left: nobody reads this
-
-    async def models(request: Request):
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {"id": model, "object": "model", "created": created, "owned_by": "dflash-edge"}
-                ],
-            }
-        )
-
-    async def health(request: Request):
-        return JSONResponse(
-            {
-                "status": "ok",
-                "model": model,
-                "running": int(sched.running),
-                "waiting": sched.waiting,
-                "max_queue": options.max_queue,
-            }
-        )
-
+    routes = _Routes(generator, sched, options)
     app = Starlette(
         routes=[
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/infill", fill, methods=["POST"]),
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/health", health, methods=["GET"]),
+            Route("/v1/chat/completions", routes.chat, methods=["POST"]),
+            Route("/v1/completions", routes.completions, methods=["POST"]),
+            Route("/infill", routes.fill, methods=["POST"]),
+            Route("/v1/models", routes.models, methods=["GET"]),
+            Route("/health", routes.health, methods=["GET"]),
         ],
         exception_handlers={
             ApiError: _api_error,
@@ -171,6 +101,85 @@ def build_app(generator, options: ServerOptions = ServerOptions()) -> Starlette:
         app.add_middleware(_ApiKey, key=options.api_key)
     app.state.scheduler, app.state.options = sched, options
     return app
+
+
+class _Routes:
+    """The endpoints over one Generator, its Scheduler and the server's options."""
+
+    def __init__(self, generator, sched: Scheduler, options: ServerOptions):
+        self.generator, self.sched, self.options = generator, sched, options
+        self.model = options.model_name or generator.bundle.root.resolve().name
+        self.created = int(time.time())
+
+    async def chat(self, request: Request):
+        return await self._complete(request, parse, (True, self.model), Reply)
+
+    async def completions(self, request: Request):
+        return await self._complete(request, parse, (False, self.model), Reply)
+
+    async def fill(self, request: Request):
+        decode = self.generator.tokenizer.decode
+
+        def reply(job, model):
+            return infill.InfillReply(job, model, decode)
+
+        args = (self.model, self.generator.max_context)
+        return await self._complete(request, infill.parse, args, reply)
+
+    async def models(self, request: Request):
+        card = {"id": self.model, "object": "model", "created": self.created}
+        return JSONResponse({"object": "list", "data": [{**card, "owned_by": "dflash-edge"}]})
+
+    async def health(self, request: Request):
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": self.model,
+                "running": int(self.sched.running),
+                "waiting": self.sched.waiting,
+                "max_queue": self.options.max_queue,
+            }
+        )
+
+    async def _complete(self, request: Request, parse_fn, args: tuple, make_reply):
+        opts = self.options
+        raw = await _read_body(request, opts.max_body_bytes, opts.request_timeout_s)
+        job = await run_in_threadpool(parse_fn, raw, *args)  # JSON and checks off the event loop
+        if job.warmup:
+            return JSONResponse(make_reply(job, self.model).warmup())
+        ticket = self._submit(job)
+        events = aiter(ticket)
+        try:
+            # waits its turn: started, or an input error
+            kind, value = await _next_event(events, request)
+            if kind == "started" and job.stream:
+                return StreamingResponse(
+                    _sse(make_reply(job, self.model), events, ticket),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache"},
+                )
+            while kind == "started" or kind == "piece":
+                kind, value = await _next_event(events, request)
+        except BaseException:
+            ticket.cancel()
+            raise
+        ticket.cancel()
+        if kind == "done":
+            return JSONResponse(make_reply(job, self.model).whole(value))
+        if kind == "error":
+            raise _as_api_error(value)
+        return Response(status_code=499)  # the client left: nobody reads this
+
+    def _submit(self, job):
+        """The job's ticket in the queue, or 429 + Retry-After when the queue is full."""
+        try:
+            return self.sched.submit(job.prompt, job.options)
+        except ServerBusy as err:
+            raise ApiError(
+                429,
+                error_body(str(err), "server_busy", code="queue_full"),
+                {"Retry-After": str(err.retry_after)},
+            ) from err
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:

@@ -85,8 +85,8 @@ def _block(target, drafter, ctx_len=9, block=8, seed=0):
     layers = cfg.num_hidden_layers
     with torch.no_grad():
         embeds = target.model.embed_tokens(ids)
-        past = [empty] * layers
-        h, _, _ = drafter.step(embeds, pos[ctx_len:], feats, pos[:ctx_len], past, past)
+        past = [(empty, empty)] * layers
+        h, _, _ = drafter.step(embeds, pos[ctx_len:], feats, pos[:ctx_len], past)
     return h, ids
 
 

@@ -189,7 +189,7 @@ def test_complete_cli_at_a_cursor(tiny_bundle, qwen_gen, tmp_path, capsys, monke
 
 
 def test_code_prompt_set_feeds_bench_and_tune(qwen_gen):
-    from dflash_edge.cli.bench import bench_prompt
+    from dflash_edge.cli.bench import BenchPlan, bench_prompt
     from dflash_edge.cli.common import prompt_of
     from dflash_edge.data import read_prompts
     from dflash_edge.runtime.calibrate import acceptance
@@ -202,7 +202,7 @@ def test_code_prompt_set_feeds_bench_and_tune(qwen_gen):
     assert len(editor) >= 10 and all("only the edited code" in r["prompt"] for r in editor)
     assert isinstance(prompt_of(fims[0]), FimPrompt) and prompt_of(edits[0]) == edits[0]["prompt"]
     for row in (fims[0], edits[0]):
-        out, _ = bench_prompt(qwen_gen, row, 0, 8, ("plain", "always", "default"))
+        out, _ = bench_prompt(qwen_gen, row, 0, BenchPlan(("plain", "always", "default"), 8))
         assert out["lossless"] and out["new_tokens"] >= 1
     accepted, used = acceptance(qwen_gen, [prompt_of(fims[1])], 8, deadline=float("inf"))
     assert used == 1 and accepted

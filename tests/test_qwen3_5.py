@@ -130,7 +130,7 @@ def test_token_by_token_decode_with_state_equals_transformers(published):
     )
 
 
-def test_chunked_delta_rule_equals_token_by_token():
+def test_chunked_delta_rule_equals_token_by_token(monkeypatch):
     g = torch.Generator().manual_seed(3)
     t, h, dk, dv = 21, 3, 5, 4
     q, k = (
@@ -140,9 +140,10 @@ def test_chunked_delta_rule_equals_token_by_token():
     decay, beta = -torch.rand(t, h, generator=g), torch.rand(t, h, generator=g)
     state = torch.randn(h, dk, dv, generator=g)
     steps, states = delta_rule_steps(q, k, v, decay, beta, state)
-    chunked, last = delta_rule_chunked(
-        q, k, v, decay, beta, state, chunk=8
-    )  # 3 chunks, the last short
+    from dflash_edge.models import linear_attention
+
+    monkeypatch.setattr(linear_attention, "CHUNK", 8)  # 3 chunks, the last short
+    chunked, last = delta_rule_chunked(q, k, v, decay, beta, state)
     torch.testing.assert_close(chunked, steps, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(last, states[-1], atol=1e-5, rtol=1e-5)
 

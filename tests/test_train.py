@@ -14,7 +14,7 @@ from dflash_edge.train.dataset import block_keep, make_batch
 from dflash_edge.train.evaluate import EvalSpec, reference_eval, replay_eval
 from dflash_edge.train.objective import block_hidden, decay_weights, simulated_tau
 from dflash_edge.train.responses import GenSpec, generate_batch, load_shard, write_shards
-from dflash_edge.train.trainer import TrainConfig, train_drafter
+from dflash_edge.train.trainer import RunOptions, TrainConfig, train_drafter
 
 CAPTURE, BLOCK, MASK = (1, 3), 4, 95
 
@@ -169,12 +169,10 @@ def test_checkpoint_resume_continues_exactly(tiny_target, samples, tmp_path):
             fresh_drafter(tiny_target),
             samples,
             cfg,
-            tmp_path,
-            on_eval=interrupt,
-            eval_every=3,
+            RunOptions(tmp_path, on_eval=interrupt, eval_every=3),
         )
     resumed = fresh_drafter(tiny_target, seed=123)  # weights come from the checkpoint
-    train_drafter(tiny_target, resumed, samples, cfg, tmp_path, resume=True)
+    train_drafter(tiny_target, resumed, samples, cfg, RunOptions(tmp_path, resume=True))
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)
 
@@ -329,8 +327,7 @@ def test_batch_workers_match_inline_batches_and_time_budget_stops_early(
         fresh_drafter(tiny_target),
         samples,
         budget,
-        tmp_path,
-        on_eval=lambda d, step: seen.append(step),
+        RunOptions(tmp_path, on_eval=lambda d, step: seen.append(step)),
     )
     assert 0 < len(losses) < 100_000 and seen == [len(losses)]
     assert torch.load(tmp_path / "last.pt", weights_only=False)["step"] == len(losses)

@@ -27,7 +27,7 @@ from .model_card import model_card
 from .objective import frequent_tokens
 from .prompts import HELDOUT_FILE, PromptSpec, build_prompts, read_jsonl, write_jsonl
 from .responses import GenSpec, load_shard, write_shards
-from .trainer import TrainConfig, train_drafter
+from .trainer import RunOptions, TrainConfig, train_drafter
 
 
 @dataclass
@@ -308,15 +308,12 @@ def run_recipe(cfg: RecipeConfig, resume: bool = False, log=print, data_only: bo
         scale_fc_inputs(
             drafter, feature_rms(samples), init_std=None if cfg.init == "target" else 0.02
         )
-    train_drafter(
-        target,
-        drafter,
-        samples,
-        cfg.train,
+    run = RunOptions(
         Path(cfg.work_dir) / f"ckpt-L{cfg.layers}-B{cfg.block_size}",
         resume=resume,
         on_eval=keeper,
         eval_every=cfg.eval_every,
         vocab=vocab,
     )
+    train_drafter(target, drafter, samples, cfg.train, run)
     return keeper.best

@@ -81,8 +81,7 @@ def _prefill(target, prompts: list[list[int]], spec: GenSpec) -> tuple[_Batch, t
     logits, hidden, new_k, new_v = target.step(
         tokens,
         positions,
-        [empty] * n,
-        [empty] * n,
+        [(empty, empty)] * n,
         _additive(keep, dtype),
         spec.capture,
         last_logits_only=True,
@@ -108,8 +107,7 @@ def _decode_step(target, st: _Batch, next_tok: torch.Tensor, spec: GenSpec) -> t
     logits, hidden, new_k, new_v = target.step(
         next_tok[:, None],
         positions,
-        [k[:, :, :S] for k in st.keys],
-        [v[:, :, :S] for v in st.values],
+        [(k[:, :, :S], v[:, :, :S]) for k, v in zip(st.keys, st.values)],
         mask,
         spec.capture,
     )

@@ -5,7 +5,8 @@ same data as an uninterrupted one (and worker processes can build batches ahead,
 A time budget (`max_minutes`) ends a run early, with the learning-rate decay squeezed to fit.
 
 >>> cfg = TrainConfig(steps=400)  # doctest: +SKIP
->>> drafter = train_drafter(target, samples, cfg, ckpt_dir="/tmp/ck")  # doctest: +SKIP
+>>> run = RunOptions(ckpt_dir="/tmp/ck")  # doctest: +SKIP
+>>> losses = train_drafter(target, drafter, samples, cfg, run)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -137,25 +139,83 @@ def load_checkpoint(path: Path, drafter, opt) -> int:
     return int(blob["step"])
 
 
-def train_drafter(
-    target,
-    drafter,
-    samples,
-    cfg: TrainConfig,
-    ckpt_dir: str | Path | None = None,
-    resume: bool = False,
-    on_eval=None,
-    eval_every: int = 0,
-    vocab: torch.Tensor | None = None,
-):
-    """Train `drafter` in place on `samples` (list of responses.Sample); returns the per-step
-    losses.
+@dataclass
+class RunOptions:
+    """Where and how one `train_drafter` run keeps state and reports.
 
-    `on_eval(drafter, step)` (optional) is called every `eval_every` steps and at the end;
-    `vocab` (optional) restricts the loss's softmax to those token ids (a reduced draft vocabulary).
+    ckpt_dir: folder of `last.pt` (saved every `TrainConfig.ckpt_minutes` and at the end; None:
+    no checkpoints); resume: continue from it; on_eval(drafter, step): called every `eval_every`
+    steps and at the end; vocab: token ids the loss's softmax is restricted to (a reduced draft
+    vocabulary).
     """
-    from tqdm import tqdm
 
+    ckpt_dir: str | Path | None = None
+    resume: bool = False
+    on_eval: Callable | None = None
+    eval_every: int = 0
+    vocab: torch.Tensor | None = None
+
+
+class _Loop:
+    """One run's optimiser, loss head and checkpoint file; `step` is one optimiser step."""
+
+    def __init__(self, target, drafter, cfg: TrainConfig, run: RunOptions):
+        self.drafter, self.cfg, self.run = drafter, cfg, run
+        self.device = _place(target, drafter, cfg)
+        self.embed = target.model.embed_tokens
+        dtype = getattr(torch, resolve_dtype(cfg.head_dtype, cfg.device))
+        self.head = DraftHead.build(target.lm_head.weight, dtype, run.vocab)
+        self.params = [p for p in drafter.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(
+            self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95)
+        )
+        self.ckpt = Path(run.ckpt_dir) / "last.pt" if run.ckpt_dir else None
+        if self.ckpt:
+            self.ckpt.parent.mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> int:
+        """The first step: the checkpoint's when resuming from one, else 0."""
+        if self.run.resume and self.ckpt and self.ckpt.exists():
+            return load_checkpoint(self.ckpt, self.drafter, self.opt)
+        return 0
+
+    def step(self, step: int, batch, spent: float):
+        """One optimiser step on `batch` at the learning rate of `step` (`spent`: of the time
+        budget); returns dflash_loss's output."""
+        cfg = self.cfg
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup, spent)
+        seed = cfg.seed * 7_000_003 + step
+        gen = torch.Generator().manual_seed(seed) if cfg.sample_positions else None
+        out = dflash_loss(
+            self.drafter, self.embed, self.head, batch.to(self.device), cfg.gamma, gen
+        )
+        self.opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        self.opt.step()
+        return out
+
+    def save(self, step: int) -> None:
+        if self.ckpt:
+            save_checkpoint(self.ckpt, self.drafter, self.opt, step, self.cfg)
+
+    def evaluate(self, step: int) -> None:
+        """`run.on_eval` every `eval_every` steps before the last (the last is `finish`'s)."""
+        run = self.run
+        if run.on_eval and run.eval_every and step % run.eval_every == 0 and step < self.cfg.steps:
+            run.on_eval(self.drafter.eval(), step)
+            self.drafter.train()
+
+    def finish(self, step: int) -> None:
+        self.save(step)
+        self.drafter.eval()
+        if self.run.on_eval:
+            self.run.on_eval(self.drafter, step)
+
+
+def _place(target, drafter, cfg: TrainConfig) -> torch.device:
+    """Freeze the target, move the drafter to `cfg.device` (the target must already be there)."""
     target.requires_grad_(False)  # frozen: no gradient buffers for the 49k-row embedding
     device = torch.device(cfg.device)
     if target.lm_head.weight.device != device:
@@ -166,17 +226,17 @@ def train_drafter(
     drafter.to(device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # the drafter's fp32 matmuls on tensor cores
-    embed = target.model.embed_tokens
+    return device
 
-    head = DraftHead.build(
-        target.lm_head.weight, getattr(torch, resolve_dtype(cfg.head_dtype, cfg.device)), vocab
-    )
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    ckpt = Path(ckpt_dir) / "last.pt" if ckpt_dir else None
-    if ckpt:
-        ckpt.parent.mkdir(parents=True, exist_ok=True)
-    start = load_checkpoint(ckpt, drafter, opt) if resume and ckpt and ckpt.exists() else 0
+
+def train_drafter(target, drafter, samples, cfg: TrainConfig, run: RunOptions = RunOptions()):
+    """Train `drafter` in place on `samples` (list of responses.Sample); returns the per-step
+    losses. `run` names the checkpoint folder, resuming, the evaluation hook and a reduced vocab.
+    """
+    from tqdm import tqdm
+
+    loop = _Loop(target, drafter, cfg, run)
+    start = loop.start()
     block, mask_id = drafter.config.block_size, drafter.config.mask_token_id
     stats, began = RunningStats(), time.monotonic()
     last_save, budget = began, cfg.max_minutes * 60
@@ -191,34 +251,17 @@ def train_drafter(
                 f"{cfg.steps}"
             )
             break
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup, spent)
-        gen = (
-            torch.Generator().manual_seed(cfg.seed * 7_000_003 + step)
-            if cfg.sample_positions
-            else None
-        )
-        out = dflash_loss(drafter, embed, head, batch.to(device), cfg.gamma, gen)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
+        out = loop.step(step, batch, spent)
         losses.append(out.loss.item())
         s = stats.update(loss=losses[-1], tau=estimated_tau(out.correct, out.counted))
         bar.update(1)
         bar.set_postfix(loss=f"{s['loss']:.3f}", tau_est=f"{s['tau']:.2f}")
-        if ckpt and time.monotonic() - last_save > cfg.ckpt_minutes * 60:
-            save_checkpoint(ckpt, drafter, opt, step + 1, cfg)
+        if loop.ckpt and time.monotonic() - last_save > cfg.ckpt_minutes * 60:
+            loop.save(step + 1)
             last_save = time.monotonic()
-        if on_eval and eval_every and (step + 1) % eval_every == 0 and step + 1 < cfg.steps:
-            on_eval(drafter.eval(), step + 1)
-            drafter.train()
+        loop.evaluate(step + 1)
     else:
         step = cfg.steps
     bar.close()
-    if ckpt:
-        save_checkpoint(ckpt, drafter, opt, step, cfg)
-    drafter.eval()
-    if on_eval:
-        on_eval(drafter, step)
+    loop.finish(step)
     return losses
