@@ -1,7 +1,7 @@
 """What a family's target graph writers receive (export/families/<model_type>.py), one signature.
 
 The family hands the shared writers what differs up front (its MLP writers: `dense_writers(job,
-mlps)`); the writers never look the family up again.
+mlps)` in dense_writers.py); the writers never look the family up again.
 
 >>> writers = family_writers(tc.model_type).target_writers(job)    # doctest: +SKIP
 >>> writers["target"](Path("b/target.onnx"))                       # doctest: +SKIP
@@ -11,10 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
-
-from .fused_target import build_fused_target
-from .portable_layers import mlp
-from .portable_target import build_target
 
 
 @dataclass(frozen=True)
@@ -42,18 +38,3 @@ class MlpWriters(NamedTuple):
 
     portable: Callable
     fused: Callable
-
-
-def dense_mlps(cfg) -> tuple[MlpWriters, ...]:
-    """Every layer's MLP is the dense SwiGLU (portable_layers.mlp) in both flavours."""
-    return (MlpWriters(mlp, mlp),) * cfg.num_hidden_layers
-
-
-def dense_writers(job: TargetJob, mlps: tuple[MlpWriters, ...] | None = None) -> dict:
-    """A dense target's graphs: the portable one and the fused (GroupQueryAttention) one; `mlps`:
-    the family's per-layer MLP writers (default: every layer dense)."""
-    mlps = mlps or dense_mlps(job.tc)
-    return {
-        "target": lambda p: build_target(job, p, mlps),
-        "target_fused": lambda p: build_fused_target(job, p, mlps),
-    }

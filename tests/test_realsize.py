@@ -171,7 +171,7 @@ def test_interrupted_export_of_a_graph_leaves_nothing(tmp_path, monkeypatch):
     def interrupt(*a, **k):  # the drafter, after both targets are written
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("dflash_edge.export.portable_drafter.build_drafter", interrupt)
+    monkeypatch.setattr("dflash_edge.export.drafters.dflash.build", interrupt)
     with pytest.raises(KeyboardInterrupt):
         export_bundle(
             ExportOptions(

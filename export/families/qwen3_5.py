@@ -1,8 +1,8 @@
 """qwen3_5: a hybrid target, one graph with linear-attention state (export/hybrid_target.py)."""
 
+from ..dense_writers import dense_mlps as mlp_writers  # noqa: F401  (hybrid_target writes them)
 from ..hybrid_target import build_hybrid_target
 from ..target_job import TargetJob
-from ..target_job import dense_mlps as mlp_writers  # noqa: F401  (hybrid_target writes them)
 
 
 def target_writers(job: TargetJob) -> dict:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from functools import partial
 
 from ...models.families import family
+from ..dense_writers import dense_writers
 from ..moe_layers import moe_fused, moe_gather
 from ..portable_layers import mlp
-from ..target_job import MlpWriters, TargetJob, dense_writers
+from ..target_job import MlpWriters, TargetJob
 
 
 def mlp_writers(cfg) -> tuple[MlpWriters, ...]:
