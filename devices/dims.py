@@ -250,7 +250,8 @@ def draft_dims_from_config(cfg: dict, where: str = "drafter config.json") -> Dra
         num_kv_heads=cfg.get("num_key_value_heads") or heads,
         head_dim=cfg.get("head_dim") or hidden // heads,
         num_target_layer_ids=len(ids),
-        block_size=cfg.get("block_size", 16),
+        # z-lab's DFlash2 keeps its block in dflash_config
+        block_size=cfg.get("block_size") or cfg.get("dflash_config", {}).get("block_size", 16),
         **dflash2,
     )
 

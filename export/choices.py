@@ -17,14 +17,13 @@ Jetson one; contrib+tensorrt (a TensorRT flavour in `tensorrt/` beside the CPU g
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
-from pathlib import Path
 
+from ..devices.errors import DeviceError
 from ..devices.planner import default_draft_precision
 from ..models.checkpoint import BLOCKS
 from ..runtime.errors import DflashEdgeError
-from .device_plan import EXPORT_PRECISIONS, choose_for_device, low_bit_ops_for
+from .device_plan import EXPORT_PRECISIONS, choose_for_device, drafter_dims, low_bit_ops_for
 from .kv_cache import check_kv_cache, check_request
 from .sources import open_target
 
@@ -82,23 +81,12 @@ def default_block(draft: str | None, target) -> int:
 
 
 def _trained_block(draft: str | None, target) -> int | None:
-    """`block_size` of the drafter `draft` names (its config.json), None for a random one."""
-    from ..models.dflash2_config import read_draft_config
-    from ..models.families import family
-    from ..models.locate import drafter_folder
-    from ..models.resolve_drafter import default_drafter_path
-
-    if draft == "random":
+    """The trained block of the drafter export writes for `draft` (device_plan.drafter_dims, as
+    the planner reads it); None when its config cannot be read (open_drafter names the problem)."""
+    try:
+        return drafter_dims(draft, target.config).block_size
+    except DeviceError:
         return None
-    if draft in (None, "default"):
-        cfg = target.config
-        folder = default_drafter_path(family(cfg.model_type).dense_view(cfg))
-    else:
-        folder = drafter_folder(draft)
-    if folder is None or not (Path(folder) / "config.json").is_file():
-        return None  # open_drafter names what is missing
-    raw = json.loads((Path(folder) / "config.json").read_text())
-    return read_draft_config(raw).block_size  # DFlash and DFlash2 layouts alike
 
 
 def auto_precision(target) -> str:

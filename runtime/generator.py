@@ -132,7 +132,6 @@ class Generator:
         self.fim = find_template(tokenizer)  # fim.py: None when the model has no FIM tokens
         self._guard = GenerationGuard()  # one sequence at a time (the caches are single-sequence)
         self._kept: list[int] = []  # the ids whose caches are valid, by position (_loop keeps it)
-        self._run_id = 0  # the latest _loop: only it may say what the caches hold
 
     @classmethod
     def load(
@@ -362,8 +361,7 @@ class Generator:
         opts = req.options
         sampling = SamplingParams(opts.temperature, opts.top_k, opts.top_p, opts.seed)
         emit = Emitter(opts.max_new_tokens, eos, room=self._room(req.prompt_ids))
-        clean, self._run_id = False, self._run_id + 1
-        run_id = self._run_id
+        clean = False
         try:
             t = time.perf_counter()
             first, stats.cached_tokens = self._prefill(req.prompt_ids, sampling, opts.cache_prompt)
@@ -385,10 +383,8 @@ class Generator:
             clean = True
             raise
         finally:
-            # what the caches hold, by position; nothing after a failure inside a step (and a
-            # loop finished after a later one began says nothing)
-            if run_id == self._run_id:
-                self._kept = (req.prompt_ids + emit.tokens)[: self.target.pos] if clean else []
+            # what the caches hold, by position; nothing after a failure inside a step
+            self._kept = (req.prompt_ids + emit.tokens)[: self.target.pos] if clean else []
 
     def _step(self, emit: Emitter, proposer, sampling: SamplingParams, stats) -> list[int]:
         """propose -> verify -> accept -> advance; the tokens committed."""

@@ -283,8 +283,7 @@ def usage(result) -> dict:
 def extension_options(body: dict) -> dict:
     """The GenerationOptions fields beyond OpenAI's: `draft`, and llama-server's `cache_prompt`
     (true unless false: reuse the prefix the last request left cached)."""
-    names = {"draft": "draft", "cache_prompt": "cache_prompt"}
-    return {arg: body[name] for name, arg in names.items() if body.get(name) is not None}
+    return {k: body[k] for k in ("draft", "cache_prompt") if body.get(k) is not None}
 
 
 class Reply:
