@@ -36,7 +36,7 @@ def _unshared_step(gen):
 
     tgt, d = gen.target, gen.target.dims
     other = LayerKV(tgt.kv.capacity, KVShape(d["L"], d["Hkv"], d["D"]), tgt.kv.key.dtype)
-    step = HostStep(tgt.runner, "target_fused", {**d, "T": 1}, tgt.HOST)
+    step = HostStep(tgt.runner, "target_fused", {**d, "T": 1, "R": 1}, tgt.HOST)
     for i in range(d["L"]):
         for kind, past, present in (
             ("key", tgt.kv.key, other.key),

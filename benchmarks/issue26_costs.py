@@ -141,6 +141,7 @@ def hybrid(root: Path, threads: int, precision: str = "fp32") -> None:
     def feeds(num: int, carried: int, kept: int, cached: int = cached) -> dict:
         return {
             "input_ids": np.arange(num)[None] % 1000,
+            "logits_from": np.array([0]),
             "start": np.array([cached]),
             "kept": np.array([kept]),
             "past_key": rng.random((cached, 1, 4, 256), np.float32),

@@ -41,7 +41,8 @@ def main() -> None:
     d = json.load(open(f"{bundle}/manifest.json"))["model"]
     empty = np.zeros((0, d["num_layers"], d["num_kv_heads"], d["head_dim"]), np.float32)
     ids = np.arange(100, 140, dtype=np.int64)[None]  # [1, 40]
-    feeds = {"input_ids": ids, "start": np.array([0]), "past_key": empty, "past_value": empty}
+    feeds = {"input_ids": ids, "logits_from": np.array([0]), "start": np.array([0])}
+    feeds.update(past_key=empty, past_value=empty)
     session.run(None, feeds)
     print(json.dumps({"prepack": prepack, "hwm_loaded_mb": loaded, "hwm_run_mb": vm("VmHWM")}))
 

@@ -37,6 +37,7 @@ def main() -> None:
     def run(ids, start, cache):
         feeds = {
             "input_ids": np.array([ids], np.int64),
+            "logits_from": np.array([0], np.int64),
             "seqlens_k": np.array([start + len(ids) - 1], np.int32),
             "total_sequence_length": np.array(start + len(ids), np.int32),
             **cache,

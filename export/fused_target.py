@@ -157,6 +157,6 @@ def build_fused_target(job: TargetJob, out: Path, mlps: tuple[MlpWriters, ...]) 
             captured[i] = x
     g.op("Concat", [captured[i] for i in capture], "hidden", axis=-1)  # [1, T, N]
     lm_head(g, h, cfg, ckpt, embed, "logits")  # as the portable graph's head
-    g.op("ArgMax", ["logits"], "next_ids", axis=-1, keepdims=0)  # [1, T]
+    g.op("ArgMax", ["logits"], "next_ids", axis=-1, keepdims=0)  # [1, R]
     g.save(out, target_dims(cfg, capture), {"": OPSET_FUSED, MS: 1})
     return dict(job.store.stats["target_fused"])

@@ -47,7 +47,7 @@ from .portable_layers import (
     split_past,
     stack_new,
 )
-from .portable_target import causal_mask, untied_head
+from .portable_target import causal_mask, logit_rows, untied_head
 from .target_job import TargetJob
 
 GRAPH = "target_hybrid"
@@ -385,10 +385,10 @@ def build_hybrid_target(job: TargetJob, out: Path) -> Path:
     x, captured, made = _decoder(g, x, job, call, _carry_in(g, cfg))
     hidden = g.op("Concat", [captured[i] for i in job.capture], axis=-1)  # [T, N]
     g.op("Unsqueeze", [hidden, g.const([0])], "hidden")  # [1, T, N]
-    normed = centred_norm(g, x, ckpt, f"{p}.norm", cfg.rms_norm_eps)
-    head = embed.head(normed) if cfg.tie_word_embeddings else untied_head(g, normed, ckpt)  # [T, V]
-    g.op("Unsqueeze", [head, g.const([0])], "logits")  # [1, T, V]
-    g.op("ArgMax", ["logits"], "next_ids", axis=-1, keepdims=0)  # [1, T]
+    normed = centred_norm(g, logit_rows(g, x, 0), ckpt, f"{p}.norm", cfg.rms_norm_eps)  # [R, H]
+    head = embed.head(normed) if cfg.tie_word_embeddings else untied_head(g, normed, ckpt)  # [R, V]
+    g.op("Unsqueeze", [head, g.const([0])], "logits")  # [1, R, V]
+    g.op("ArgMax", ["logits"], "next_ids", axis=-1, keepdims=0)  # [1, R]
     stack_new(g, made["new_k"], "new_key")  # [T, Lf, Hkv, D]
     stack_new(g, made["new_v"], "new_value")
     for j, out_name in enumerate(("conv_start", "rec_start")):  # [Ll, ...]: this call's

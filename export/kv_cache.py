@@ -76,14 +76,13 @@ def teacher_forced_logits(gen, ids: list[int], rows: slice) -> np.ndarray:
     """Logits [rows, V] of the target on `ids` run in prefill chunks from an empty cache (row i
     predicts i+1)."""
     size, n = gen.prefill_chunk, len(ids)
-    step = gen.target.steps[size]
-    out = np.empty((n, step["logits"].shape[-1]), np.float32)  # [n, V]
+    out = np.empty((n, gen.bundle.model["vocab_size"]), np.float32)  # [n, V]
     for start in range(0, n, size):
         chunk = ids[start : start + size]
-        step["input_ids"][0, : len(chunk)] = chunk
-        step["input_ids"][0, len(chunk) :] = chunk[-1]  # last chunk's padding: causal, ignored
-        gen.target.forward(size, start)
-        out[start : start + len(chunk)] = step["logits"][0, : len(chunk)]
+        step = gen.target.step(len(chunk))  # logits on every row
+        step["input_ids"][0] = chunk
+        gen.target.forward(len(chunk), start)
+        out[start : start + len(chunk)] = step["logits"][0]
     gen.target.kv.pos = 0
     return out[rows]
 

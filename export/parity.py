@@ -82,6 +82,7 @@ def io_names(graph: str, kind: str) -> tuple[str, ...]:
 
 
 _TARGET_IN = io_names("target", "inputs")
+ALL_ROWS = np.array([0], np.int64)  # `logits_from`: the head on every row, as the reference
 _DRAFTER_IN = io_names("drafter", "inputs")
 # the hybrid target's outputs compared with the reference (its state rows are checked through the
 # next call's logits: models/linear_attention.py keeps no per-token rows to compare them with)
@@ -145,7 +146,7 @@ def run_graphs(paths: dict, probe: Probe) -> tuple[dict, dict]:
     del session
     release_free_memory()
     if "target_fused" in paths:  # the same target cases, step after step over its own buffers
-        steps = [(f[0], int(f[1][0])) for f in inputs["target"]]
+        steps = [(f[0], int(f[2][0])) for f in inputs["target"]]
         got["target_fused"] = run_fused(_session(paths["target_fused"]), steps)
         release_free_memory()
     return inputs, got
@@ -156,11 +157,13 @@ def _run_target(session, probe: Probe) -> tuple[dict, dict, np.ndarray, int]:
     its K/V; (inputs, outputs, the prefill's context features, its last greedy token)."""
     prompt, d = probe.prompt_ids, probe.dims
     empty = np.zeros((0, d["L"], d["Hkv"], d["D"]), np.float32)  # [S=0, L, Hkv, D]
-    prefill_in = (np.array([prompt], np.int64), np.array([0], np.int64), empty, empty)
+    ids = np.array([prompt], np.int64)
+    prefill_in = (ids, ALL_ROWS, np.array([0], np.int64), empty, empty)
     prefill = _run(session, prefill_in, _TARGET_IN)
     last = int(prefill[1][0, -1])
     verify_in = (
         np.array([[last] + prompt[: probe.block - 1]], np.int64),
+        ALL_ROWS,
         np.array([len(prompt)], np.int64),
         prefill[3],
         prefill[4],
@@ -180,7 +183,7 @@ def run_hybrid(session, probe: Probe) -> tuple[dict, dict, np.ndarray, int]:
     feeds = {
         n: np.zeros([0 if isinstance(s, str) else s for s in shapes[n]], np.float32)
         for n in names
-        if n not in ("input_ids", "start", "kept")
+        if n not in ("input_ids", "logits_from", "start", "kept")
     }
     prompt, cases, got = probe.prompt_ids, [], []
     calls = [(prompt, 0)]
@@ -189,6 +192,7 @@ def run_hybrid(session, probe: Probe) -> tuple[dict, dict, np.ndarray, int]:
         case = {
             **feeds,
             "input_ids": np.array([ids], np.int64),
+            "logits_from": ALL_ROWS,
             "start": np.array([start], np.int64),
             "kept": np.array([len(calls[step - 1][0]) if step else 0], np.int64),
         }
@@ -266,9 +270,6 @@ def drafter_cases(
     return [first, second], [out, run(second)]
 
 
-_FUSED_IN = io_names("target_fused", "inputs")
-
-
 def run_fused(session, steps) -> list[tuple]:
     """The fused target over head-major buffers [1, Hkv, Smax, D], step after step: per step
     (logits, next_ids, hidden, new_key [T, L, Hkv, D], new_value) read back from the rows it
@@ -277,16 +278,23 @@ def run_fused(session, steps) -> list[tuple]:
     layers = sum(name.startswith("past_key.") for name in shapes)
     kv_heads, head_dim = shapes["past_key.0"][1], shapes["past_key.0"][3]
     capacity = max(start + ids.shape[1] for ids, start in steps) + 1  # + the slot of its pad row
-    per_layer = expand_specs(GRAPHS["target_fused"]["inputs"], {"L": layers})[len(_FUSED_IN) - 2 :]
+    per_layer = expand_specs(GRAPHS["target_fused"]["inputs"], {"L": layers})
     cache = {
-        spec.name: np.zeros((1, kv_heads, capacity, head_dim), np.float32) for spec in per_layer
+        spec.name: np.zeros((1, kv_heads, capacity, head_dim), np.float32)
+        for spec in per_layer
+        if spec.name.startswith("past_")
     }
     names = [o.name for o in session.get_outputs()]
     outs = []
     for ids, start in steps:
         num_new = ids.shape[1]
         lengths = (np.array([start + num_new - 1], np.int32), np.array(start + num_new, np.int32))
-        feeds = {**dict(zip(_FUSED_IN[1:3], lengths)), _FUSED_IN[0]: ids, **cache}
+        feeds = {
+            **dict(zip(("seqlens_k", "total_sequence_length"), lengths)),
+            "input_ids": ids,
+            "logits_from": ALL_ROWS,
+            **cache,
+        }
         out = dict(zip(names, _owned(session.run(None, feeds))))
         # [T, L, Hkv, D]
         rows = [

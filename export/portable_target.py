@@ -49,13 +49,21 @@ def untied_head(g: GraphBuilder, h: str, ckpt, out: str | None = None) -> str:
     return matmul(g, h, head, out, bits=g.fmt.table_bits)
 
 
+def logit_rows(g: GraphBuilder, h: str, axis: int) -> str:
+    """The rows of `h` from the graph input `logits_from` on, along its token `axis` (T -> R): a
+    prefill chunk needs the head on its last row only, a verify on all of them."""
+    return g.op("Slice", [h, "logits_from", g.const([2**62]), g.const([axis])])
+
+
 def lm_head(g: GraphBuilder, h: str, cfg, ckpt, embed: Table, out: str) -> str:
-    """logits `out` [1, T, V]: the embedding table itself when tied (Gemm with transB, or
-    MatMulNBits on its blocks: stored once), the shared lm_head weight when not."""
+    """logits `out` [1, R, V] for the rows of `h` [1, T, H] from `logits_from` on: the embedding
+    table itself when tied (Gemm with transB, or MatMulNBits on its blocks: stored once), the shared
+    lm_head weight when not."""
+    h = logit_rows(g, h, 1)  # [1, R, H]
     if cfg.tie_word_embeddings:
-        flat = g.op("Reshape", [h, g.const([-1, cfg.hidden_size])])  # [T, H]
-        logits = embed.head(flat)  # [T, V]
-        return g.op("Reshape", [logits, g.const([1, -1, cfg.vocab_size])], out)  # [1, T, V]
+        flat = g.op("Reshape", [h, g.const([-1, cfg.hidden_size])])  # [R, H]
+        logits = embed.head(flat)  # [R, V]
+        return g.op("Reshape", [logits, g.const([1, -1, cfg.vocab_size])], out)  # [1, R, V]
     return untied_head(g, h, ckpt, out)
 
 
@@ -110,7 +118,7 @@ def build_target(job: TargetJob, out: Path, mlps: tuple[MlpWriters, ...]) -> Pat
     g.op("Concat", [captured[i] for i in capture], "hidden", axis=-1)  # [1, T, N]
     h = rms_norm(g, x, ckpt, "model.norm", cfg.rms_norm_eps)
     lm_head(g, h, cfg, ckpt, embed, "logits")
-    g.op("ArgMax", ["logits"], "next_ids", axis=-1, keepdims=0)  # [1, T]
+    g.op("ArgMax", ["logits"], "next_ids", axis=-1, keepdims=0)  # [1, R]
     stack_new(g, new_k, "new_key")  # [T, L, Hkv, D]
     stack_new(g, new_v, "new_value")
     return g.save(out, target_dims(cfg, capture), {"": OPSET})

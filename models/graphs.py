@@ -31,7 +31,7 @@ class TargetGraph(nn.Module):
         self.target = target
         self.capture = tuple(capture)
 
-    def forward(self, input_ids, start, past_key, past_value):
+    def forward(self, input_ids, logits_from, start, past_key, past_value):
         num_new = input_ids.shape[1]
         offsets = torch.arange(num_new, dtype=torch.long)
         positions = start + offsets  # [T]
@@ -45,6 +45,7 @@ class TargetGraph(nn.Module):
             mask,
             self.capture,
         )
+        logits = logits[:, int(logits_from[0]) :]  # [1, R, V]: the rows from logits_from on
         return logits, logits.argmax(-1), hidden, _stack_layers(new_k), _stack_layers(new_v)
 
 

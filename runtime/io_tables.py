@@ -32,30 +32,27 @@ class TensorSpec:
     when: str | None = None  # "Ld" / "Lw": present only where that dim is > 0 (`present`)
 
 
-# Symbols: T new target tokens (1 decode, B verify, P prefill chunk); S cached positions; C new
-# context
-# positions for the drafter; L/Ld target/drafter layers; Hkv kv heads; D head dim; V vocab; H
-# hidden;
-# N = len(target_layer_ids) * H context-feature width; B block size; Bm1 = B - 1; Smax the capacity
-# of
-# a preallocated per-layer KV buffer (fixed per load: the runtime's buffer size). A drafter with
-# sliding-window
-# layers (models/draft_config.py) caches Ld full layers for every position and Lw sliding layers for
-# the Wm1 = W-1
-# positions before `start` only (a static window; rows before position 0 are empty and masked), so a
-# sliding
-# layer's memory and cost stop growing with the context.
+# Symbols: T new target tokens (1 decode, B verify, P prefill chunk); R of them whose logits the
+# graph computes (the rows from `logits_from` on: T in a verify, 1 in a prefill chunk); S cached
+# positions; C new context positions for the drafter; L/Ld target/drafter layers; Hkv kv heads; D
+# head dim; V vocab; H hidden; N = len(target_layer_ids) * H context-feature width; B block size;
+# Bm1 = B - 1; Smax the capacity of a preallocated per-layer KV buffer (fixed per load: the
+# runtime's buffer size). A drafter with sliding-window layers (models/draft_config.py) caches Ld
+# full layers for every position and Lw sliding layers for the Wm1 = W-1 positions before `start`
+# only (a static window; rows before position 0 are empty and masked), so a sliding layer's memory
+# and cost stop growing with the context.
 GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
     "target": {
         "inputs": (
             TensorSpec("input_ids", "int64", ("1", "T")),
+            TensorSpec("logits_from", "int64", ("1",)),  # T - R: the first row with logits
             TensorSpec("start", "int64", ("1",)),  # position of input_ids[0]
             TensorSpec("past_key", KV, ("S", "L", "Hkv", "D")),  # S == start
             TensorSpec("past_value", KV, ("S", "L", "Hkv", "D")),
         ),
         "outputs": (
-            TensorSpec("logits", "float32", ("1", "T", "V")),
-            TensorSpec("next_ids", "int64", ("1", "T")),  # fused argmax (greedy fast path)
+            TensorSpec("logits", "float32", ("1", "R", "V")),
+            TensorSpec("next_ids", "int64", ("1", "R")),  # fused argmax (greedy fast path)
             TensorSpec("hidden", "float32", ("1", "T", "N")),  # drafter context features
             TensorSpec("new_key", KV, ("T", "L", "Hkv", "D")),
             TensorSpec("new_value", KV, ("T", "L", "Hkv", "D")),
@@ -64,6 +61,7 @@ GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
     "target_fused": {
         "inputs": (
             TensorSpec("input_ids", "int64", ("1", "T")),
+            TensorSpec("logits_from", "int64", ("1",)),
             TensorSpec("seqlens_k", "int32", ("1",)),  # start + T - 1 (GQA: total length - 1)
             TensorSpec("total_sequence_length", "int32", ()),  # start + T
             # rows [0:start] are live
@@ -71,8 +69,8 @@ GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
             TensorSpec("past_value.{i}", KV, ("1", "Hkv", "Smax", "D"), per="L"),
         ),
         "outputs": (
-            TensorSpec("logits", "float32", ("1", "T", "V")),
-            TensorSpec("next_ids", "int64", ("1", "T")),
+            TensorSpec("logits", "float32", ("1", "R", "V")),
+            TensorSpec("next_ids", "int64", ("1", "R")),
             TensorSpec("hidden", "float32", ("1", "T", "N")),
             # the past buffer, rows
             TensorSpec("present_key.{i}", KV, ("1", "Hkv", "Smax", "D"), per="L"),
@@ -118,6 +116,7 @@ GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
     "target_hybrid": {
         "inputs": (
             TensorSpec("input_ids", "int64", ("1", "T")),
+            TensorSpec("logits_from", "int64", ("1",)),
             TensorSpec("start", "int64", ("1",)),
             TensorSpec("past_key", KV, ("S", "Lf", "Hkv", "D")),
             TensorSpec("past_value", KV, ("S", "Lf", "Hkv", "D")),
@@ -130,8 +129,8 @@ GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
             TensorSpec("kept", "int64", ("1",)),  # 0 .. Tp
         ),
         "outputs": (
-            TensorSpec("logits", "float32", ("1", "T", "V")),
-            TensorSpec("next_ids", "int64", ("1", "T")),
+            TensorSpec("logits", "float32", ("1", "R", "V")),
+            TensorSpec("next_ids", "int64", ("1", "R")),
             TensorSpec("hidden", "float32", ("1", "T", "N")),
             TensorSpec("new_key", KV, ("T", "Lf", "Hkv", "D")),
             TensorSpec("new_value", KV, ("T", "Lf", "Hkv", "D")),
@@ -145,7 +144,7 @@ GRAPHS: dict[str, dict[str, tuple[TensorSpec, ...]]] = {
     },
 }
 
-DYNAMIC_SYMBOLS = ("T", "S", "C", "Smax", "Tp")
+DYNAMIC_SYMBOLS = ("T", "R", "S", "C", "Smax", "Tp")
 # What a spec's `when` dim is where a caller gives no dims: a drafter of full-attention layers only.
 WHEN_DEFAULTS = {"Ld": 1, "Lw": 0, "Kc": 0}
 
@@ -169,8 +168,7 @@ class Flavour:
 
 
 # onnxruntime registers GroupQueryAttention for float32 on CPU (with an fp32, fp16 or int8 cache)
-# but only
-# float16/bfloat16 on CUDA.
+# but only float16/bfloat16 on CUDA.
 FLAVOURS = {
     "target": Flavour("target", "portable"),
     "drafter": Flavour("drafter", "portable"),
@@ -319,6 +317,8 @@ def dummy_inputs(
         shape, dtype = resolve_shape(spec, dims), numpy_dtype(spec.dtype, kv_dtype)
         if spec.name == "start":
             feeds[spec.name] = np.full(shape, dims["S"], dtype)
+        elif spec.name == "logits_from":
+            feeds[spec.name] = np.zeros(shape, dtype)  # logits for every row
         elif np.dtype(dtype).kind in "iu":
             feeds[spec.name] = rng.integers(0, dims["V"], shape).astype(dtype)
         else:

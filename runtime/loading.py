@@ -129,9 +129,10 @@ def target_model(b: Bundle, name: str, sessions: GraphSessions) -> TargetModel:
     sessions.release()  # before the drafter's session is built beside it
     kv_dtype = b.graph_kv_dtype(name)
     _check_cache_dtype(b, name, runner, kv_dtype)
-    # T = k + 1, k = 0..B-1, and the prefill chunk
-    steps = (*range(1, b.block_size + 1), b.manifest["prefill_chunk"])
-    spec = TargetSpec(cache_capacity(b), steps, kv_dtype, b.graph_pad_rows(name))
+    # T = k + 1, k = 0..B-1; and the prefill chunk
+    steps = tuple(range(1, b.block_size + 1))
+    pad_rows, chunk = b.graph_pad_rows(name), b.manifest["prefill_chunk"]
+    spec = TargetSpec(cache_capacity(b), steps, kv_dtype, pad_rows, prefill_chunk=chunk)
     return TARGET_MODELS[name](runner, model_dims(b.model, b.block_size), spec)
 
 

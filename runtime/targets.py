@@ -1,7 +1,9 @@
 """The target graph's runtime wrappers: its caches (kv.py), its bound steps, the target protocol.
 
 The loop (generator.py) calls a target through five names only: `reset`, `prefill(ids, chunk)`,
-`run(ids)`, `commit(n)` and `pos`; rollback of rejected drafts is the wrapper's business. One class
+`run(ids)`, `commit(n)` and `pos`; rollback of rejected drafts is the wrapper's business. A `run`
+computes logits for all its rows (a verify reads them all), a prefill chunk for its last row only
+(the graph's `logits_from` input: the LM head is ~15% of a row's work on a 1.5B). One class
 per target graph flavour (io_tables.GRAPHS), found by graph name in `TARGET_MODELS`:
 
 - `TargetModel` (`target`): a sequence-major KVCache bound as `past_key` / `new_key`;
@@ -24,14 +26,15 @@ from .kv import Device, DeviceBuffer, HostStep, KVCache, KVShape, LayerKV, Linea
 @dataclass(frozen=True)
 class TargetSpec:
     """What a target's buffers are sized for: `capacity` positions, the step sizes bound up front
-    (more are bound on first use), the cache dtype, and the zero rows the graph appends to
-    attention's input (None: the flavour's own `PAD_ROWS`; a bundle says 0 for an int8 fused
-    target)."""
+    (`run` steps with logits on every row; more steps are bound on first use), the cache dtype, the
+    zero rows the graph appends to attention's input (None: the flavour's own `PAD_ROWS`; a bundle
+    says 0 for an int8 fused target) and the prefill chunk (bound with logits on its last row)."""
 
     capacity: int
     step_sizes: tuple[int, ...]
     kv_dtype: str
     pad_rows: int | None = None
+    prefill_chunk: int | None = None
 
 
 class TargetModel:
@@ -39,7 +42,7 @@ class TargetModel:
     use)."""
 
     GRAPH = "target"
-    HOST = ("input_ids", "start", "logits", "next_ids")
+    HOST = ("input_ids", "logits_from", "start", "logits", "next_ids")
     PAD_ROWS = 0
     # the cache class and the dims key of the layers it holds
     CACHE, CACHE_LAYERS = KVCache, "L"
@@ -51,26 +54,29 @@ class TargetModel:
         self.kv = self._new_cache(spec.capacity, spec.kv_dtype)
         self.ran = 0  # tokens of the last `run`, not yet committed
         self.hidden = DeviceBuffer(spec.capacity, (dims["N"],), np.float32, self.device, lead=(1,))
-        self.steps: dict[int, HostStep] = {}
+        # (T, R) -> the step of T tokens computing logits for its last R
+        self.steps: dict[tuple[int, int], HostStep] = {}
         for size in sorted(set(spec.step_sizes)):
             self.add_step(size)
+        if spec.prefill_chunk:
+            self.add_step(spec.prefill_chunk, rows=1)
 
     def _new_cache(self, capacity: int, kv_dtype: str):
         shape = KVShape(self.dims[self.CACHE_LAYERS], self.dims["Hkv"], self.dims["D"])
         return self.CACHE(capacity, shape, kv_dtype, self.device)
 
-    def add_step(self, size: int) -> HostStep:
-        """Bind a step of `size` new tokens (the graph is dynamic in T: any size works)."""
-        self.steps[size] = HostStep(self.runner, self.GRAPH, {**self.dims, "T": size}, self.HOST)
-        return self.steps[size]
+    def add_step(self, size: int, rows: int | None = None) -> HostStep:
+        """Bind a step of `size` new tokens with logits for its last `rows` (default all; the graph
+        is dynamic in T and R: any sizes work)."""
+        rows = size if rows is None else rows
+        step = HostStep(self.runner, self.GRAPH, {**self.dims, "T": size, "R": rows}, self.HOST)
+        step["logits_from"][0] = size - rows
+        self.steps[size, rows] = step
+        return step
 
-    def step(self, size: int) -> HostStep:
-        return self.steps.get(size) or self.add_step(size)
-
-    # Whether a prefill chunk may re-run positions already cached (the last chunk overlapping the
-    # previous one instead of padding): harmless for a KV cache (identical rows), not for a
-    # recurrent state.
-    RERUN_OK = True
+    def step(self, size: int, rows: int | None = None) -> HostStep:
+        rows = size if rows is None else rows
+        return self.steps.get((size, rows)) or self.add_step(size, rows)
 
     # ---- the target protocol (what the loop calls): reset, prefill, run, commit, pos
     @property
@@ -83,20 +89,18 @@ class TargetModel:
         self.kv.pos, self.ran = 0, 0
 
     def prefill(self, ids: list[int], chunk: int, start: int = 0) -> tuple[HostStep, int]:
-        """Run `ids[start:]` in static chunks of `chunk` after the `start` positions already cached
-        (0: from an empty cache) and keep them all; (the last chunk's step, its row for the last
-        token). Chunks never re-run a position before `start`."""
+        """Run `ids[start:]` in chunks of `chunk` tokens (the last one shorter: no row is re-run or
+        padded) after the `start` positions already cached (0: from an empty cache) and keep them
+        all; (the last chunk's step, the logits row of the last token: 0)."""
         self.rewind(start)
         n = len(ids)
-        for first in chunk_starts(n - start, chunk, self.RERUN_OK):
-            first += start
+        for first in range(start, n, chunk):
             part = ids[first : first + chunk]
-            step = self.step(chunk if self.RERUN_OK else len(part))  # else: a shorter last chunk
-            step["input_ids"][0, : len(part)] = part
-            step["input_ids"][0, len(part) :] = part[-1]  # padding (only when n < P): causal
-            self.forward(step["input_ids"].shape[1], first)
+            step = self.step(len(part), rows=1)
+            step["input_ids"][0] = part  # [T]
+            self.forward(len(part), first, rows=1)
         self.kv.pos, self.ran = n, 0
-        return step, n - 1 - first
+        return step, 0
 
     def reusable(self, common: int) -> int:
         """Of a next sequence's first `common` tokens (equal to the cached ones), how many it keeps:
@@ -137,10 +141,10 @@ class TargetModel:
         step["start"][0] = start
         self.kv.bind(step.binding, start, size)
 
-    def forward(self, size: int, start: int) -> HostStep:
-        """Run the step of `size` tokens (its `input_ids` already filled) placed at positions
-        start.. ."""
-        step = self.step(size)
+    def forward(self, size: int, start: int, rows: int | None = None) -> HostStep:
+        """Run the step of `size` tokens and `rows` logits rows (its `input_ids` already filled)
+        placed at positions start.. ."""
+        step = self.step(size, rows)
         self._place(step, size, start)
         self.hidden.bind_output(step.binding, "hidden", start, start + size)
         self.runner.run(step.binding)
@@ -156,11 +160,11 @@ class FusedTargetModel(TargetModel):
     """
 
     GRAPH = "target_fused"
-    HOST = ("input_ids", "seqlens_k", "total_sequence_length", "logits", "next_ids")
+    HOST = ("input_ids", "logits_from", "seqlens_k", "total_sequence_length", "logits", "next_ids")
     CACHE = LayerKV
 
-    def add_step(self, size: int) -> HostStep:
-        step = super().add_step(size)
+    def add_step(self, size: int, rows: int | None = None) -> HostStep:
+        step = super().add_step(size, rows)
         self.kv.bind(step.binding)
         return step
 
@@ -182,17 +186,17 @@ class FusedTargetModel(TargetModel):
 class HybridTargetModel(TargetModel):
     """`target_hybrid` (export/hybrid_target.py): the full-attention layers' KV cache (Lf layers) as
     `target`'s, plus the linear layers' `LinearState`. Rollback after a verify is `keep(accepted +
-    1)`: the next call rebuilds the recurrent state after exactly those tokens, so prefill chunks
-    must never re-run a position (RERUN_OK)."""
+    1)`: the next call rebuilds the recurrent state after exactly those tokens (prefill chunks
+    never re-run a position)."""
 
     GRAPH = "target_hybrid"
-    HOST = ("input_ids", "start", "kept", "logits", "next_ids")
-    RERUN_OK = False
+    HOST = ("input_ids", "logits_from", "start", "kept", "logits", "next_ids")
 
     CACHE_LAYERS = "Lf"
 
     def __init__(self, runner, dims: dict[str, int], spec: TargetSpec):
-        self.state = LinearState(dims, max(spec.step_sizes), Device.of(runner))
+        rows = max(*spec.step_sizes, spec.prefill_chunk or 0)  # the longest call's per-token rows
+        self.state = LinearState(dims, rows, Device.of(runner))
         super().__init__(runner, dims, spec)
 
     def reset(self) -> None:
@@ -225,8 +229,8 @@ class HybridTargetModel(TargetModel):
         step["kept"][0] = self.state.kept
         self.state.bind(step.binding, size)
 
-    def forward(self, size: int, start: int) -> HostStep:
-        step = super().forward(size, start)
+    def forward(self, size: int, start: int, rows: int | None = None) -> HostStep:
+        step = super().forward(size, start, rows)
         self.state.advance(size)
         return step
 
@@ -237,16 +241,3 @@ TARGET_MODELS = {
     "target_fused": FusedTargetModel,
     "target_hybrid": HybridTargetModel,
 }
-
-
-def chunk_starts(n: int, size: int, rerun_ok: bool = True) -> list[int]:
-    """Chunk starts covering [0, n): the last chunk overlaps the previous one instead of running
-    past n (unless re-running a position is not allowed: then it is shorter).
-
-    >>> chunk_starts(10, 4), chunk_starts(10, 4, rerun_ok=False)
-    ([0, 4, 6], [0, 4, 8])
-    """
-    starts = list(range(0, n, size))
-    if rerun_ok and n >= size and starts[-1] + size > n:
-        starts[-1] = n - size  # recomputes a few cached rows (identical K/V), never pads
-    return starts

@@ -411,9 +411,9 @@ class StepClock:
         self.now = 0.0
         forward, draft = gen.target.forward, gen.drafter.draft
 
-        def timed_forward(size, start):
+        def timed_forward(size, start, rows=None):
             self.now += 0.050 + 0.003 * size
-            return forward(size, start)
+            return forward(size, start, rows)
 
         def timed_draft(last_token, ctx_end):
             self.now += 0.015

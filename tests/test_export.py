@@ -331,6 +331,7 @@ def test_bundle_graphs_match_transformers(tiny_checkpoints, tmp_path, variant, b
         out / "target.onnx",
         {
             "input_ids": np.array([ids[:11]]),
+            "logits_from": np.array([0]),
             "start": np.array([0]),
             "past_key": empty,
             "past_value": empty,
@@ -340,6 +341,7 @@ def test_bundle_graphs_match_transformers(tiny_checkpoints, tmp_path, variant, b
         out / "target.onnx",
         {
             "input_ids": np.array([ids[11:]]),
+            "logits_from": np.array([0]),
             "start": np.array([11]),
             "past_key": pre["new_key"],
             "past_value": pre["new_value"],

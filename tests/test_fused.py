@@ -139,7 +139,7 @@ def test_manifest_flavours_share_one_weights_file(fused_bundles):
     )  # target.onnx.data, once
     assert (
         graphs["target_fused"]["opset"] == 23
-        and graphs["target_fused"]["io"]["inputs"][3]["per"] == "L"
+        and graphs["target_fused"]["io"]["inputs"][4]["per"] == "L"
     )
     assert (
         m["source"]["target_fused"]["appended_bytes"] < m["source"]["target_fused"]["reused_bytes"]

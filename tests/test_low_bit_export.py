@@ -61,6 +61,7 @@ def _logits(bundle, ids):
     sess = parity._session(bundle / "target.onnx")  # with the accuracy level the graph asks for
     feeds = {
         "input_ids": np.array([ids], np.int64),
+        "logits_from": np.array([0], np.int64),
         "start": np.array([0], np.int64),
         "past_key": empty,
         "past_value": empty,

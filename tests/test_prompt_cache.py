@@ -116,3 +116,32 @@ def test_a_failure_mid_decode_forgets_the_kept_state(gen, monkeypatch):
     monkeypatch.setattr(runner, "run", real)
     warm = _warm(gen, BASE + [7], draft="none")
     assert warm.stats.cached_tokens == 0
+
+
+def prefill_equals_one_full_step(target, ids, chunk):
+    """Prefill in chunks of `chunk` (the last one shorter) with logits on its last row only, then
+    the same ids as one step with logits on every row: the last token's logits agree, and the
+    next token decodes alike from both caches."""
+    import numpy as np
+
+    step, row = target.prefill(ids, chunk)
+    assert step["logits"].shape[1] == 1  # the LM head ran on the last row only
+    chunked = np.array(step["logits"][0, row])
+    after = np.array(target.run([ids[-1] % 7 + 1])["logits"][0, 0])
+    target.reset()
+    full = target.run(ids)
+    assert full["logits"].shape[1] == len(ids)
+    np.testing.assert_allclose(chunked, full["logits"][0, -1], atol=2e-4, rtol=1e-4)
+    target.commit(len(ids))
+    np.testing.assert_allclose(
+        after, target.run([ids[-1] % 7 + 1])["logits"][0, 0], atol=2e-4, rtol=1e-4
+    )
+    target.reset()
+
+
+@pytest.mark.parametrize("graph", ["target", "target_fused"])
+def test_prefill_chunks_compute_the_last_row_as_one_full_step(tiny_bundle, graph):
+    from dflash_edge.runtime.generator import Generator
+
+    gen = Generator.load(tiny_bundle("qwen3", 8).path, target_graph=graph)
+    prefill_equals_one_full_step(gen.target, BASE, 16)  # 40 = 16 + 16 + 8

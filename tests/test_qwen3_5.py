@@ -249,6 +249,7 @@ class _HybridGraph:
                     None,
                     {
                         "input_ids": np.array([ids], np.int64),
+                        "logits_from": np.array([0], np.int64),
                         "start": np.array([start], np.int64),
                         **f,
                     },
@@ -369,7 +370,7 @@ def test_generator_on_a_hybrid_bundle_gives_transformers_greedy_tokens(
     with drafts that are right at random (partial accepts of 1-3 tokens). Prompts of 5 (one short
     chunk) and 300 tokens (37 chunks + a short one: no position runs twice)."""
     model, gen = hybrid_bundle
-    assert gen.target_graph == "target_hybrid" and not gen.target.RERUN_OK
+    assert gen.target_graph == "target_hybrid"
     assert set(gen.bundle.manifest["graphs"]) == {"target_hybrid", "drafter"}
     assert gen.bundle.model["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
     prompt = [(31 * i + 7) % 96 for i in range(length)]
@@ -496,3 +497,10 @@ def test_a_hybrid_target_resumes_a_conversation_losslessly(hybrid_bundle):
         assert warm.token_ids == cold.token_ids
         assert (warm.stats.cached_tokens >= len(ids)) if reused else warm.stats.cached_tokens == 0
         gen.generate_ids(turn, 10, stop_token_ids=(), draft="drafter")  # turn cached again
+
+
+def test_hybrid_prefill_chunks_compute_the_last_row_as_one_full_step(hybrid_bundle):
+    from test_prompt_cache import prefill_equals_one_full_step
+
+    _, gen = hybrid_bundle
+    prefill_equals_one_full_step(gen.target, [1 + (5 * i) % 40 for i in range(30)], 8)
