@@ -35,6 +35,7 @@ from ..serve.rules import RULES
 from .common import add_provider_arg, add_thread_args
 
 API_KEY_ENV = "DFLASH_EDGE_API_KEY"
+DEFAULT_CACHE_RAM_MB = 256
 # the ranges of this verb's own numeric options (--port, --max-queue, ...), checked before `run`
 # (cli/__init__.py)
 NUMBERS = RULES
@@ -97,6 +98,14 @@ def add_arguments(p) -> None:
         "idle longest, or gets 503 when all are serving requests",
     )
     p.add_argument(
+        "--cache-ram-mb",
+        type=float,
+        default=DEFAULT_CACHE_RAM_MB,
+        help="MB of RAM for other conversations' and files' caches besides the live one "
+        "(least recently used out first; like llama-server's --cache-ram); 0: the live one "
+        "only; default %(default)g",
+    )
+    p.add_argument(
         "--model-name",
         default=None,
         help="model id to report (default: the bundle directory's name)",
@@ -124,6 +133,7 @@ def run(args) -> int:
         gen = Generator.load(
             args.bundle, provider=args.provider, threads=args.threads, spin=args.spin
         )
+        gen.keep_prompts(args.cache_ram_mb)
         options = ServerOptions(
             max_queue=args.max_queue,
             api_key=api_key,
@@ -135,7 +145,9 @@ def run(args) -> int:
         app = build_app(gen, options)
         print(
             f"dflash-edge serve: {gen.bundle.root} on {url}/v1"
-            + (f" (API key from {key_source})" if api_key else ""),
+            + (f" (API key from {key_source})" if api_key else "")
+            + f"; prompt cache: the live sequence + up to {args.cache_ram_mb:g} MB in RAM "
+            f"(--cache-ram-mb)",
             file=sys.stderr,
             flush=True,
         )

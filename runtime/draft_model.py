@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kv import Device, DeviceBuffer, DraftKV, HostStep
+from .kv import Device, DeviceBuffer, DraftKV, HostStep, copy_rows, put_rows
 
 
 class DraftModel:
@@ -45,6 +45,19 @@ class DraftModel:
         self.kv.pos = (
             0 if self.kv.window is not None and keep < self.kv.pos else min(keep, self.kv.pos)
         )
+
+    def save(self, upto: int) -> dict:
+        """Its context cache and the target features [pos:upto] it has not read yet (a sliding
+        window, which re-reads from 0 on a rewind: [0:upto]) as host copies (prompt_cache.py)."""
+        first = 0 if self.kv.window is not None else self.kv.pos
+        ctx = copy_rows(self.ctx, first, upto)
+        return {"pos": self.kv.pos, "kv": self.kv.save(self.kv.pos), "ctx": (first, ctx)}
+
+    def restore(self, saved: dict) -> None:
+        """Make a `save`d context the current one."""
+        self.kv.restore(saved["kv"])
+        self.kv.pos = saved["pos"]
+        put_rows(self.ctx, saved["ctx"][1], saved["ctx"][0])
 
     def draft(self, last_token: int, ctx_end: int) -> np.ndarray:
         """Greedy draft tokens [B-1] after `last_token` (a view: valid until the next call).

@@ -34,6 +34,7 @@ from .guard import GenerationGuard
 from .lattice import lattice_drafter
 from .loading import GraphSessions, LoadOptions, checked_bundle, draft_model, target_model
 from .policy import make_policy
+from .prompt_cache import KeptSequence, PromptCache, common_prefix, state_bytes
 from .proposals import Proposer, make_sources
 from .sampling import SamplingParams, select_token
 from .stats import GenerationStats
@@ -132,6 +133,7 @@ class Generator:
         self.fim = find_template(tokenizer)  # fim.py: None when the model has no FIM tokens
         self._guard = GenerationGuard()  # one sequence at a time (the caches are single-sequence)
         self._kept: list[int] = []  # the ids whose caches are valid, by position (_loop keeps it)
+        self.prompt_cache: PromptCache | None = None  # other kept sequences (keep_prompts)
 
     @classmethod
     def load(
@@ -173,6 +175,12 @@ class Generator:
         return cls(b, tokenizer, target, draft, read_tuned(b) if opts.use_tuned else None, name)
 
     # ---- public API
+    def keep_prompts(self, max_mb: float) -> None:
+        """Keep up to `max_mb` MB of other sequences' caches in RAM (prompt_cache.py; 0: only the
+        live one), so that alternating conversations each resume from their own prefix."""
+        max_mb = check("cache_ram_mb", max_mb)
+        self.prompt_cache = PromptCache(int(max_mb * 1e6)) if max_mb else None
+
     def generate(
         self, prompt, options: GenerationOptions | None = None, **fields
     ) -> GenerationResult:
@@ -450,12 +458,35 @@ class Generator:
         """Run the prompt past what the last sequence left cached (`reuse`: its longest common
         prefix with `ids`; the last prompt token always runs); (the first new token, the prompt
         tokens reused)."""
+        self._switch(ids, reuse)
         cached = self.target.reusable(_common(self._kept, ids)) if reuse else 0
         self._kept = ids[:cached]  # before any graph runs: a failure leaves only what holds
         if self.drafter is not None:
             self.drafter.rewind(cached)
         step, row = self.target.prefill(ids, self.prefill_chunk, start=cached)
         return self._select(step, row, len(ids), sampling), cached
+
+    def _switch(self, ids: list[int], reuse: bool) -> None:
+        """Before `ids`' prefill: when a sequence in the prompt cache shares more of `ids` than the
+        live one, swap them; when `ids` would overwrite most of the live one, keep it there
+        first."""
+        if self.prompt_cache is None or not self._kept:
+            return
+        live = _common(self._kept, ids) if reuse else 0
+        index, shared = self.prompt_cache.best(ids[:-1]) if reuse else (-1, 0)
+        entry = self.prompt_cache.take(index) if shared > live else None
+        if entry is not None or 2 * live < len(self._kept):
+            n = self.target.pos
+            state = {"target": self.target.save()}
+            if self.drafter is not None:
+                state["drafter"] = self.drafter.save(n)
+            self.prompt_cache.put(KeptSequence(self._kept[:n], state, state_bytes(state)))
+        if entry is not None:
+            self._kept = []  # a failure while restoring leaves nothing to reuse
+            self.target.restore(entry.state["target"])
+            if self.drafter is not None:
+                self.drafter.restore(entry.state["drafter"])
+            self._kept = entry.ids
 
     def _accept(
         self, step, block: np.ndarray, start: int, sampling: SamplingParams
@@ -530,12 +561,7 @@ def _common(kept: list[int], ids: list[int]) -> int:
     >>> _common([1, 2, 3, 4], [1, 2, 9]), _common([1, 2], [1, 2])
     (2, 1)
     """
-    most = min(len(kept), len(ids) - 1)
-    if most <= 0:
-        return 0
-    a, b = np.asarray(kept[:most]), np.asarray(ids[:most])
-    differ = np.flatnonzero(a != b)
-    return int(differ[0]) if len(differ) else most
+    return common_prefix(kept, ids[:-1])
 
 
 def _shorthands(max_new_tokens: int | None, sampling: SamplingParams | None) -> dict:

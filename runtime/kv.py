@@ -134,8 +134,23 @@ class DeviceBuffer:
         )
 
 
+def copy_rows(buf: DeviceBuffer, start: int, stop: int, axis: int = 0) -> np.ndarray:
+    """A host copy of `buf`'s positions [start:stop] along `axis` of its array."""
+    return np.array(buf.host()[(slice(None),) * axis + (slice(start, stop),)])
+
+
+def put_rows(buf: DeviceBuffer, rows: np.ndarray, start: int, axis: int = 0) -> None:
+    """Write `rows` (from copy_rows) back at positions start.. along `axis`."""
+    host = buf.host()
+    host[(slice(None),) * axis + (slice(start, start + rows.shape[axis]),)] = rows
+    buf.store(host)
+
+
 class _KeyValue:
-    """A K and a V buffer of the same shape: what every cache here holds."""
+    """A K and a V buffer of the same shape: what every cache here holds. `save(count)` copies
+    positions [0:count] out (a kept sequence: prompt_cache.py), `restore` writes them back."""
+
+    AXIS = 0  # the position axis of the buffers' arrays
 
     def __init__(self, rows: int, row: tuple[int, ...], dtype, device: Device):
         self.key = DeviceBuffer(rows, row, dtype, device)
@@ -144,6 +159,13 @@ class _KeyValue:
     @property
     def nbytes(self) -> int:
         return self.key.nbytes + self.value.nbytes
+
+    def save(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return tuple(copy_rows(b, 0, count, self.AXIS) for b in (self.key, self.value))
+
+    def restore(self, saved: tuple[np.ndarray, np.ndarray]) -> None:
+        for buf, rows in zip((self.key, self.value), saved):
+            put_rows(buf, rows, 0, self.AXIS)
 
 
 class KVCache(_KeyValue):
@@ -212,6 +234,14 @@ class WindowKV(_KeyValue):
             buf.store(host)
         self.base = start - self.keep
 
+    def save(self, count: int = 0) -> tuple:
+        """All its rows (at most W-1 + C) and the position of row 0."""
+        return (*super().save(self.key.rows), self.base)
+
+    def restore(self, saved: tuple) -> None:
+        super().restore(saved[:2])
+        self.base = saved[2]
+
     def bind(self, binding, start: int, count: int) -> None:
         first, row, end = self.rows_for(start, count)
         self.key.bind_input(binding, "window_key", first, row)
@@ -240,6 +270,14 @@ class DraftKV(KVCache):
     @property
     def nbytes(self) -> int:
         return super().nbytes + (self.window.nbytes if self.window else 0)
+
+    def save(self, count: int) -> tuple:
+        return super().save(count), self.window.save() if self.window else None
+
+    def restore(self, saved: tuple) -> None:
+        super().restore(saved[0])
+        if self.window is not None:
+            self.window.restore(saved[1])
 
     def bind(self, binding, start: int, count: int) -> None:
         if self.key.row_shape[0]:  # a drafter whose layers all slide has no past_key input
@@ -279,6 +317,8 @@ class LayerKV(_KeyValue):
     and `present_key.{i}`; the op sees past and present share memory, reads the live rows `[0:pos]`
     in place and writes the new ones after them. Bound once per step shape; rollback = assign `pos`.
     """
+
+    AXIS = 2
 
     def __init__(self, capacity: int, shape: KVShape, dtype, device: Device = CPU):
         # [L, Hkv, capacity, D]
@@ -352,6 +392,16 @@ class LinearState:
         for name, (out, _) in self.ROWS.items():
             now[name].bind_input(binding, name, 0, self.last)
             nxt[name].bind_output(binding, out, 0, count)
+
+    def save(self) -> tuple[dict, int, int]:
+        """The current set's copy and its (last, kept) rows: what the next call starts from."""
+        bufs = self.sets[self.cur]
+        return {n: np.array(b.host()) for n, b in bufs.items()}, self.last, self.kept
+
+    def restore(self, saved: tuple[dict, int, int]) -> None:
+        arrays, self.last, self.kept = saved
+        for name, buf in self.sets[self.cur].items():
+            put_rows(buf, arrays[name], 0)
 
     def advance(self, count: int) -> None:
         """After a call of `count` tokens: its outputs are the next inputs; all of them kept unless

@@ -99,8 +99,13 @@ class TargetModel:
             step = self.step(len(part), rows=1)
             step["input_ids"][0] = part  # [T]
             self.forward(len(part), first, rows=1)
+            self._chunk_done(first, n, chunk)
         self.kv.pos, self.ran = n, 0
         return step, 0
+
+    def _chunk_done(self, first: int, n: int, chunk: int) -> None:
+        """After prefill's chunk at `first` (of `n` positions in chunks of `chunk`): a KV cache
+        needs nothing kept."""
 
     def reusable(self, common: int) -> int:
         """Of a next sequence's first `common` tokens (equal to the cached ones), how many it keeps:
@@ -114,6 +119,16 @@ class TargetModel:
         if start == 0:
             self.reset()
         self.kv.pos, self.ran = start, 0
+
+    def save(self) -> dict:
+        """The cached sequence's state (positions [0:pos]) as host copies (prompt_cache.py)."""
+        return {"pos": self.pos, "kv": self.kv.save(self.pos)}
+
+    def restore(self, saved: dict) -> None:
+        """Make a `save`d sequence the cached one."""
+        self.reset()
+        self.kv.restore(saved["kv"])
+        self.kv.pos = saved["pos"]
 
     def run(self, ids) -> HostStep:
         """Run `ids` (T tokens) at positions pos.. : the step's `logits` [1, T, V], `next_ids`
@@ -187,34 +202,78 @@ class HybridTargetModel(TargetModel):
     """`target_hybrid` (export/hybrid_target.py): the full-attention layers' KV cache (Lf layers) as
     `target`'s, plus the linear layers' `LinearState`. Rollback after a verify is `keep(accepted +
     1)`: the next call rebuilds the recurrent state after exactly those tokens (prefill chunks
-    never re-run a position)."""
+    never re-run a position).
+
+    A recurrent state cannot roll back further than the last call's start (`live`), so the last
+    prefill chunks' states are kept (`snapshots`, the newest SNAPSHOTS and at most SNAPSHOT_BYTES):
+    a next sequence that parts from this one inside them (an edited chat message, a keystroke
+    before the suffix) resumes from the nearest, not from position 0."""
 
     GRAPH = "target_hybrid"
     HOST = ("input_ids", "logits_from", "start", "kept", "logits", "next_ids")
 
     CACHE_LAYERS = "Lf"
+    SNAPSHOTS, SNAPSHOT_BYTES = 8, 256 << 20
 
     def __init__(self, runner, dims: dict[str, int], spec: TargetSpec):
         rows = max(*spec.step_sizes, spec.prefill_chunk or 0)  # the longest call's per-token rows
         self.state = LinearState(dims, rows, Device.of(runner))
+        one = self.state.nbytes // 2  # a snapshot: one of the state's two sets
+        self.max_snapshots = max(1, min(self.SNAPSHOTS, self.SNAPSHOT_BYTES // max(one, 1)))
+        self.snapshots: list[StateSnapshot] = []
+        self.live = 0  # the position the last call started at: the live state resumes live..pos
         super().__init__(runner, dims, spec)
 
     def reset(self) -> None:
         super().reset()
         self.state.reset()
+        self.snapshots, self.live = [], 0
+
+    def _resumable(self, count: int) -> tuple[int, "StateSnapshot | None"]:
+        """The furthest position at or below `count` a state is known at, and the snapshot that
+        holds it (None: the live state, or position 0)."""
+        best = (self.live + min(count - self.live, self.state.kept), None)
+        if self.live > count or self.pos == 0:
+            best = (0, None)
+        for snap in self.snapshots:
+            at = snap.start + min(snap.rows, count - snap.start)
+            if snap.start <= count and at > best[0]:
+                best = (at, snap)
+        return best
 
     def reusable(self, common: int) -> int:
-        """The recurrent state is only known after the last position: a next sequence keeps it when
-        it extends the whole cached one, else starts over (a cold prefill)."""
-        return self.pos if common >= self.pos else 0
+        """Of a next sequence's first `common` tokens (equal to the cached ones), the most a state
+        is known after: the live state's or a snapshot's (`_resumable`)."""
+        return self._resumable(min(common, self.pos))[0]
 
     def rewind(self, start: int) -> None:
-        if start not in (0, self.pos):
+        at, snap = self._resumable(start)
+        if at != start:
             raise ValueError(
-                f"rewind({start}): a recurrent state cannot roll back; keep all {self.pos} "
-                f"positions or none"
+                f"rewind({start}): a recurrent state is known at {at} at most (reusable())"
             )
-        super().rewind(start)
+        if start == 0:
+            return self.reset()
+        self.snapshots = [s.cut(start) for s in self.snapshots if s.start <= start]
+        if snap is not None:
+            snap.restore(self.state)
+            self.live = snap.start
+        self.state.kept = start - self.live
+        self.kv.pos, self.ran = start, 0
+
+    def _chunk_done(self, first: int, n: int, chunk: int) -> None:
+        """Keep the state of each of a prefill's last `max_snapshots` chunks."""
+        if first >= n - chunk * self.max_snapshots:
+            self.snapshots.append(StateSnapshot(first, self.state.kept, self.state.save()))
+            del self.snapshots[: -self.max_snapshots]
+
+    def save(self) -> dict:
+        return {**super().save(), "state": self.state.save(), "live": self.live}
+
+    def restore(self, saved: dict) -> None:
+        super().restore(saved)
+        self.state.restore(saved["state"])
+        self.live = saved["live"]
 
     def keep(self, count: int) -> None:
         if not 1 <= count <= self.state.last:
@@ -232,7 +291,27 @@ class HybridTargetModel(TargetModel):
     def forward(self, size: int, start: int, rows: int | None = None) -> HostStep:
         step = super().forward(size, start, rows)
         self.state.advance(size)
+        self.live = start
         return step
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    """A hybrid's LinearState after a call at `start` whose first `rows` tokens are kept: it
+    resumes at any position start..start+rows (LinearState.save's copy)."""
+
+    start: int
+    rows: int
+    saved: tuple
+
+    def cut(self, count: int) -> "StateSnapshot":
+        """Valid up to position `count` only (the ids after it changed)."""
+        return StateSnapshot(self.start, min(self.rows, count - self.start), self.saved)
+
+    def restore(self, state: LinearState) -> None:
+        """Make it the live state, its `rows` kept (the caller may keep fewer)."""
+        state.restore(self.saved)
+        state.kept = self.rows
 
 
 # graph name -> its runtime wrapper

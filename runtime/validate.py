@@ -102,6 +102,9 @@ RULES: dict[str, Number] = {
     "top_k": Number(int, 0, None, note="0 = off"),
     "top_p": Number(float, 0, 1, lo_open=True, note="1 = off"),
     "seed": Number(int, 0, 2**64 - 1),
+    "cache_ram_mb": Number(
+        float, 0, 1e6, note="MB of other sequences' caches kept in RAM; 0 = the live one only"
+    ),
     # more threads than usable CPUs only fight each other (8 tokens in 245 s at 999 on 2 cores):
     # lowered, warned
     "threads": Number(

@@ -145,3 +145,75 @@ def test_prefill_chunks_compute_the_last_row_as_one_full_step(tiny_bundle, graph
 
     gen = Generator.load(tiny_bundle("qwen3", 8).path, target_graph=graph)
     prefill_equals_one_full_step(gen.target, BASE, 16)  # 40 = 16 + 16 + 8
+
+
+OTHER = [2 + (11 * i) % 47 for i in range(36)]
+
+
+@pytest.fixture
+def kept(gen):
+    """`gen` keeping other sequences in RAM for the test (then the live one only, as loaded)."""
+    gen.keep_prompts(64)
+    yield gen
+    gen.keep_prompts(0)
+
+
+@pytest.mark.parametrize("draft", ["drafter", "auto"])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_alternating_conversations_each_resume_their_own_prefix(kept, draft, sampled):
+    """Two conversations, turn by turn in alternation: each turn resumes its own conversation from
+    the prompt cache and decodes as a cold run."""
+    opts = {"draft": draft, **(SAMPLED if sampled else {})}
+    talks = [list(BASE), list(OTHER)]
+    for turn in range(3):
+        for i, ids in enumerate(talks):
+            warm = _warm(kept, ids, **opts)
+            if turn:
+                assert warm.stats.cached_tokens >= len(ids) - 4 - 8
+            assert warm.token_ids == _cold(kept, ids, **opts).token_ids
+            talks[i] = ids + warm.token_ids + [5, 9 + turn, 11]
+            # the cold run replaced the live sequence: the next warm call restores its own
+            _warm(kept, talks[i][:-3], **opts)
+    assert 1 <= len(kept.prompt_cache.entries) <= 2
+
+
+def test_the_prompt_cache_is_bounded_in_bytes_least_recently_used_out(kept):
+    _warm(kept, BASE)
+    _warm(kept, OTHER)  # BASE goes to the cache
+    one = kept.prompt_cache.entries[0].nbytes
+    assert one > 0 and kept.prompt_cache.nbytes == one
+    kept.keep_prompts(1.5 * one / 1e6)  # room for one sequence (an emptied cache)
+    third = [3 + (13 * i) % 43 for i in range(38)]
+    for ids in (BASE, OTHER, third):
+        _warm(kept, ids)
+    assert [len(e.ids) for e in kept.prompt_cache.entries] == [len(OTHER) + 11]
+    assert _warm(kept, OTHER).stats.cached_tokens == len(OTHER) - 1  # its last token runs
+    assert _warm(kept, BASE).stats.cached_tokens == 0  # BASE was dropped: nothing reused
+    kept.keep_prompts(0.5 * one / 1e6)  # no sequence fits: dropped, never kept half
+    _warm(kept, BASE)
+    _warm(kept, third)
+    assert kept.prompt_cache.entries == [] and _warm(kept, BASE).stats.cached_tokens == 0
+
+
+def test_a_failed_restore_reuses_nothing(kept, monkeypatch):
+    _warm(kept, BASE)
+    _warm(kept, OTHER)
+    real = kept.target.restore
+
+    def broken(saved):
+        real(saved)
+        raise RuntimeError("restore failed")
+
+    monkeypatch.setattr(kept.target, "restore", broken)
+    with pytest.raises(RuntimeError, match="restore failed"):
+        _warm(kept, BASE + [7])
+    monkeypatch.undo()
+    warm = _warm(kept, BASE + [7])
+    assert warm.stats.cached_tokens == 0 and warm.token_ids == _cold(kept, BASE + [7]).token_ids
+
+
+def test_cache_ram_is_checked(gen):
+    from dflash_edge.runtime.validate import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="cache_ram_mb"):
+        gen.keep_prompts(-1)

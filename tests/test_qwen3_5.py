@@ -486,21 +486,56 @@ def test_hybrid_target_is_parity_checked_at_export(published, tmp_path, monkeypa
 
 def test_a_hybrid_target_resumes_a_conversation_losslessly(hybrid_bundle):
     """The recurrent state is kept when the next prompt extends the whole cached sequence (a chat
-    turn); an edited prompt starts over. Either way the tokens are a cold run's."""
+    turn); an edited prompt resumes from the nearest prefill chunk's snapshot (chunks of 8, the
+    newest 8 kept), or from 0 where none holds. Either way the tokens are a cold run's."""
     _, gen = hybrid_bundle
+
+    def warm_equals_cold(prompt, **opts):
+        warm = gen.generate_ids(prompt, 10, stop_token_ids=(), draft="drafter", **opts)
+        cold = gen.generate_ids(
+            prompt, 10, stop_token_ids=(), draft="drafter", cache_prompt=False, **opts
+        )
+        assert warm.token_ids == cold.token_ids
+        gen.generate_ids(prompt, 10, stop_token_ids=(), draft="drafter", **opts)  # cached again
+        return warm.stats.cached_tokens
+
     ids = [1 + (5 * i) % 40 for i in range(30)]
     first = gen.generate_ids(ids, 10, stop_token_ids=(), draft="drafter")
     turn = ids + first.token_ids + [7, 8, 9]
-    for prompt, reused in ((turn, True), (turn[:12] + [3] + turn[13:], False)):
-        warm = gen.generate_ids(prompt, 10, stop_token_ids=(), draft="drafter")
-        cold = gen.generate_ids(prompt, 10, stop_token_ids=(), draft="drafter", cache_prompt=False)
-        assert warm.token_ids == cold.token_ids
-        assert (warm.stats.cached_tokens >= len(ids)) if reused else warm.stats.cached_tokens == 0
-        gen.generate_ids(turn, 10, stop_token_ids=(), draft="drafter")  # turn cached again
+    assert warm_equals_cold(turn) >= len(ids)
+    assert warm_equals_cold(turn[:12] + [3] + turn[13:]) == 12  # the chunk at 8's snapshot
+    long = [1 + (3 * i) % 37 for i in range(100)]
+    assert warm_equals_cold(long, temperature=0.8, seed=2) <= 1  # both start with token 1
+    # an edit at 90: from the chunk at 88; at 5 (older than the newest 8 chunks): from 0
+    assert warm_equals_cold(long[:90] + [2] + long[91:]) == 90
+    assert warm_equals_cold(long[:5] + [2] + long[6:]) == 0
+    assert gen.target.max_snapshots == 8 and len(gen.target.snapshots) <= 8
 
 
 def test_hybrid_prefill_chunks_compute_the_last_row_as_one_full_step(hybrid_bundle):
     from test_prompt_cache import prefill_equals_one_full_step
 
     _, gen = hybrid_bundle
-    prefill_equals_one_full_step(gen.target, [1 + (5 * i) % 40 for i in range(30)], 8)
+    # one step holds at most the state's 8 per-token rows: 8 ids in chunks of 3 + 3 + 2
+    prefill_equals_one_full_step(gen.target, [1 + (5 * i) % 40 for i in range(8)], 3)
+
+
+def test_alternating_conversations_on_a_hybrid_target(hybrid_bundle):
+    """A hybrid's recurrent state goes to the prompt cache with its KV rows: each of two
+    alternating conversations resumes its own, and decodes as a cold run."""
+    _, gen = hybrid_bundle
+    gen.keep_prompts(64)
+    try:
+        talks = [[1 + (5 * i) % 40 for i in range(30)], [2 + (7 * i) % 41 for i in range(26)]]
+        for turn in range(2):
+            for i, ids in enumerate(talks):
+                warm = gen.generate_ids(ids, 8, stop_token_ids=(), draft="drafter")
+                cold = gen.generate_ids(
+                    ids, 8, stop_token_ids=(), draft="drafter", cache_prompt=False
+                )
+                assert warm.token_ids == cold.token_ids
+                assert warm.stats.cached_tokens >= (len(ids) - 12 if turn else 0)
+                talks[i] = ids + warm.token_ids + [7, 8 + turn]
+                gen.generate_ids(talks[i][:-2], 1, stop_token_ids=(), draft="none")
+    finally:
+        gen.keep_prompts(0)
