@@ -145,7 +145,7 @@ class _Routes:
         opts = self.options
         raw = await _read_body(request, opts.max_body_bytes, opts.request_timeout_s)
         job = await run_in_threadpool(parse_fn, raw, *args)  # JSON and checks off the event loop
-        if job.warmup:
+        if job.warmup and (job.stream or not job.options.cache_prompt):  # else: prefill it
             return JSONResponse(make_reply(job, self.model).warmup())
         ticket = self._submit(job)
         events = aiter(ticket)

@@ -4,11 +4,13 @@
 Request fields, as protocol.py treats the OpenAI ones (anything not listed is a 400 naming it):
 - honoured: `input_prefix`, `input_suffix`, `input_extra` ([{"filename", "text"}]: other files, the
   repo context), `prompt` (the middle's start, already typed), `n_predict` (-1: until the context
-  ends; 0: answer at once without generating, the plugins' cache warm-up), `temperature` (default
-  0 here: greedy; llama-server's is 0.8), `top_k`, `top_p`, `seed`, `stop`, `stream`, `n_indent`
-  (end the middle before a line indented less), `t_max_predict_ms` (end it at the first newline
-  after that long), `cache_prompt` (default true: reuse the prefix the last request left cached;
-  `tokens_cached` and `timings.cache_n` say how much), `model`, and our `draft` and `max_lines`;
+  ends; 0: answer without generating, the plugins' cache warm-up: with `cache_prompt` the prompt
+  is prefilled and kept), `temperature` (default 0 here: greedy; llama-server's is 0.8),
+  `top_k`, `top_p`, `seed`, `stop`, `stream`, `n_indent` (end the middle before a line indented
+  less), `t_max_predict_ms` (end it at the first newline after that long), `model`, and our
+  `draft` and `max_lines`;
+- `cache_prompt` (default true, as llama-server): reuse the prefix the last request shares
+  (`tokens_cached`, `timings.cache_n` count it; `timings.prompt_n` is what ran);
 - IGNORED: `t_max_prompt_ms` (llama-server does not act on it either), `id_slot`;
 - `samplers`: any list when greedy (the argmax is the same whatever the chain); when sampling, only
   `top_k`, `top_p`, `temperature` (the chain this server runs), else a 400 naming it;
@@ -215,6 +217,10 @@ class InfillReply:
         return {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0}
 
     def whole(self, result, content: str | None = None) -> dict:
+        """The whole answer (a warm-up's: nothing, its prompt now cached)."""
+        return self.warmup(result) if self.job.warmup else self._whole(result, content)
+
+    def _whole(self, result, content: str | None = None) -> dict:
         s, opts, fim = result.stats, self.job.options, self.job.prompt
         stop_type, word = STOP_TYPE.get(result.finish_reason, "eos"), ""
         if result.finish_reason == "stop" and opts.stop and self.decode is not None:
@@ -254,12 +260,20 @@ class InfillReply:
     def last_chunks(self, result) -> list[dict]:
         return [self.whole(result, content="")]
 
-    def warmup(self) -> dict:
-        """The answer to `n_predict: 0`: nothing generated."""
+    def warmup(self, result=None) -> dict:
+        """The answer to `n_predict: 0`: nothing generated (`result`: the run that cached the
+        prompt, when `cache_prompt`; its prompt statistics are reported)."""
         from ..runtime.generator import GenerationResult
         from ..runtime.stats import GenerationStats
 
-        return self.whole(GenerationResult("", [], GenerationStats(finish_reason="length")))
+        s = result.stats if result is not None else GenerationStats()
+        stats = GenerationStats(
+            prompt_tokens=s.prompt_tokens,
+            cached_tokens=s.cached_tokens,
+            prefill_s=s.prefill_s,
+            finish_reason="length",
+        )
+        return self._whole(GenerationResult("", [], stats))
 
 
 def _timings(s, predicted: int) -> dict:

@@ -155,3 +155,16 @@ def test_chat_turns_report_cached_tokens_as_openai(fim_server):
     assert second["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
     bad = httpx.post(url, json={**body, "cache_prompt": "yes"})
     assert bad.status_code == 400 and "cache_prompt" in bad.text
+
+
+def test_an_infill_warm_up_prefills_and_keeps_the_prompt(fim_server):
+    """llama.vscode's warm-up (`n_predict: 0`): nothing answered, the prompt prefilled and kept, so
+    the request that follows reuses all of it but its last token."""
+    url = f"{fim_server.url}/infill"
+    other = {**VSCODE, "input_extra": [], "input_prefix": "t40 t41 t42"}
+    warm = httpx.post(url, json={**other, "n_predict": 0}).json()
+    assert warm["content"] == "" and warm["tokens_predicted"] == 0 and warm["tokens_cached"] == 0
+    got = httpx.post(url, json=other).json()
+    assert got["tokens_cached"] == got["tokens_evaluated"] - 1 == warm["tokens_evaluated"] - 1
+    off = httpx.post(url, json={**other, "input_prefix": "t43", "n_predict": 0, "stream": True})
+    assert off.status_code == 200  # a streamed warm-up answers at once, as before
