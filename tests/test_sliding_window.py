@@ -223,3 +223,20 @@ def test_manifest_window_is_checked(windowed):
     m["model"]["draft_layer_types"] = ["sliding_attention"]
     with pytest.raises(BundleError, match="draft_layer_types"):
         validate_manifest(m)
+
+
+@pytest.mark.parametrize("at", [3, 30, 60])  # before the window (a reset), inside it, a new turn
+def test_a_kept_window_drafts_as_a_cold_one(windowed, at):
+    """Issue 45: after a sequence, a request sharing its first `at` ids rewinds the drafter (a
+    window that no longer holds the W-1 rows before `at` starts over): the drafts, so the accepts,
+    are a cold run's."""
+    out, *_, gen = windowed
+    cold = Generator.load(out, threads=1)
+    prompt = [(11 * i + 3) % 90 + 6 for i in range(37)]
+    first = gen.generate_ids(prompt, 30, draft="drafter")
+    ids = (prompt + first.token_ids)[:at] + [9, 8, 7]
+    warm = gen.generate_ids(ids, 20, draft="drafter")
+    want = cold.generate_ids(ids, 20, draft="drafter", cache_prompt=False)
+    assert warm.stats.cached_tokens == at
+    assert warm.token_ids == want.token_ids
+    assert warm.stats.acceptance_lengths == want.stats.acceptance_lengths
