@@ -260,24 +260,34 @@ def _compute_tflops(req: PlanRequest, precision: str | None = None) -> float:
     )
 
 
-def _roofline_ms(
-    req: PlanRequest, nbytes: float, flops: float, layers: int, precision: str | None = None
-) -> dict:
-    f = class_factors(req.device.device_class)
+def effective_bandwidth_gb_s(req: PlanRequest, precision: str | None = None) -> float:
+    """GB/s one step streams its bytes at: the profile's measured decode figure where it has one
+    (fit to published runs, devices/published.json), else the nominal figure times the device
+    class's efficiency (its low-bit figure for int4 / int8)."""
+    if req.device.decode_bandwidth_gb_s:
+        return float(req.device.decode_bandwidth_gb_s)
     if not req.device.bandwidth_gb_s:
         raise DeviceError(
             f"device {req.device.name!r} has no bandwidth figure; detect it first (cpu) or fix "
             "its profile"
         )
-    # int4 / int8: the class's low-bit figures
+    return req.device.bandwidth_gb_s * _class_factor(req, "bandwidth_efficiency", precision)
+
+
+def _class_factor(req: PlanRequest, name: str, precision: str | None = None) -> float:
+    """The device class's factor `name`, its low-bit figure for int4 / int8 where it has one."""
+    f = class_factors(req.device.device_class)
     low = (precision or req.precision) in TABLE_PRECISION
+    return f.get(f"{name}_low_bit", f[name]) if low else f[name]
 
-    def factor(name):
-        return f.get(f"{name}_low_bit", f[name]) if low else f[name]
 
-    mem = 1e3 * nbytes / (req.device.bandwidth_gb_s * GB * factor("bandwidth_efficiency"))
+def _roofline_ms(
+    req: PlanRequest, nbytes: float, flops: float, layers: int, precision: str | None = None
+) -> dict:
+    f = class_factors(req.device.device_class)
+    mem = 1e3 * nbytes / (effective_bandwidth_gb_s(req, precision) * GB)
     comp = 1e3 * flops / (_compute_tflops(req, precision) * 1e12 * f["compute_efficiency"])
-    over = layers * factor("layer_overhead_ms")
+    over = layers * _class_factor(req, "layer_overhead_ms", precision)
     return {
         "ms": round(max(mem, comp) + over, 4),
         "memory_ms": round(mem, 4),

@@ -57,6 +57,9 @@ class DeviceProfile:
     notes: str
     sources: dict  # field -> datasheet / vendor page / measurement
     detect: dict = field(default_factory=dict)
+    # GB/s a batch-1 decode streams at, fit to published runs (devices/published.json); None: the
+    # nominal figure times the class's bandwidth efficiency
+    decode_bandwidth_gb_s: float | None = None
 
     @property
     def usable_memory_gb(self) -> float:
@@ -78,6 +81,7 @@ class DeviceProfile:
             "power_modes": list(self.power_modes),
             "notes": self.notes,
             "sources": dict(self.sources),
+            "decode_bandwidth_gb_s": self.decode_bandwidth_gb_s,
         }
 
     def filled(self, **figures) -> "DeviceProfile":
@@ -102,6 +106,11 @@ def parse_profile(data: dict, where: str) -> DeviceProfile:
             f"{where}: sources lacks {unsourced}; name the datasheet, vendor page or measurement "
             f"each figure comes from"
         )
+    if data.get("decode_bandwidth_gb_s") and not data["sources"].get("decode_bandwidth_gb_s"):
+        raise DeviceError(
+            f"{where}: decode_bandwidth_gb_s needs sources.decode_bandwidth_gb_s (the published "
+            "runs it is fit to)"
+        )
     if data["class"] not in DEVICE_CLASSES:
         raise DeviceError(
             f"{where}: class {data['class']!r} is not one of {', '.join(DEVICE_CLASSES)}"
@@ -120,6 +129,7 @@ def parse_profile(data: dict, where: str) -> DeviceProfile:
         notes=data["notes"],
         sources=dict(data["sources"]),
         detect=dict(data["detect"]),
+        decode_bandwidth_gb_s=data.get("decode_bandwidth_gb_s"),
     )
 
 

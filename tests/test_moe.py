@@ -350,7 +350,13 @@ def test_planner_holds_every_expert_and_reads_the_chosen_ones():
     from dataclasses import replace
 
     from dflash_edge.devices.dims import preset
-    from dflash_edge.devices.planner import PlanRequest, class_factors, memory_plan, target_step
+    from dflash_edge.devices.planner import (
+        PlanRequest,
+        class_factors,
+        effective_bandwidth_gb_s,
+        memory_plan,
+        target_step,
+    )
     from dflash_edge.devices.profiles import get_profile
 
     t, d, _ = preset("qwen3-coder-30b-a3b")
@@ -363,8 +369,7 @@ def test_planner_holds_every_expert_and_reads_the_chosen_ones():
     assert weights == pytest.approx(2 * t.total_params / 1e9, rel=1e-3) and t.total_params > 30e9
 
     def read(r, tokens):  # bytes one target call reads, from the roofline's memory time
-        eff = class_factors(dev.device_class)["bandwidth_efficiency"]
-        return target_step(r, tokens)["memory_ms"] / 1e3 * dev.bandwidth_gb_s * 1e9 * eff
+        return target_step(r, tokens)["memory_ms"] / 1e3 * effective_bandwidth_gb_s(r) * 1e9
 
     dense = replace(
         req, target=replace(t, num_experts=0, intermediate_size=8 * t.moe_intermediate_size)
@@ -416,14 +421,19 @@ def test_plan_of_an_moe_bundle_holds_every_expert_and_reads_the_chosen_ones(moe)
     from dataclasses import replace
 
     from dflash_edge.cli.devices import bundle_request
-    from dflash_edge.devices.planner import GB, class_factors, target_step, weight_bytes
+    from dflash_edge.devices.planner import (
+        GB,
+        effective_bandwidth_gb_s,
+        target_step,
+        weight_bytes,
+    )
     from dflash_edge.devices.profiles import get_profile
     from dflash_edge.models import family_spec, planner_dims
     from dflash_edge.models.names import target_tensors
 
     _, ckpt, out = moe("renorm")
     dev = replace(
-        get_profile("jetson-agx-orin-64gb"), bandwidth_gb_s=1e-3
+        get_profile("jetson-agx-orin-64gb"), bandwidth_gb_s=1e-3, decode_bandwidth_gb_s=None
     )  # slow: ms that 4 decimals resolve
     req = bundle_request(
         Namespace(bundle=str(out), precision=None, block=None, context=1, tau=None), dev
@@ -460,10 +470,8 @@ def test_plan_of_an_moe_bundle_holds_every_expert_and_reads_the_chosen_ones(moe)
     def read(
         tokens,
     ):  # bytes of the decoder layers one target call reads (the roofline's memory time
-        eff = class_factors(dev.device_class)[
-            "bandwidth_efficiency"
-        ]  # less the LM head and the 1-position K/V)
-        total = target_step(req, tokens)["memory_ms"] / 1e3 * dev.bandwidth_gb_s * GB * eff
+        # less the LM head and the 1-position K/V)
+        total = target_step(req, tokens)["memory_ms"] / 1e3 * effective_bandwidth_gb_s(req) * GB
         return total - 4 * sizes["lm_head.weight"] - 4 * 4 * 2 * 2 * 16
 
     # the bundle's bytes scale every layer alike: a decode reads the active share of what 4096
