@@ -9,14 +9,17 @@ static, so a tap k is the block shifted down k rows with zeros before row 0). Th
 
 The conv and selector weights stay at >= 8 bits whatever the drafter's precision (4-bit codebooks
 break the ranking): projections at 8 bits in an int4 / int8 graph, fp32 otherwise; the codebooks and
-base taps are float tensors (`MANIFEST_NOTE`).
+base taps are float tensors (`MANIFEST_NOTE`). The candidates are the reference's: a low-bit tied
+head preselects `PRESELECT` x Kc rows at int8 activations and re-ranks them in fp32 from the table's
+rows (`exact_top`); low-bit drafter layers or a low-bit untied head run at fp32 activations
+(`weight_format`).
 
 >>> build(job, dc, draft_ckpt, Path("b/drafter.onnx"))  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +34,7 @@ from .weight_format import Weight, matmul
 if TYPE_CHECKING:
     from .target_job import TargetJob
 
+PRESELECT = 4  # a low-bit tied head's candidates: the best 4 x Kc at int8 activations, re-ranked
 MANIFEST_NOTE = (
     "DFlash2: conv taps and codebooks stored as float tensors, conv and selector projections at "
     "8 bits in an int4/int8 graph (fp32 otherwise): the ranking needs >= 8 bits"
@@ -105,16 +109,48 @@ def dflash2_layer(g, x, layer: Layer, keys: Keys, ctx=None, dims=None):
     return g.op("Add", [x, m]), k_new, v_new
 
 
-def lattice(g: GraphBuilder, flat: str, logits: str, dc, ckpt, block: int) -> None:
+def exact_top(g: GraphBuilder, flat: str, logits: str, embed, top: int) -> tuple[str, str | None]:
+    """(raw logits [R, P], their token ids [R, P]) of the P = `PRESELECT` x `top` best `logits`
+    [R, V] of a low-bit tied head (MatMulNBits at accuracy level 4: int8 activations), recomputed
+    in fp32 from the table's own rows (the reference's arithmetic, so the top `top` are the
+    reference's candidates, at ~1/18 of the whole head's cost at level 0); `(logits, None)` for a
+    float head or none given."""
+    if embed is None or not embed.bits:
+        return logits, None
+    wide = min(top * PRESELECT, embed.ckpt.shape(embed.name)[0])
+    _, ids = g.ops("TopK", [logits, g.const([wide])], 2, axis=-1, largest=1, sorted=1)  # [R, P]
+    rows = embed.gather(ids)  # [R, P, H]: the stored rows, dequantised as the reference reads them
+    exact = g.op("MatMul", [rows, g.op("Unsqueeze", [flat, g.const([2])])])  # [R, P, 1]
+    return g.op("Squeeze", [exact, g.const([2])]), ids  # [R, P]
+
+
+def needs_fp32_activations(fmt, tc) -> bool:
+    """Whether the drafter graph's MatMulNBits must run at accuracy level 0 (fp32 activations) for
+    its candidates to be the reference's: low-bit layers of its own, or a low-bit untied head (no
+    exact rows to re-rank on). A low-bit tied head is re-ranked instead (`exact_top`)."""
+    return bool(fmt.bits) or (bool(fmt.table_bits) and not tc.tie_word_embeddings)
+
+
+def weight_format(fmt, tc):
+    """The drafter graph's WeightFormat from the exporter's `fmt`: at accuracy level 0 where
+    `needs_fp32_activations`, else `fmt`."""
+    return replace(fmt, accuracy_level=0) if needs_fp32_activations(fmt, tc) else fmt
+
+
+def lattice(g: GraphBuilder, flat: str, scored: tuple, dc, ckpt, block: int) -> None:
     """`candidate_ids`, `lattice_scores` and the greedy `draft_ids` from the draft rows `flat`
-    [R, H] and their `logits` [R, V] (R = B - 1)."""
+    [R, H] and `scored`: `exact_top`'s (their logits [R, P], those logits' token ids [R, P] or None
+    where P = V)."""
     rows, top = block - 1, dc.selector_top_k
+    logits, pre = scored
     logits = g.op("Mul", [logits, g.scalar(float(dc.output_multiplier))])
     cap = dc.final_logit_softcapping
     if cap is not None and float(cap) > 0:
         capped = g.op("Tanh", [g.op("Div", [logits, g.scalar(float(cap))])])
         logits = g.op("Mul", [capped, g.scalar(float(cap))])
     unary, cand = g.ops("TopK", [logits, g.const([top])], 2, axis=-1, largest=1, sorted=1)
+    if pre is not None:  # index into the preselection -> token id
+        cand = g.op("GatherElements", [pre, cand], axis=1)  # [R, Kc]
     proj = _wide(g, flat, ckpt, "candidate_selector.hidden_projection")  # [R, rank]
     anchor = g.op("Slice", ["block_ids", g.const([0, 0]), g.const([1, 1])])  # [1, 1]
     first = g.op("Expand", [anchor, g.const([1, top])])  # [1, Kc]
@@ -151,10 +187,16 @@ def build(job: TargetJob, dc, draft_ckpt, out: Path, vocab=None) -> Path:
     the exporter refuses one)."""
     block = job.opts.block_size
     dims = (block, dc.conv_kernel_size, dc.conv_groups, dc.conv_group_size)
+    tied, top = job.tc.tie_word_embeddings, dc.selector_top_k
+
+    def drafts(g, flat, logits, embed):
+        scored = exact_top(g, flat, logits, embed if tied else None, top)
+        lattice(g, flat, scored, dc, draft_ckpt, block)
+
     hooks = {
         "embed_scale": float(dc.input_embedding_scale),
         "layer": partial(dflash2_layer, dims=dims),
-        "drafts": lambda g, flat, logits: lattice(g, flat, logits, dc, draft_ckpt, block),
+        "drafts": drafts,
         "dims": {"Kc": dc.selector_top_k},
     }
     return build_drafter(job, dc, draft_ckpt, out, vocab, hooks=hooks)

@@ -270,6 +270,10 @@ class _Writing:
 
     def __post_init__(self):
         self.store, self.formats = WeightStore(self.tmp), weight_formats(self.opts)
+        # a kind's own arithmetic (a DFlash2 drafter's exact candidates: fp32 activations)
+        self.formats["drafter"] = self.src.kind.weight_format(
+            self.formats["drafter"], self.src.target_cfg
+        )
 
     def fmt(self, graph: str) -> dict:
         """The weight format arguments of `graph`'s writer."""

@@ -6,9 +6,9 @@ node from its checkpoint in standard ONNX ops (opset 17). The exporter writes it
 Its torch reference is `models/linear_attention.HybridModel.step`: full-attention layers read and
 return K/V like the dense target; the Gated DeltaNet layers run the delta rule in the chunk-parallel
 form of models/linear_attention.py's docstring for the call's T tokens at once. The unit-lower
-triangular system (I + A) U = R, which has no ONNX op, is solved exactly by the product (I + A)^-1 =
-(I - A)(I + A^2)(I + A^4)... (A is strictly lower, so A^T = 0: ceil(log2 T) factors suffice for T <=
-MAX_TOKENS).
+triangular system (I + A) U = R, which has no ONNX op, is solved by inverting I + A in blocks that
+double in size (`_unit_lower_inverse`: ceil(log2 MAX_TOKENS) levels, block forward substitution,
+as stable as the reference's triangular solve).
 
 Speculative rollback without storing a state per token: a call returns the states it *started* from
 and, per token, the rows the unrolled rule needs (conv input, k, u, cumulative log decay; ~1/250 of
@@ -72,12 +72,17 @@ def _heads(g: GraphBuilder, x: str, num: int, dim: int) -> str:
     return g.op("Transpose", [g.op("Reshape", [x, g.const([-1, num, dim])])], perm=[1, 0, 2])
 
 
-def _unit_lower_inverse(g: GraphBuilder, a: str, eye: str) -> str:
-    """(I + A)^-1 for strictly lower A [h, T, T] (T <= MAX_TOKENS): (I - A)(I + A^2)(I + A^4)..."""
-    inverse, power = g.op("Sub", [eye, a]), a
-    for _ in range(math.ceil(math.log2(MAX_TOKENS)) - 1):
-        power = g.op("MatMul", [power, power])
-        inverse = g.op("MatMul", [inverse, g.op("Add", [eye, power])])
+def _unit_lower_inverse(g: GraphBuilder, a: str, eye: str, quadrants: tuple[str, ...]) -> str:
+    """(I + A)^-1 for strictly lower A [h, T, T] (T <= MAX_TOKENS) by recursive doubling: if X
+    inverts I + A's diagonal blocks of size b, X - X (A * M_b) X inverts its blocks of size 2b
+    (`quadrants` M_b [T, T]: each 2b block's lower-left b x b quadrant), from X = I - A * M_1.
+    Block forward substitution, as stable as the reference's solve_triangular: X holds only the
+    inverse's own entries. (The product (I - A)(I + A^2)(I + A^4)... cancels catastrophically where
+    the decay is slow and keys align: 1e9 off at T = 64 in fp32.)"""
+    inverse = g.op("Sub", [eye, g.op("Mul", [a, quadrants[0]])])
+    for quadrant in quadrants[1:]:
+        low = g.op("MatMul", [inverse, g.op("Mul", [a, quadrant])])  # [h, T, T]
+        inverse = g.op("Sub", [inverse, g.op("MatMul", [low, inverse])])
     return inverse
 
 
@@ -164,7 +169,7 @@ def _gates(g: GraphBuilder, h: str, ckpt, name: str) -> tuple[str, str]:
 def _delta_rule(g: GraphBuilder, qkv: tuple, beta: str, cum: str, rec_state: str, tri) -> tuple:
     """The chunk-parallel delta rule over this call's T tokens (`qkv`: q, k [Hv, T, Dk], v [Hv, T,
     Dv]) from recurrent state `rec_state` [Hv, Dk, Dv] -> (o [Hv, T, Dv], u [Hv, T, Dv])."""
-    (q, k, v), (lower, strict, eye) = qkv, tri
+    (q, k, v), (lower, strict, eye, quadrants) = qkv, tri
     diff = g.op(
         "Sub",
         [g.op("Unsqueeze", [cum, g.const([2])]), g.op("Unsqueeze", [cum, g.const([1])])],
@@ -178,7 +183,7 @@ def _delta_rule(g: GraphBuilder, qkv: tuple, beta: str, cum: str, rec_state: str
     a = g.op("Mul", [g.op("Mul", [beta3, g.op("MatMul", [k, k_t])]), g.op("Mul", [gap, strict])])
     read = g.op("MatMul", [k, rec_state])  # [Hv, T, Dv]: k^T S0
     rhs = g.op("Mul", [beta3, g.op("Sub", [v, g.op("Mul", [grow, read])])])
-    u = g.op("MatMul", [_unit_lower_inverse(g, a, eye), rhs])  # [Hv, T, Dv]
+    u = g.op("MatMul", [_unit_lower_inverse(g, a, eye, quadrants), rhs])  # [Hv, T, Dv]
     seen = g.op("Mul", [g.op("MatMul", [q, k_t]), gap])  # [Hv, T, T]
     o = g.op(
         "Add",
@@ -203,7 +208,7 @@ def gated_deltanet(g: GraphBuilder, h: str, cfg, layer: Layer, carried: Carried,
     """One linear layer (`layer.prefix`.linear_attn): h [T, H] after the previous call (`carried`)
     -> (out [T, H], (conv state [Cv, K-1], recurrent state [Hv, Dk, Dv]) at this call's start, and
     this call's rows for the next one: qkv [T, Cv], k [T, Hv, Dk], u [T, Hv, Dv], decay [T, Hv]).
-    `tri`: (lower incl. diagonal, strictly lower, identity) [T, T]."""
+    `tri`: `_masks`' (lower incl. diagonal, strictly lower, identity, the solve's quadrants)."""
     ckpt, name = layer.ckpt, f"{layer.prefix}.linear_attn"
     hk, hv, dk = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim
     conv_state, rec_state = _commit(g, carried, hv, cfg.linear_conv_kernel_dim - 1)
@@ -249,18 +254,30 @@ def gated_attention(g: GraphBuilder, h: str, cfg, layer: Layer, keys: Keys):
     return linear(g, out, ckpt, f"{name}.o_proj", s.o_bias), k, v
 
 
-def _masks(g: GraphBuilder, offsets: str) -> tuple[str, str, str]:
-    """(lower incl. diagonal bool, strictly lower float, identity float) [T, T] over this call's
-    tokens."""
+def _same_block(g: GraphBuilder, at: tuple[str, str], size: int) -> str:
+    """[T, T] bool: row and column (`at`: offsets [T, 1], [1, T]) in one block of `size`."""
+    rows, cols = (g.op("Div", [x, g.const(size)]) for x in at)
+    return g.op("Equal", [rows, cols])
+
+
+def _masks(g: GraphBuilder, offsets: str) -> tuple:
+    """(lower incl. diagonal bool, strictly lower float, identity float, `_unit_lower_inverse`'s
+    quadrants: float per block size b = 1, 2, 4 .. MAX_TOKENS/2) [T, T] over this call's tokens."""
     rows, cols = (
         g.op("Unsqueeze", [offsets, g.const([1])]),
         g.op("Unsqueeze", [offsets, g.const([0])]),
     )
     as_float = lambda b: g.op("Cast", [b], to=1)  # noqa: E731
+    at = rows, cols
+    quadrants = tuple(
+        as_float(g.op("And", [_same_block(g, at, 2 * b), g.op("Not", [_same_block(g, at, b)])]))
+        for b in (2**i for i in range(math.ceil(math.log2(MAX_TOKENS))))
+    )
     return (
         g.op("GreaterOrEqual", [rows, cols]),
         as_float(g.op("Greater", [rows, cols])),
         as_float(g.op("Equal", [rows, cols])),
+        quadrants,
     )
 
 

@@ -190,7 +190,7 @@ def build_drafter(
     target's, `job.ckpt`) for blocks of `job.opts.block_size` tokens to `out`; `vocab`: sorted
     token ids of a reduced head; `job.reach`: the RoPE rows the bundle reaches; `hooks`: another
     generation's parts (dflash2_drafter.py: `embed_scale`, `layer` writer, `drafts` writer of the
-    outputs from the draft rows, `dims`)."""
+    outputs from the draft rows, their logits and the table, `dims`)."""
     hooks, tc, block = hooks or {}, job.tc, job.opts.block_size
     g = job.builder("drafter")
     pos, rope = _positions(g, dc, block, job.reach)
@@ -205,7 +205,7 @@ def build_drafter(
     flat = g.op("Reshape", [drafted, g.const([-1, tc.hidden_size])])  # [B-1, H]
     logits = _head(g, flat, tc, job.ckpt, embed, vocab)  # [B-1, V]
     if "drafts" in hooks:
-        hooks["drafts"](g, flat, logits)
+        hooks["drafts"](g, flat, logits, embed)
     else:
         _draft_ids(g, logits, vocab, block)
     for layers, name in ((full, "new"), (slid, "new_window")):  # [C, Ld or Lw, Hkv, D]

@@ -298,6 +298,9 @@ def test_int4_drafter_keeps_conv_and_selector_at_8_bits_and_stays_lossless(d2_bu
     )
     manifest = json.loads((out / "manifest.json").read_text())
     assert ">= 8 bits" in manifest["graphs"]["drafter"]["quantization"]["dflash2"]
+    # its own low-bit layers at fp32 activations: the reference's candidates (issue 46)
+    assert manifest["graphs"]["drafter"]["quantization"]["settings"]["accuracy_level"] == 0
+    assert manifest["source"]["parity"]["drafter.candidate_ids.agreement"] == 1.0
     graph = onnx.load(str(out / "drafter.onnx"), load_external_data=False).graph
     width = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4}  # else 8 (int8 / uint8)
     types = {i.name: i.data_type for i in graph.initializer}

@@ -9,6 +9,7 @@ Every kind module defines (`INTERFACE`):
   manifest_fields(dc)      its own keys of the manifest's `model` section
   io_dims(dc)              its own symbols of the drafter graph's I/O (runtime/io_tables.py)
   QUANTIZATION_NOTE        a line for the drafter graph's `quantization` entry, or None
+  weight_format(fmt, tc)   the drafter graph's WeightFormat from the exporter's `fmt`
   reference_graph(dc)      parity's torch graph module class (imports torch)
   parity_view(names, got, want)  (got, want) as parity compares them
 
@@ -30,6 +31,7 @@ INTERFACE = (
     "manifest_fields",
     "io_dims",
     "QUANTIZATION_NOTE",
+    "weight_format",
     "reference_graph",
     "parity_view",
 )

@@ -23,6 +23,11 @@ def io_dims(dc) -> dict:
     return {}
 
 
+def weight_format(fmt, tc):
+    """The drafter graph's WeightFormat: the exporter's `fmt` as it is."""
+    return fmt
+
+
 def reference_graph(dc):
     """models/graphs.DrafterGraph; with sliding layers the windowed one (its split cache)."""
     from ...models.drafter import WindowedDrafterGraph

@@ -8,9 +8,9 @@ import numpy as np
 from ...models.dflash2_config import DFlash2Config as Config
 from ...runtime.errors import DflashEdgeError
 from ..dflash2_drafter import MANIFEST_NOTE as QUANTIZATION_NOTE
-from ..dflash2_drafter import build
+from ..dflash2_drafter import build, weight_format
 
-__all__ = ["Config", "QUANTIZATION_NOTE", "build"]
+__all__ = ["Config", "QUANTIZATION_NOTE", "build", "weight_format"]
 
 
 def check_options(opts) -> None:
