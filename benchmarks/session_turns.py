@@ -7,8 +7,11 @@ request; the tokens of every warm request are compared with a cold run of the sa
 
     python benchmarks/session_turns.py chat --ours B --gguf F.gguf --llama-python PY --threads 2
     python benchmarks/session_turns.py editor --ours B --gguf F.gguf --llama-python PY --threads 2
+    python benchmarks/session_turns.py alternate --ours B --threads 2 --cache-ram-mb 256
 
 One engine runs at a time (both spin their threads); rounds alternate ours / llama.cpp.
+`alternate` interleaves two conversations' turns (A1 B1 A2 B2 ...) and runs ours twice: with the RAM
+prompt cache (`--cache-ram-mb`, as `serve`) and with none (0: only the live sequence is kept).
 """
 
 from __future__ import annotations
@@ -84,26 +87,32 @@ class Llama:
 class Ours:
     """Our bundle, plain decoding, the Generator keeping its last sequence."""
 
-    def __init__(self, bundle: str, threads: int):
+    def __init__(self, bundle: str, threads: int, cache_ram_mb: float = 0):
         from dflash_edge.runtime import Generator
 
         self.gen = Generator.load(bundle, threads=threads, verify=False, drafter=False)
+        self.cache_ram_mb = cache_ram_mb
 
     def run(self, ids: list[int], new: int, reset: bool = False) -> dict:
         res = self.gen.generate_ids(
             ids, new, draft="none", stop_token_ids=(), cache_prompt=not reset
         )
+        if reset:  # an empty RAM cache: nothing of an earlier round is kept but this request
+            self.gen.keep_prompts(self.cache_ram_mb)
         s = res.stats
         return {"tokens": res.token_ids, "ttft_s": s.ttft_s, "cached": s.cached_tokens}
 
 
-def conversation(encode, turns: int, context_tokens: int, answer: int) -> list[list[int]]:
+def conversation(
+    encode, turns: int, context_tokens: int, answer: int, skip: int = 0
+) -> list[list[int]]:
     """The ids of each turn: a long first message, then short follow-ups; each turn resends the
     whole conversation through the chat template (the answers are placeholders of `answer` words:
-    what matters is that each request extends the last one)."""
+    what matters is that each request extends the last one). `skip`: start further down the
+    prompt list (another conversation)."""
     from dflash_edge.data import read_prompts
 
-    rows = read_prompts("bench") + read_prompts("heldout")
+    rows = (read_prompts("bench") + read_prompts("heldout"))[skip:]
     lines, ids = ["Read these questions; I will ask about them."], []
     for i, row in enumerate(rows, 1):
         trial = encode([{"role": "user", "content": "\n".join([*lines, row["prompt"]])}])
@@ -149,7 +158,7 @@ def session(engine, requests: list[list[int]], new: int) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("kind", choices=["chat", "editor"])
+    p.add_argument("kind", choices=["chat", "editor", "alternate"])
     p.add_argument("--ours", required=True, help="bundle directory")
     p.add_argument("--gguf", help="the same model's GGUF for llama.cpp (omit: ours alone)")
     p.add_argument("--llama-python", default="python", help="python of llama-cpp-python's venv")
@@ -159,20 +168,26 @@ def main(argv=None) -> int:
     p.add_argument("--context-tokens", type=int, default=1000)
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--cache-ram-mb", type=float, default=256, help="alternate: ours' RAM cache")
     p.add_argument("--json", help="write the result here too")
     args = p.parse_args(argv)
 
-    ours = Ours(args.ours, args.threads)
+    ours = Ours(args.ours, args.threads, args.cache_ram_mb if args.kind == "alternate" else 0)
     gen = ours.gen
-    if args.kind == "chat":
+    if args.kind == "editor":
+        requests, new = editor(gen, args.keystrokes), 8
+    else:
         requests = conversation(gen.tokenizer.encode_chat, args.turns, args.context_tokens, 16)
         new = args.new_tokens
-    else:
-        requests, new = editor(gen, args.keystrokes), 8
-    cold = [ours.run(ids, new, reset=True)["tokens"] for ids in requests]
+    if args.kind == "alternate":
+        other = conversation(gen.tokenizer.encode_chat, args.turns, args.context_tokens, 16, 40)
+        requests = [ids for pair in zip(requests, other) for ids in pair]
     engines = {"ours": ours}
-    if args.gguf:
+    if args.kind == "alternate":
+        engines["ours, no RAM cache"] = Ours(args.ours, args.threads, 0)
+    elif args.gguf:
         engines["llama.cpp"] = Llama(args.llama_python, args.gguf, args.threads, 4096)
+    cold = [ours.run(ids, new, reset=True)["tokens"] for ids in requests]
     runs: dict[str, list[list[dict]]] = {k: [] for k in engines}
     for _ in range(args.rounds):
         for name, engine in engines.items():
@@ -185,9 +200,14 @@ def main(argv=None) -> int:
             "cached": [rounds[-1][i]["cached"] for i in range(len(requests))],
             "later_over_first": round(statistics.median(ttft[1:]) / ttft[0], 3),
         }
-    result["ours"]["warm_equals_cold"] = all(
-        r[i]["tokens"] == cold[i] for r in runs["ours"] for i in range(len(requests))
-    )
+    for name in runs:
+        if name.startswith("ours"):
+            result[name]["warm_equals_cold"] = all(
+                r[i]["tokens"] == cold[i] for r in runs[name] for i in range(len(requests))
+            )
+    if "ours, no RAM cache" in runs:
+        a, b = result["ours"]["ttft_s"], result["ours, no RAM cache"]["ttft_s"]
+        result["ram_cache_over_none"] = [round(x / y, 2) for x, y in zip(a, b)]
     if "llama.cpp" in runs:
         a, b = result["ours"]["ttft_s"], result["llama.cpp"]["ttft_s"]
         result["ours_over_llama"] = [round(x / y, 2) for x, y in zip(a, b)]
