@@ -39,7 +39,7 @@ COMMANDS = {
     "generate": ("generate", "generate with the torch reference speculative loop"),
     "export": ("export", "export target + drafter to an ONNX bundle"),
     "quantize": ("quantize", "bundle -> its model re-exported at another precision + quality"),
-    "build-engines": ("build_engines", "build TensorRT engines for a bundle (needs TensorRT)"),
+    "build-engines": ("build_engines", "build a bundle's TensorRT engines ahead of its first run"),
     "run": ("run", "generate from a bundle with the speculative runtime (streams text)"),
     "complete": ("complete", "fill in the code at a cursor in a file (fill-in-the-middle)"),
     "bench": ("bench", "speculative vs autoregressive tokens/s on a prompt set, lossless check"),

@@ -1,15 +1,10 @@
 """`dflash-edge export`: target + drafter -> bundle. Maps the arguments to `ExportOptions`; each
 choice ("auto" precision, KV cache, device plan, drafter precision) is export/choices.py's, so
-`export_bundle(ExportOptions(out=...))` writes the same bundle. Prints one line on the bundle's
-TensorRT readiness (engines/) after a successful export.
+`export_bundle(ExportOptions(out=...))` writes the same bundle.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-from ..engines.readiness import bundle_trt_readiness
 from ..export.choices import AUTO
 from ..export.device_plan import EXPORT_PRECISIONS
 from ..export.exporter import ExportOptions, export_bundle
@@ -67,12 +62,11 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--low-bit-ops",
         default=AUTO,
-        choices=(AUTO, "standard", "tensorrt", "contrib", "contrib+tensorrt"),
+        choices=(AUTO, "standard", "tensorrt", "contrib"),
         help="int4/int8 weights: contrib (onnxruntime's MatMulNBits / GatherBlockQuantized, the "
         "source's own blocks: what a CPU runs), tensorrt (standard ONNX, re-quantised to "
         "TensorRT's weight-only rules: int4 blocks of 128, int8 per channel; slow on a CPU), "
-        "contrib+tensorrt (contrib plus a TensorRT flavour in OUT/tensorrt, a second copy of "
-        "the weights), standard (blocked DequantizeLinear, opset 21, the source's own blocks; "
+        "standard (blocked DequantizeLinear, opset 21, the source's own blocks; "
         "onnxruntime fuses it into MatMulNBits); auto: tensorrt for a GPU / Jetson --device, "
         "else contrib",
     )
@@ -107,34 +101,5 @@ def options_from(args) -> ExportOptions:
 
 
 def run(args) -> int:
-    out = export_bundle(options_from(args))
-    print(trt_readiness_line(out), file=sys.stderr)
+    export_bundle(options_from(args))
     return 0
-
-
-def trt_readiness_line(bundle: Path) -> str:
-    """One line: can TensorRT parse the bundle's portable graphs (engines.readiness), and if not,
-    what stops it."""
-
-    summary = bundle_trt_readiness(bundle)
-    where = summary.get("flavour", bundle)  # a TensorRT flavour's folder, else the bundle
-    head = f"TensorRT {summary['tensorrt_version']} readiness of {', '.join(summary['graphs'])}"
-    head += f" in {where}" if "flavour" in summary else ""
-    if summary["ok"]:
-        return f"{head}: ok (`dflash-edge build-engines {where}` on a GPU machine)"
-    problems = [f"{n}: {p}" for n, g in summary["graphs"].items() for p in g["problems"]]
-    contrib = any("MatMulNBits" in p or "GatherBlockQuantized" in p for p in problems)
-    blocks = any("DequantizeLinear" in p and "blocks of" in p for p in problems)
-    hint = ""
-    if contrib:
-        hint = (
-            "; int4/int8 graphs use onnxruntime's MatMulNBits (--low-bit-ops contrib): for "
-            "TensorRT export with --low-bit-ops tensorrt (or --device for a GPU / Jetson)"
-        )
-    elif blocks:
-        hint = (
-            "; TensorRT takes INT4 weights in blocks of 64/128 and INT8 per channel, and this "
-            "bundle keeps its source's exact 32-wide blocks: for TensorRT export with "
-            "--low-bit-ops tensorrt"
-        )
-    return f"{head}: not ready ({len(problems)} problem(s); the first, {problems[0]}){hint}"

@@ -1,3 +1,3 @@
-"""dflash_edge.engines — bundle -> TensorRT engines (`build.py`), and whether the portable graphs
-only use operators TensorRT supports (`readiness.py`, from the documented table in `op_support.py`).
-Floor 4, beside export/ and quantize/; TensorRT itself is imported only when an engine is built."""
+"""dflash_edge.engines — `build-engines` (`build.py`): a bundle's TensorRT engines built ahead of
+time into the cache the runtime's TensorRT path (onnxruntime's TensorRT execution provider) loads.
+Floor 4, beside export/ and quantize/."""

@@ -8,7 +8,7 @@ else fp32. With `device` set, the device plan picks the precision and max contex
 `kv_cache="auto"`: int8 for int4 / int8 targets that get a fused graph (calibrated on the written
 graph: kv_cache.py), else fp32. `low_bit_ops="auto"`: contrib (MatMulNBits, the source's own
 blocks) without a device or for a CPU one, tensorrt (TensorRT's weight-only blocks) for a GPU /
-Jetson one; contrib+tensorrt (a TensorRT flavour in `tensorrt/` beside the CPU graphs) by name.
+Jetson one.
 
 >>> resolve_choices(ExportOptions(out="b/"))[0].precision       # doctest: +SKIP
 'fp32'

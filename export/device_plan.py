@@ -121,8 +121,7 @@ def low_bit_ops_for(device: str | None) -> str:
     """How an int4 / int8 bundle's weights are written for `device` (`export --low-bit-ops auto`):
     a CPU gets MatMulNBits (contrib: the source's exact blocks; the standard form fuses into the
     same kernels but holds ~0.45 GB more in an onnxruntime 1.32 session of the 1.5B coder), a GPU or
-    Jetson TensorRT's weight-only blocks (tensorrt; devices/planner.runs_on); no device: contrib
-    (a TensorRT flavour beside it, contrib+tensorrt, is asked for by name: tensorrt_flavour.py)."""
+    Jetson TensorRT's weight-only blocks (tensorrt; devices/planner.runs_on); no device: contrib."""
     if device in (None, "cpu"):
         return "contrib"
     return "contrib" if get_profile(device).device_class == "cpu" else "tensorrt"

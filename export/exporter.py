@@ -31,7 +31,7 @@ from ..runtime.io_tables import FLAVOURS, io_manifest
 from ..runtime.memory import MemoryMeter
 from ..runtime.publish import publish_dir
 from ..runtime.tokenizer import CHAT_TEMPLATE_FILE
-from . import parity, tensorrt_flavour  # modules: tests stand in for functions
+from . import parity  # a module: tests stand in for its functions
 from .choices import resolve_choices
 from .drafters import write_drafter
 from .families import family_writers
@@ -54,7 +54,7 @@ WRITTEN = ("fp32", "fp16", "int8", "int4")  # precisions the writer stores weigh
 # onnxruntime's CPU provider fuses it into MatMulNBits: one copy for every flavour), re-quantised to
 # TensorRT's weight-only rules (tensorrt: int4 blocks of 128, int8 per channel; slow on a CPU), or
 # onnxruntime's contrib ops
-LOW_BIT_OPS = ("standard", "tensorrt", "contrib", "contrib+tensorrt")
+LOW_BIT_OPS = ("standard", "tensorrt", "contrib")
 
 
 @dataclass
@@ -187,7 +187,6 @@ def export_bundle(opts: ExportOptions, progress=None, finish=None) -> Path:
     try:
         graphs = _write(opts, target, tmp, steps, meter)
         graphs = _int8_cache(opts, tmp, graphs, steps, meter)
-        flavour = _tensorrt_flavour(opts, target, tmp, steps, meter)
         if finish is not None:
             finish(tmp)
         pause_at("publish")
@@ -200,8 +199,6 @@ def export_bundle(opts: ExportOptions, progress=None, finish=None) -> Path:
     sizes = ", ".join(
         f"{n} {sum(f['bytes'] for f in g['files']) / 1e6:.0f} MB" for n, g in graphs.items()
     )
-    if flavour:
-        sizes += f", {flavour['path']}/ +{flavour['bytes'] / 1e6:.0f} MB"
     peaks = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in meter.peaks.items())
     parity = "ok" if opts.verify else "skipped"
     print(
@@ -238,25 +235,9 @@ def _int8_cache(opts: ExportOptions, tmp: Path, graphs: dict, steps, meter: Memo
     return manifest["graphs"]
 
 
-def _tensorrt_flavour(opts: ExportOptions, target, tmp: Path, steps, meter) -> dict | None:
-    """`contrib+tensorrt`: the TensorRT flavour in `tmp`/tensorrt (tensorrt_flavour.py) from the
-    same opened `target`, named in the main manifest's `flavours`."""
-    if opts.low_bit_ops != "contrib+tensorrt":
-        return None
-    manifest = json.loads((tmp / bundle_mod.MANIFEST).read_text())
-    steps.set_postfix_str("TensorRT flavour")
-    entry = tensorrt_flavour.write_flavour(
-        opts, tmp, lambda o, sub: _write(o, target, sub, steps, meter), manifest
-    )
-    if entry is not None:
-        manifest["flavours"] = {tensorrt_flavour.FLAVOUR: entry}
-        bundle_mod.write_manifest(tmp, manifest)
-    return entry
-
-
 @dataclass
 class _Writing:
-    """One bundle being written into the partial folder `tmp` (a TensorRT flavour is a second)."""
+    """One bundle being written into the partial folder `tmp`."""
 
     opts: ExportOptions
     src: object  # sources.Sources

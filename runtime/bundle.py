@@ -62,7 +62,7 @@ MODEL_OPTIONAL = (
 )
 # section -> allowed keys (None: free-form dict). Every key is required unless listed in OPTIONAL.
 SCHEMA: dict[str, tuple[str, ...] | None] = {
-    # quality: quantize's report file (path, bytes, sha256); flavours: bundles in sub-folders
+    # quality: quantize's report file (path, bytes, sha256); engines, flavours: LEGACY (ignored)
     "": (
         "format",
         "manifest_version",
@@ -131,6 +131,33 @@ OPTIONAL = {
     "checksum",
     "checksums",
 }
+# keys only removed writers wrote: read (their paths still checked), then ignored with a note
+LEGACY = {
+    "engines": "TensorRT .plan files from an older `build-engines`, in engines/",
+    "flavours": "a TensorRT flavour from an older `export --low-bit-ops contrib+tensorrt`, in "
+    "tensorrt/",
+}
+
+
+class LegacyKeyWarning(UserWarning):
+    """The manifest holds a key of a removed writer (`LEGACY`), which this runtime ignores."""
+
+
+def note_legacy(manifest: dict, root: Path) -> None:
+    """One LegacyKeyWarning per `LEGACY` key in `manifest`: the bundle runs without it."""
+    import warnings
+
+    for key, what in LEGACY.items():
+        if key in manifest:
+            warnings.warn(
+                f"{root / MANIFEST}: key {key!r} ({what}) is ignored: TensorRT runs through "
+                f"onnxruntime's TensorRT provider on this bundle's own graphs (`dflash-edge "
+                f"build-engines {root}` fills its engine cache); that folder can be deleted",
+                LegacyKeyWarning,
+                stacklevel=3,
+            )
+
+
 # optional in that section only (the top-level kv_cache is required)
 OPTIONAL_IN = {"graph": {"kv_cache", "weight_bytes"}}
 KV_LAYOUT = "S,L,Hkv,D"
@@ -522,6 +549,7 @@ def read_bundle(path: str | Path, verify: bool = True) -> Bundle:
             f"export); re-export the bundle"
         )
     _check_paths(manifest, str(mpath), root)
+    note_legacy(manifest, root)
     for name in LOADER_FILES:
         if os.path.lexists(root / name):
             inside(root, name, f"{name} (read by the runtime)")

@@ -30,7 +30,7 @@ from .session import (
     warn_not_row_exact,
 )
 from .targets import TARGET_MODELS, TargetModel, TargetSpec
-from .trt_profiles import symbol_ranges, trt_profiles
+from .trt_profiles import symbol_ranges, trt_cache_dir, trt_profiles
 from .validate import InvalidArgumentError, check_flag
 
 FLAGS = ("spin", "verify", "use_tuned", "share_weights", "drafter")
@@ -94,7 +94,7 @@ class GraphSessions:
     def __init__(self, b: Bundle, opts: LoadOptions):
         self.bundle, self.provider = b, opts.provider
         self.config = SessionConfig(
-            opts.provider, opts.threads, trt_cache_dir=str(b.root / ".trt-cache"), spin=opts.spin
+            opts.provider, opts.threads, trt_cache_dir=str(trt_cache_dir(b.root)), spin=opts.spin
         )
         self.profiles = trt_profiles(b) if opts.provider == "tensorrt" else {}
         self.maps: list = []
@@ -104,14 +104,19 @@ class GraphSessions:
             else {}
         )
 
-    def open(self, graph: str):
-        """A runner for manifest graph `graph`: fp16 graphs get TensorRT's fp16 kernels, shared
-        weights are given, not loaded."""
+    def config_for(self, graph: str) -> SessionConfig:
+        """Manifest graph `graph`'s session config: fp16 graphs get TensorRT's fp16 kernels,
+        DequantizeLinear weights their accuracy level."""
         entry = self.bundle.manifest["graphs"][graph]
         fp16, level = entry["precision"] == "fp16", low_bit_settings(entry)
+        return replace(self.config, fp16=fp16, accuracy_level=level)
+
+    def open(self, graph: str):
+        """A runner for manifest graph `graph` (`config_for`); shared weights are given, not
+        loaded."""
         return open_graph(
             self.bundle.graph_path(graph),
-            replace(self.config, fp16=fp16, accuracy_level=level),
+            self.config_for(graph),
             self.profiles.get(graph),
             self.shared.get(graph),
         )

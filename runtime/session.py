@@ -4,8 +4,8 @@ run.
 The loop only needs a *graph runner*: an object with `device` ("cpu" | "cuda": where its KV buffers
 live), `binding()` (a fresh IOBinding-like object: `bind_input/bind_output(name, device, device_id,
 dtype, shape, ptr)`) and `run(binding)`. `OrtGraph` is that runner for onnxruntime's CPU, CUDA and
-TensorRT execution providers; a native TensorRT engine runner (engines listed in the manifest) fits
-the same three members, binding tensor addresses instead of OrtValues, without touching the loop.
+TensorRT execution providers (TensorRT runs through onnxruntime's provider only: docs/design.md
+"TensorRT"; its options come from trt_profiles.tensorrt_options).
 
 >>> graph = open_graph("bundle/target.onnx", "cpu")          # doctest: +SKIP
 >>> b = graph.binding(); ...; graph.run(b)                  # doctest: +SKIP
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from .bundle import inside
 from .errors import DflashEdgeError
+from .trt_profiles import tensorrt_options
 
 # our provider name -> (onnxruntime execution providers, most preferred first; device the buffers
 # live on)
@@ -44,7 +45,7 @@ class SessionConfig:
     provider: str = "cpu"
     threads: int = 0
     device_id: int = 0
-    trt_cache_dir: str | None = None  # TensorRT EP engine cache (bundle/.trt-cache by default)
+    trt_cache_dir: str | None = None  # TensorRT engine + timing cache (trt_profiles.TRT_CACHE)
     spin: bool = True  # busy-wait between ops within a run: lower latency on idle cores
     fp16: bool = False  # the graph is fp16 (manifest precision): TensorRT builds fp16 kernels
     # DequantizeLinear low-bit weights (export/dq_format.py): the accuracy level of the MatMulNBits
@@ -193,7 +194,7 @@ def open_graph(
     import onnxruntime as ort
 
     check_provider(config.provider)
-    eps, device = PROVIDERS[config.provider]
+    device = PROVIDERS[config.provider][1]
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -210,8 +211,7 @@ def open_graph(
         opts.add_session_config_entry(QDQ_ACCURACY, str(config.accuracy_level))
     for name, value in (initializers or {}).items():
         opts.add_initializer(name, value)
-    providers = [(ep, _provider_options(ep, config, profile)) for ep in eps]
-    session = ort.InferenceSession(str(path), opts, providers=providers)
+    session = ort.InferenceSession(str(path), opts, providers=provider_list(config, profile))
     return OrtGraph(session, device, config.device_id, initializers)
 
 
@@ -261,17 +261,15 @@ def release_pages(maps: list) -> None:
             m.madvise(mmap.MADV_DONTNEED)
 
 
+def provider_list(config: SessionConfig, profile: dict | None = None) -> list[tuple[str, dict]]:
+    """The (execution provider, options) list a session on `config.provider` is created with,
+    most preferred first (`profile`: the graph's TensorRT optimisation profile)."""
+    return [(ep, _provider_options(ep, config, profile)) for ep in PROVIDERS[config.provider][0]]
+
+
 def _provider_options(ep: str, config: SessionConfig, profile: dict | None) -> dict:
     if ep == "CUDAExecutionProvider":
         return {"device_id": config.device_id}
     if ep == "TensorrtExecutionProvider":
-        opts = {"device_id": config.device_id, "trt_fp16_enable": config.fp16}
-        if config.trt_cache_dir:
-            opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=config.trt_cache_dir)
-        for level in ("min", "opt", "max") if profile else ():
-            opts[f"trt_profile_{level}_shapes"] = ",".join(
-                f"{name}:{'x'.join(str(d) for d in shapes[level])}"
-                for name, shapes in profile.items()
-            )
-        return opts
+        return tensorrt_options(config.device_id, config.fp16, config.trt_cache_dir, profile)
     return {}

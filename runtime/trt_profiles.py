@@ -1,7 +1,12 @@
-"""TensorRT optimisation profiles (min / opt / max shape per input), derived from the I/O table +
-manifest.
+"""The TensorRT path's settings: optimisation profiles (min / opt / max shape per input, derived
+from the I/O table + manifest) and the options of onnxruntime's TensorRT execution provider.
 
-Pure Python (no tensorrt import): the engine builder and the TensorRT runner share it.
+The one TensorRT path (docs/design.md "TensorRT"): onnxruntime's TensorRT provider runs the bundle's
+own portable graphs, its engines and timing cache kept in `BUNDLE/.trt-cache`. `tensorrt_options` is
+the one place those options are made: the runtime's sessions (session.open_graph) and
+`build-engines` (engines/build.py, which opens the runtime's own sessions to fill the cache ahead of
+time) both get them from here, so an engine built ahead is the engine the runtime loads.
+Pure Python (no tensorrt import).
 
 Ranges of the dynamic symbols (docs/design.md §4):
     T (target tokens)        min 1 (decode), opt B (verify), max max(P, B) (prefill chunk)
@@ -16,9 +21,42 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .io_tables import GRAPHS, model_dims, portable_graphs, resolve_shape
+from .io_tables import GRAPHS, model_dims, portable_graphs, present, resolve_shape
 
 Shape = tuple[int, ...]
+TRT_CACHE = ".trt-cache"  # inside the bundle: TensorRT's engines and timing cache (native code)
+
+
+def trt_cache_dir(root) -> Path:
+    """The TensorRT engine cache of the bundle at `root` (what `build-engines` fills)."""
+    return Path(root) / TRT_CACHE
+
+
+def tensorrt_options(
+    device_id: int, fp16: bool, cache_dir: str | None, profile: dict | None
+) -> dict:
+    """onnxruntime's TensorrtExecutionProvider options for one graph session: fp16 kernels for an
+    fp16 graph, the engine and timing caches in `cache_dir`, and `profile`
+    (`trt_profiles(...)[graph]`) as the one explicit optimisation profile, so one engine serves
+    every step shape and is built when the session is created.
+
+    >>> tensorrt_options(0, True, "b/.trt-cache", {"x": {"min": (1, 1), "opt": (1, 4),
+    ...     "max": (1, 8)}})["trt_profile_max_shapes"]
+    'x:1x8'
+    """
+    opts = {"device_id": device_id, "trt_fp16_enable": fp16}
+    if cache_dir:
+        opts.update(
+            trt_engine_cache_enable=True,
+            trt_engine_cache_path=cache_dir,
+            trt_timing_cache_enable=True,
+            trt_timing_cache_path=cache_dir,
+        )
+    for level in ("min", "opt", "max") if profile else ():
+        opts[f"trt_profile_{level}_shapes"] = ",".join(
+            f"{name}:{'x'.join(str(d) for d in shapes[level])}" for name, shapes in profile.items()
+        )
+    return opts
 
 
 def symbol_ranges(manifest: dict) -> dict[str, tuple[int, int, int]]:
@@ -46,6 +84,7 @@ def trt_profiles(bundle) -> dict[str, dict[str, dict[str, Shape]]]:
                 for i, level in enumerate(("min", "opt", "max"))
             }
             for spec in GRAPHS[graph]["inputs"]
+            if present(spec, dims)  # a drafter's window inputs only where it has windows
         }
     return out
 

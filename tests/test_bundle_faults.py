@@ -82,3 +82,27 @@ def test_every_file_class_is_checksummed(bundle_copy):
         e["path"] for e in m["tokenizer"]["checksums"]
     }
     assert summed == set(FILES) - {"manifest.json"} and len(m["checksum"]) == 64
+
+
+def test_keys_of_removed_tensorrt_writers_are_ignored_with_a_note(bundle_copy, tmp_path):
+    """An older bundle's `engines` (.plan files of the old build-engines) and `flavours` (the
+    contrib+tensorrt flavour): nothing reads them now, so the bundle loads and runs, with one note
+    per key naming build-engines; a hostile path in them is still refused (test_security)."""
+    import json
+
+    from dflash_edge.runtime import Generator
+    from dflash_edge.runtime.bundle import LegacyKeyWarning, write_manifest
+
+    old = tmp_path / "old"
+    shutil.copytree(bundle_copy, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    plan = {"file": {"path": "engines/target.fp16.plan", "bytes": 4, "sha256": "0" * 64}}
+    manifest["engines"] = {"target": {"fp16": plan}}
+    manifest["flavours"] = {"tensorrt": {"path": "tensorrt", "graphs": ["target"], "bytes": 0}}
+    write_manifest(old, manifest)
+    with pytest.warns(LegacyKeyWarning) as notes:
+        gen = Generator.load(old, use_tuned=False)
+    said = sorted(str(n.message) for n in notes if n.category is LegacyKeyWarning)
+    assert len(said) == 2 and all("is ignored" in s and "build-engines" in s for s in said)
+    assert "'engines'" in said[0] and "'flavours'" in said[1]
+    assert len(gen.generate_ids([3, 9, 14], 4, draft="drafter").token_ids) == 4

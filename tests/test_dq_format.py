@@ -6,8 +6,6 @@ provider. Tier 1, tiny models."""
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import replace
 
 import numpy as np
@@ -156,7 +154,6 @@ def bundles(tiny_checkpoints, tmp_path_factory):
     )
     add_tiny_tokenizer(root / "w")
     out["tensorrt"] = export("tensorrt", target=wide, accuracy_level=0)
-    out["contrib+tensorrt"] = export("contrib+tensorrt", target=wide, accuracy_level=0)
     return out
 
 
@@ -203,90 +200,6 @@ def test_portable_target_on_cpu_is_lossless(bundles):
     plain = gen.generate_ids(PROMPT, 24, draft="none").token_ids
     assert gen.generate_ids(PROMPT, 24, draft="drafter").token_ids == plain
     assert len(plain) == 24
-
-
-def test_readiness_names_tensorrt_block_rules(bundles):
-    """No contrib-op problem left; what remains are TensorRT's documented weight-only rules (INT4
-    in blocks of 64 / 128, INT8 per tensor or channel) against the 32-wide blocks written here."""
-    from dflash_edge.engines.readiness import bundle_trt_readiness
-
-    summary = bundle_trt_readiness(bundles["standard"])
-    problems = [p for g in summary["graphs"].values() for p in g["problems"]]
-    assert problems and not [p for p in problems if "not a standard ONNX op" in p]
-    assert all("DequantizeLinear" in p and "blocks of 32" in p for p in problems), problems
-    notes = json.dumps(summary)
-    assert "strongly typed" in notes
-    contrib = bundle_trt_readiness(bundles["contrib"])
-    assert any(
-        "not a standard ONNX op" in p for g in contrib["graphs"].values() for p in g["problems"]
-    )
-
-
-def _dq_graph(qtype, block, zero_point=False, gather=False, k=256):
-    from onnx import TensorProto, helper
-
-    n, b = 16, -(-k // block)  # blocks along K
-    size = (lambda c: c // 2) if qtype == TensorProto.INT4 else (lambda c: c)  # noqa: E731
-    ins = ["q", "s"] + (["z"] * zero_point)
-    inits = [
-        helper.make_tensor("q", qtype, [k, n], bytes(size(k * n)), raw=True),
-        helper.make_tensor("s", TensorProto.FLOAT, [b, n], bytes(4 * b * n), raw=True),
-    ]
-    if zero_point:
-        inits.append(helper.make_tensor("z", qtype, [b, n], bytes(size(b * n)), raw=True))
-    nodes = [helper.make_node("DequantizeLinear", ins, ["w"], axis=0, block_size=block)]
-    nodes.append(helper.make_node("MatMul", ["x", "w"], ["y"]))
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])
-    if gather:  # a lookup of int8 codes before dequantising
-        nodes = [
-            helper.make_node("Gather", ["q", "ids"], ["rows"], axis=1),
-            helper.make_node("Gather", ["s", "ids"], ["srows"], axis=1),
-            helper.make_node(
-                "DequantizeLinear", ["rows", "srows"], ["y"], axis=0, block_size=block
-            ),
-        ]
-        x = helper.make_tensor_value_info("ids", TensorProto.INT64, [1])
-        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [k, 1])
-    graph = helper.make_graph(nodes, "g", [x], [y], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-
-
-def test_readiness_knows_tensorrt_weight_only_rules():
-    """INT4 in blocks of 64 / 128 is ready (a strongly typed build); INT4 in blocks of 32, INT8 in
-    blocks and any zero point are problems; an INT8 Gather before dequantising is a note."""
-    from onnx import TensorProto
-
-    from dflash_edge.engines.readiness import check_trt_readiness
-
-    ok = check_trt_readiness(_dq_graph(TensorProto.INT4, 128), "g")
-    assert ok.ok and any("strongly typed" in n for n in ok.notes), ok
-    for qtype, block, zp, what in (
-        (
-            TensorProto.INT4,
-            32,
-            False,
-            "INT4 DequantizeLinear (node 'w') in blocks of 32",
-        ),
-        (TensorProto.INT8, 32, False, "INT8 weights with one scale per tensor or per channel only"),
-        (TensorProto.INT4, 128, True, "has a zero point"),
-    ):
-        report = check_trt_readiness(_dq_graph(qtype, block, zp), "g")
-        assert any(what in p for p in report.problems), report
-    partial = check_trt_readiness(_dq_graph(TensorProto.INT4, 128, k=192), "g")
-    assert any("no whole number of blocks of 128" in p for p in partial.problems), partial
-    lookup = check_trt_readiness(_dq_graph(TensorProto.INT8, 32, gather=True), "g")
-    assert any("Gather" in n and "INT8" in n for n in lookup.notes)
-    assert not any(p.startswith("Gather") for p in lookup.problems)
-
-
-def test_weight_only_graphs_build_strongly_typed():
-    from types import SimpleNamespace
-
-    from dflash_edge.engines.build import network_flags
-
-    trt = SimpleNamespace(NetworkDefinitionCreationFlag=SimpleNamespace(STRONGLY_TYPED=1))
-    assert network_flags(trt, True) == 2 and network_flags(trt, False) == 0
 
 
 def test_runtime_names_the_onnxruntime_a_standard_bundle_needs(monkeypatch):
@@ -339,22 +252,19 @@ def test_graphs_carry_the_oldest_ir_their_opsets_allow(bundles):
     assert seen == {17, 21, 23}, seen
 
 
-def test_tensorrt_recipe_is_ready_and_lossless(bundles):
+def test_tensorrt_recipe_is_lossless(bundles):
     """`--low-bit-ops tensorrt`: int4 weights re-quantised in blocks of 64 / 128, int8 (the untied
-    head, the table) one scale per channel; the readiness check finds no problem, parity holds
-    against the torch reference on those stored weights, and it runs on the CPU, with a warning:
+    head, the table) one scale per channel (TensorRT's weight-only rules); parity holds against
+    the torch reference on those stored weights, and it runs on the CPU, with a warning:
     onnxruntime's int4 kernels are not row-exact at those blocks (this tiny model's tokens still
     agree; the 135M's do not: docs/BENCHMARKS.md)."""
     import onnx
 
-    from dflash_edge.engines.readiness import bundle_trt_readiness
     from dflash_edge.runtime import Generator
     from dflash_edge.runtime.bundle import read_bundle
     from dflash_edge.runtime.session import NotRowExactWarning
 
     out = bundles["tensorrt"]
-    summary = bundle_trt_readiness(out)
-    assert summary["ok"], summary
     model = onnx.load(str(out / "target.onnx"), load_external_data=False)
     types = {i.name: i.data_type for i in model.graph.initializer}
     dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
@@ -371,55 +281,6 @@ def test_tensorrt_recipe_is_ready_and_lossless(bundles):
         gen = Generator.load(out, use_tuned=False)
     plain = gen.generate_ids(PROMPT, 24, draft="none").token_ids
     assert gen.generate_ids(PROMPT, 24, draft="drafter").token_ids == plain
-
-
-def test_contrib_plus_tensorrt_writes_a_ready_flavour_beside_the_cpu_graphs(bundles):
-    """`--low-bit-ops contrib+tensorrt`: the CPU graphs as contrib writes them, and a bundle in
-    tensorrt/ in standard ONNX only (opset 21, onnx's checker, readiness ok, parity), named in the
-    main manifest with its bytes; the readiness check of the main bundle answers for it."""
-    import onnx
-
-    from dflash_edge.engines.readiness import bundle_trt_readiness
-    from dflash_edge.runtime import Generator
-    from dflash_edge.runtime.bundle import read_bundle
-
-    out = bundles["contrib+tensorrt"]
-    main = read_bundle(out).manifest
-    entry = main["flavours"]["tensorrt"]
-    sub = out / entry["path"]
-    assert entry["graphs"] == ["drafter", "target"]
-    assert entry["bytes"] == sum(f.stat().st_size for f in sub.iterdir())
-    assert main["graphs"]["target"]["quantization"]["settings"]["low_bit_ops"] == "contrib"
-    assert "target_fused" in main["graphs"]  # the CPU's graphs, as contrib writes them
-    assert sub.stat().st_mode & 0o777 == 0o755  # published readable (publish.py), as files are
-    flavour = read_bundle(sub).manifest
-    assert set(flavour["graphs"]) == {"target", "drafter"} and "flavours" not in flavour
-    assert min(v for k, v in flavour["source"]["parity"].items() if k.endswith("agreement")) >= 0.95
-    for name in ("target", "drafter"):
-        path = sub / f"{name}.onnx"
-        onnx.checker.check_model(str(path))
-        model = onnx.load(str(path), load_external_data=False)
-        assert {n.domain for n in model.graph.node} <= {"", "ai.onnx"}
-        assert [(o.domain, o.version) for o in model.opset_import] == [("", 21)]
-    summary = bundle_trt_readiness(out)
-    assert summary["ok"] and summary["flavour"] == str(sub.resolve()), summary
-    assert not bundle_trt_readiness(bundles["contrib"])["ok"]
-    gen = Generator.load(out, use_tuned=False)  # the CPU graphs: lossless
-    plain = gen.generate_ids(PROMPT, 24, draft="none").token_ids
-    assert gen.generate_ids(PROMPT, 24, draft="drafter").token_ids == plain
-    assert not (bundles["contrib"] / "tensorrt").exists()
-
-
-def test_build_engines_takes_the_tensorrt_flavour(bundles, capsys, monkeypatch):
-    """Given the main bundle, build-engines builds its flavour (here it stops at the missing
-    TensorRT, after choosing the flavour's graphs)."""
-    from dflash_edge.engines.build import EngineOptions, build_engines
-    from dflash_edge.runtime.errors import DflashEdgeError
-
-    monkeypatch.setitem(sys.modules, "tensorrt", None)  # no TensorRT, even where one is
-    with pytest.raises(DflashEdgeError, match="TensorRT is not installed"):
-        build_engines(EngineOptions(bundles["contrib+tensorrt"]))
-    assert "contrib+tensorrt/tensorrt, this bundle's TensorRT flavour" in capsys.readouterr().err
 
 
 def test_the_device_plan_picks_the_low_bit_form():
