@@ -5,13 +5,13 @@ Memory: weights at the chosen precision (int4/int8 = MatMulNBits blocks of 32 wi
 a zero point each; the embedding and LM head of an int4/int8 target as 8-bit blocks, stored once for
 target and drafter, as `export` writes them), the drafter's own layers (export's default: fp16 on a
 GPU / Jetson, fp32 beside a low-bit target on a CPU), KV caches preallocated at context + block,
-activations, the runtime, and the OS reserve where the OS shares memory. On a CPU the runtime maps the shared tables read-only
-from the bundle and the embedding is a Gather, so only the rows used become resident. Speed: a
-roofline per step (bytes ÷ bandwidth vs FLOPs ÷ compute, with the device class's efficiency factors,
-devices/classes.json) plus a per-layer dispatch cost; on a hybrid target (Qwen3.5) only the
-full-attention layers' KV grows with context, the linear layers' conv + recurrent states (fp32,
-STATE_BYTES) are read and written whole every call whatever the context; DFlash's speedup at
-acceptance length τ is τ · t_decode / (t_draft + t_verify).
+activations, the runtime, and the OS reserve where the OS shares memory. On a CPU the runtime maps
+the shared tables read-only from the bundle and the embedding is a Gather, so only the rows used
+become resident. Speed: a roofline per step (bytes ÷ bandwidth vs FLOPs ÷ compute, with the device
+class's efficiency factors, devices/classes.json) plus a per-layer dispatch cost; on a hybrid
+target (Qwen3.5) only the full-attention layers' KV grows with context, the linear layers' conv +
+recurrent states (fp32, STATE_BYTES) are read and written whole every call whatever the context;
+DFlash's speedup at acceptance length τ is τ · t_decode / (t_draft + t_verify).
 
 >>> t, d, tau = preset("qwen3-8b")                                               # doctest: +SKIP
 >>> plan(PlanRequest(t, d, get_profile("jetson-orin-nx-16gb"), "int4", 4096)).fits  # doctest: +SKIP
@@ -89,9 +89,7 @@ def default_draft_precision(precision: str, device_class: str = "cpu") -> str:
 
 def draft_precision_of(req: PlanRequest) -> str:
     """The drafter's precision: as asked, else export's default for the device."""
-    return req.draft_precision or default_draft_precision(
-        req.precision, req.device.device_class
-    )
+    return req.draft_precision or default_draft_precision(req.precision, req.device.device_class)
 
 
 def float_bytes(req: PlanRequest) -> int:
