@@ -214,7 +214,8 @@ def export_bundle(opts: ExportOptions, progress=None, finish=None) -> Path:
     peaks = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in meter.peaks.items())
     parity = "ok" if opts.verify else "skipped"
     print(
-        f"exported {out} in {time.perf_counter() - t0:.0f} s ({opts.precision}, KV cache "
+        f"exported {out} in {time.perf_counter() - t0:.0f} s ({opts.precision}, drafter "
+        f"{opts.draft_precision}, KV cache "
         f"{_kv_dtype(graphs)}; {sizes}; parity {parity}; peak RSS GB: {peaks})",
         file=sys.stderr,
     )
@@ -250,6 +251,7 @@ def _write_or_fall_back(opts, target, tmp: Path, steps, meter, draft_by_default:
             f"weights instead (--draft-precision chooses)",
             file=sys.stderr,
         )
+    steps.reset()
     for leftover in tmp.iterdir():  # the partial bundle: written again from the start
         shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     opts = dataclasses.replace(opts, draft_precision=FALLBACK_DRAFT)

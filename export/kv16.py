@@ -35,9 +35,10 @@ def is_cache(name: str, names: set[str]) -> bool:
     return name in names or any(n.endswith(".") and name.startswith(n) for n in names)
 
 
-def kv16_graph(model, graph: str) -> int:
+def kv16_graph(model, graph: str, round_new: bool = True) -> int:
     """Rewrite the proto `model` of bundle graph `graph` (loaded without its external data) for a
-    float16 cache in place; returns how many cache tensors changed."""
+    float16 cache in place; returns how many cache tensors changed. `round_new`: a float32 graph's
+    new keys and values are rounded to float16 where they join the cached ones (`_round_new`)."""
     from onnx import TensorProto, helper
 
     g, names = model.graph, cache_names(graph)
@@ -50,7 +51,8 @@ def kv16_graph(model, graph: str) -> int:
     cast = helper.make_node
     casts_in = [cast("Cast", [i.name], [rename[i.name]], to=TensorProto.FLOAT) for i in inputs]
     casts_out = [cast("Cast", [rename[o.name]], [o.name], to=TensorProto.FLOAT16) for o in outputs]
-    nodes = [*casts_in, *g.node, *casts_out]  # topological: the input casts run first
+    body = _round_new(list(g.node), {rename[i.name] for i in inputs}) if round_new else g.node
+    nodes = [*casts_in, *body, *casts_out]  # topological: the input casts run first
     del g.node[:]
     g.node.extend(nodes)
     kept = [v for v in g.value_info if v.name not in rename]
@@ -59,6 +61,31 @@ def kv16_graph(model, graph: str) -> int:
     for v in (*inputs, *outputs):
         v.type.tensor_type.elem_type = TensorProto.FLOAT16
     return len(rename)
+
+
+LAYOUT_OPS = ("Cast", "Split", "Squeeze", "Unsqueeze", "Reshape", "Transpose", "Slice", "Gather")
+
+
+def _round_new(nodes: list, cached: set[str]) -> list:
+    """`nodes` with every tensor that a Concat appends to the cached keys / values (its input 0
+    read from `cached` through layout ops only) rounded through float16 first: a verify's tokens
+    then attend to each other's keys as a later decode reads them from the cache, and drafting
+    changes no token of plain decoding (row-exact, as the int8 fused cache is)."""
+    from onnx import TensorProto, helper
+
+    past, rounded, out = set(cached), {}, []
+    for node in nodes:
+        if node.op_type in LAYOUT_OPS and node.input and node.input[0] in past:
+            past.update(node.output)
+        if node.op_type == "Concat" and node.input[0] in past:
+            for k, name in enumerate(node.input[1:], start=1):
+                if name not in rounded:  # once per tensor, however many Concats read it
+                    rounded[name] = half = f"{name}.kv16"
+                    out.append(helper.make_node("Cast", [name], [half], to=TensorProto.FLOAT16))
+                    out.append(helper.make_node("Cast", [half], [half + ".fp32"], to=1))
+                node.input[k] = rounded[name] + ".fp32"
+        out.append(node)
+    return out
 
 
 def _is_float(value_info) -> bool:
@@ -79,7 +106,7 @@ def apply_kv16(root, manifest: dict) -> dict:
             continue
         rel = entry["files"][0]["path"]
         model = onnx.load(str(root / rel), load_external_data=False)
-        kv16_graph(model, name)
+        kv16_graph(model, name, round_new=entry["precision"] != "fp16")
         tmp = root / f"{rel}.tmp"
         onnx.save(model, str(tmp))
         tmp.replace(root / rel)

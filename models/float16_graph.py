@@ -11,7 +11,19 @@ runtime's buffers are unchanged. Shared by the exporter's fp16 writer and `dflas
 
 from __future__ import annotations
 
-KEEP_FP32 = ("Pow", "ReduceMean", "Sqrt", "Div", "Softmax", "ArgMax", "Range", "CumSum")
+# DequantizeLinear: an fp16 drafter beside a low-bit target reads the shared 8-bit tables, whose
+# float32 scales lie in shared.onnx.data (the target's too): kept float32, cast after
+KEEP_FP32 = (
+    "Pow",
+    "ReduceMean",
+    "Sqrt",
+    "Div",
+    "Softmax",
+    "ArgMax",
+    "Range",
+    "CumSum",
+    "DequantizeLinear",
+)
 
 
 def convert(model) -> dict:
