@@ -1,7 +1,7 @@
 """The shipped drafter's acceptance length (tau) at each drafter precision (issue 47): one bundle of
-the default target per precision (the CPU's default target: int4 exact blocks, int8 KV cache; only
-the drafter's own layers differ), greedy DFlash over the same chat prompts, tau pooled over every
-verify step. fp16 is exported with parity first; where parity sees it overflow, the message is
+the default target per precision (the CPU's default target: int4 exact blocks as standard
+DequantizeLinear, int8 KV cache; only the drafter's own layers differ), greedy DFlash over the
+same chat prompts, tau pooled over every verify step. fp16 is exported with parity first; where parity sees it overflow, the message is
 recorded and it is measured anyway without parity ("runs, overflowed").
 
     python benchmarks/drafter_precision_tau.py [--work /tmp/dtau] [--prompts heldout] [--texts 8]
@@ -21,7 +21,11 @@ PRECISIONS = ("fp32", "fp16", "int8", "int4")
 def export(out: Path, precision: str, verify: bool) -> Path:
     from dflash_edge.export.exporter import ExportOptions, export_bundle
 
-    opts = ExportOptions(out=out, draft_precision=precision, force=True, verify=verify)
+    # standard: DequantizeLinear over the GGUF's own blocks (row-exact, like contrib's MatMulNBits),
+    # which an fp16 drafter can read the shared tables through
+    opts = ExportOptions(
+        out=out, draft_precision=precision, force=True, verify=verify, low_bit_ops="standard"
+    )
     return export_bundle(opts, progress=False)
 
 
