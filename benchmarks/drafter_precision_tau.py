@@ -1,8 +1,8 @@
 """The shipped drafter's acceptance length (tau) at each drafter precision (issue 47): one bundle of
 the default target per precision (the CPU's default target: int4 exact blocks as standard
 DequantizeLinear, int8 KV cache; only the drafter's own layers differ), greedy DFlash over the
-same chat prompts, tau pooled over every verify step. fp16 is exported with parity first; where parity sees it overflow, the message is
-recorded and it is measured anyway without parity ("runs, overflowed").
+same chat prompts, tau pooled over every verify step. fp16 is exported with parity first; where
+parity sees it overflow, the message is recorded and it is measured anyway without parity.
 
     python benchmarks/drafter_precision_tau.py [--work /tmp/dtau] [--prompts heldout] [--texts 8]
         [--new-tokens 64] [--threads 2] [--json OUT]
