@@ -128,13 +128,6 @@ def _check_options(opts: ExportOptions, src) -> None:
         if value not in WRITTEN:
             raise DflashEdgeError(f"{flag} {value!r}: the exporter writes {', '.join(WRITTEN)}")
     float_tables = opts.precision in ("fp32", "fp16")  # else the tables are 8-bit blocks
-    if opts.draft_precision == "fp16" and not float_tables and "contrib" in opts.low_bit_ops:
-        raise DflashEdgeError(
-            f"--draft-precision fp16 beside an {opts.precision} target with --low-bit-ops "
-            f"{opts.low_bit_ops}: the fp16 drafter reads the shared 8-bit tables through "
-            f"DequantizeLinear only; pass --low-bit-ops standard or tensorrt, or another "
-            f"--draft-precision"
-        )
     if opts.low_bit_ops not in LOW_BIT_OPS:
         raise DflashEdgeError(
             f"--low-bit-ops {opts.low_bit_ops!r}: choose one of {', '.join(LOW_BIT_OPS)}"
