@@ -81,7 +81,9 @@ def default_draft_precision(precision: str, device_class: str = "cpu") -> str:
     `device_class`: on a GPU / Jetson fp16 (16 bits: half fp32's bytes per draft pass; an fp32
     target, asked for by name, keeps an fp32 drafter); on a CPU fp32 beside int4 / int8 (its fp32
     activations), the target's precision otherwise (an fp16 bundle is fp16 throughout). Where an
-    fp16 drafter overflows, export falls back to int8 weights (export/choices.py)."""
+    fp16 drafter overflows, export falls back to int8 weights (exporter.py), which keep the
+    shipped drafter's acceptance as int4 does (tau 1.539 against fp32's 1.534: docs/BENCHMARKS.md
+    "Drafter precision")."""
     if device_class != "cpu" and precision != "fp32":
         return "bf16" if precision == "bf16" else "fp16"
     return {"int4": "fp32", "int8": "fp32"}.get(precision, precision)

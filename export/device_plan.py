@@ -42,6 +42,12 @@ from ..models.gguf_checkpoint import config_dir, is_gguf
 from ..models.locate import config_folder, drafter_folder
 
 EXPORT_PRECISIONS = ("fp32", "fp16", "int8", "int4")  # most precise first
+# measured on the CPU (benchmarks/drafter_precision_tau.py, docs/BENCHMARKS.md "Drafter precision")
+DRAFTER_NOTE = (
+    "drafter at 16 bits or less: the shipped drafter keeps its acceptance at int8 and int4 "
+    "weights (tau 1.539 and 1.539 against fp32's 1.534); at fp16 it overflows (1.389), so an "
+    "fp16 drafter that parity sees overflow is written with int8 weights"
+)
 
 
 def plan_request(tc, draft: str | None, device, **settings) -> PlanRequest:
@@ -171,6 +177,7 @@ def describe(device: str, ranked: list[dict], usable: list, context: int) -> str
     if len(ranked) > 1:
         why += f", {best['tok_s'] / ranked[1]['tok_s']:.2f}x {ranked[1]['precision']}'s tok/s"
     lines.append(f"  chose {why}; --precision picks another)")
+    lines.append(f"  {DRAFTER_NOTE}")
     return "\n".join(lines)
 
 

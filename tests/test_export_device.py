@@ -99,6 +99,7 @@ def test_orin_plan_prints_each_candidate_and_why(orin_bundle):
     assert set(lines) == {"fp32", "fp16", "int8", "int4"}
     assert all(" GB" in ln for ln in lines.values())
     assert "<- chosen" in lines["int4"] and "chose int4: the fastest that fits" in err
+    assert "keeps its acceptance at int8 and int4" in err
 
 
 @pytest.mark.parametrize("graph", ["target", "target_fused"])
