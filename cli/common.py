@@ -86,5 +86,6 @@ def add_kv_cache_arg(p) -> None:
         default=AUTO,
         choices=(AUTO, *KV_CACHES),
         help="the fused target's KV cache; auto: int8 for int4/int8 targets "
-        "(calibrated on the written graph), else fp32",
+        "(calibrated on the written graph), else fp32 (with a GPU / Jetson --device every "
+        "other cache is float16)",
     )

@@ -56,7 +56,8 @@ def add_arguments(p) -> None:
         default=None,
         choices=EXPORT_PRECISIONS,
         help="the drafter's own layers (it borrows the target's embedding and head); default fp32 "
-        "(fp16 with an fp16 target: that bundle is fp16 throughout)",
+        "(fp16 with an fp16 target: that bundle is fp16 throughout); with a GPU / Jetson "
+        "--device fp16 (int8 where fp16 overflows at parity)",
     )
     add_kv_cache_arg(p)
     p.add_argument(
@@ -74,7 +75,9 @@ def add_arguments(p) -> None:
         "--device",
         default=None,
         help="plan for this device profile (`dflash-edge devices`): take the "
-        "precision and max context that fit, or refuse naming what would fit",
+        "precision and max context that fit (a CPU: the most precise; a GPU / Jetson: the "
+        "fastest the planner sees, each candidate printed, with 16-bit KV caches), or refuse "
+        "naming what would fit",
     )
 
 

@@ -3,15 +3,15 @@ graphs).
 
 Memory: weights at the chosen precision (int4/int8 = MatMulNBits blocks of 32 with a float scale and
 a zero point each; the embedding and LM head of an int4/int8 target as 8-bit blocks, stored once for
-target and drafter, as `export` writes them), the drafter's own layers (fp32 beside a low-bit
-target: export's default), KV caches preallocated at context + block, activations, the runtime, and
-the OS reserve where the OS shares memory. On a CPU the runtime maps the shared tables read-only
-from the bundle and the embedding is a Gather, so only the rows used become resident. Speed: a
-roofline per step (bytes ÷ bandwidth vs FLOPs ÷ compute, with the device class's efficiency factors,
-devices/classes.json) plus a per-layer dispatch cost; on a hybrid target (Qwen3.5) only the
-full-attention layers' KV grows with context, the linear layers' conv + recurrent states (fp32,
-STATE_BYTES) are read and written whole every call whatever the context; DFlash's speedup at
-acceptance length τ is τ · t_decode / (t_draft + t_verify).
+target and drafter, as `export` writes them), the drafter's own layers (export's default: fp16 on a
+GPU / Jetson, fp32 beside a low-bit target on a CPU), KV caches preallocated at context + block,
+activations, the runtime, and the OS reserve where the OS shares memory. On a CPU the runtime maps
+the shared tables read-only from the bundle and the embedding is a Gather, so only the rows used
+become resident. Speed: a roofline per step (bytes ÷ bandwidth vs FLOPs ÷ compute, with the device
+class's efficiency factors, devices/classes.json) plus a per-layer dispatch cost; on a hybrid
+target (Qwen3.5) only the full-attention layers' KV grows with context, the linear layers' conv +
+recurrent states (fp32, STATE_BYTES) are read and written whole every call whatever the context;
+DFlash's speedup at acceptance length τ is τ · t_decode / (t_draft + t_verify).
 
 >>> t, d, tau = preset("qwen3-8b")                                               # doctest: +SKIP
 >>> plan(PlanRequest(t, d, get_profile("jetson-orin-nx-16gb"), "int4", 4096)).fits  # doctest: +SKIP
@@ -76,16 +76,22 @@ class PlanRequest:
     )
 
 
-def default_draft_precision(precision: str) -> str:
-    """What `export` writes the drafter's own layers in beside a `precision` target: fp32 beside
-    int4 / int8 (its fp32 activations), the target's precision otherwise (an fp16 bundle is fp16
-    throughout)."""
+def default_draft_precision(precision: str, device_class: str = "cpu") -> str:
+    """What `export` writes the drafter's own layers in beside a `precision` target on a device of
+    `device_class`: on a GPU / Jetson fp16 (16 bits: half fp32's bytes per draft pass; an fp32
+    target, asked for by name, keeps an fp32 drafter); on a CPU fp32 beside int4 / int8 (its fp32
+    activations), the target's precision otherwise (an fp16 bundle is fp16 throughout). Where an
+    fp16 drafter overflows, export falls back to int8 weights (exporter.py), which keep the
+    shipped drafter's acceptance as int4 does (tau 1.539 against fp32's 1.534: docs/BENCHMARKS.md
+    "Drafter precision")."""
+    if device_class != "cpu" and precision != "fp32":
+        return "bf16" if precision == "bf16" else "fp16"
     return {"int4": "fp32", "int8": "fp32"}.get(precision, precision)
 
 
 def draft_precision_of(req: PlanRequest) -> str:
-    """The drafter's precision: as asked, else export's default."""
-    return req.draft_precision or default_draft_precision(req.precision)
+    """The drafter's precision: as asked, else export's default for the device."""
+    return req.draft_precision or default_draft_precision(req.precision, req.device.device_class)
 
 
 def float_bytes(req: PlanRequest) -> int:

@@ -6,9 +6,11 @@ its only expert kernel whose rows do not depend on the step's length: docs/BENCH
 else fp32. With `device` set, the device plan picks the precision and max context that fit
 (device_plan.py). `draft_precision=None`: the planner's default for the target's precision.
 `kv_cache="auto"`: int8 for int4 / int8 targets that get a fused graph (calibrated on the written
-graph: kv_cache.py), else fp32. `low_bit_ops="auto"`: contrib (MatMulNBits, the source's own
-blocks) without a device or for a CPU one, tensorrt (TensorRT's weight-only blocks) for a GPU /
-Jetson one.
+graph: kv_cache.py), else fp32; on a GPU / Jetson device every other float32 cache (the portable
+target's, the drafter's) at float16 (kv16.py), and the drafter fp16 (the planner's default; an
+overflowing fp16 drafter falls back to int8 weights: exporter.py). `low_bit_ops="auto"`: contrib
+(MatMulNBits, the source's own blocks) without a device or for a CPU one, tensorrt (TensorRT's
+weight-only blocks) for a GPU / Jetson one.
 
 >>> resolve_choices(ExportOptions(out="b/"))[0].precision       # doctest: +SKIP
 'fp32'
@@ -23,7 +25,13 @@ from ..devices.errors import DeviceError
 from ..devices.planner import default_draft_precision
 from ..models.checkpoint import BLOCKS
 from ..runtime.errors import DflashEdgeError
-from .device_plan import EXPORT_PRECISIONS, choose_for_device, drafter_dims, low_bit_ops_for
+from .device_plan import (
+    EXPORT_PRECISIONS,
+    choose_for_device,
+    device_class_of,
+    drafter_dims,
+    low_bit_ops_for,
+)
 from .kv_cache import check_kv_cache, check_request
 from .sources import open_target
 
@@ -49,20 +57,25 @@ def resolve_choices(opts, target=None):
         )
     if precision in (None, AUTO):
         precision = auto_precision(target)
+    gpu = device_class_of(opts.device) != "cpu"
     draft = (
         opts.draft_precision
         if opts.draft_precision not in (None, AUTO)
-        else default_draft_precision(precision)
+        else default_draft_precision(precision, "gpu" if gpu else "cpu")
     )
     kv = opts.kv_cache
     if kv in (None, AUTO):
         kv = "fp32" if precision in ("fp32", "fp16") or not opts.fused else "int8"
     check_request(precision, check_kv_cache(kv))
+    # a GPU / Jetson: every float32 cache at 16 bits (kv16.py); not for an fp32 target by name
+    kv16 = opts.kv16 if opts.kv16 is not None else gpu and precision != "fp32"
     check_shortest_chat(target.tokenizer, opts.block_size, context)
     ops = opts.low_bit_ops
     if ops in (None, AUTO):  # the device plan's: TensorRT's blocks on a GPU / Jetson
         ops = low_bit_ops_for(opts.device)
-    chosen = dict(precision=precision, draft_precision=draft, kv_cache=kv, max_context=context)
+    chosen = dict(
+        precision=precision, draft_precision=draft, kv_cache=kv, max_context=context, kv16=kv16
+    )
     return dataclasses.replace(opts, **chosen, low_bit_ops=ops), target
 
 

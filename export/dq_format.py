@@ -30,7 +30,7 @@ import numpy as np
 from ..models.nbits import NBitsWeight, rtn
 from .weight_store import Packed
 
-TRT_INT4_BLOCKS = (128, 64)  # TensorRT's INT4 weight-only blocks (engines/op_support.WEIGHT_ONLY)
+TRT_INT4_BLOCKS = (128, 64)  # TensorRT's INT4 weight-only blocks
 
 
 def tensorrt_operands(g, ckpt, name: str, bits: int) -> NBitsWeight:

@@ -35,9 +35,10 @@ from . import parity  # a module: tests stand in for its functions
 from .choices import resolve_choices
 from .drafters import write_drafter
 from .families import family_writers
-from .graph_builder import OPSET, OPSET_FUSED
+from .graph_builder import OPSET, OPSET_FUSED, Float16Overflow
 from .hybrid_reference import hybrid_reference
 from .hybrid_target import MAX_TOKENS
+from .kv16 import apply_kv16
 from .kv_cache import graph_kv_cache, load_prompts, write_int8_cache
 from .sources import open_sources, reference
 from .staging import pause_at, remove_stale, staging_dir
@@ -78,6 +79,7 @@ class ExportOptions:
     precision: str = "auto"  # target weights: auto | fp32 | fp16 | int8 | int4
     draft_precision: str | None = None  # the drafter's own layers; None: the planner's default
     kv_cache: str = "auto"  # fused target's cache: auto | fp32 | int8 (kv_cache.py)
+    kv16: bool | None = None  # other caches at float16 (kv16.py); None: on a GPU / Jetson device
     device: str | None = None  # a device profile: its plan picks precision, max context
     kv_prompts: str | None = None  # int8 cache calibration: JSONL or a shipped set (heldout)
     threads: int = 0  # onnxruntime threads for the calibration (0: all CPUs)
@@ -125,15 +127,20 @@ def _check_options(opts: ExportOptions, src) -> None:
     ):
         if value not in WRITTEN:
             raise DflashEdgeError(f"{flag} {value!r}: the exporter writes {', '.join(WRITTEN)}")
+    float_tables = opts.precision in ("fp32", "fp16")  # else the tables are 8-bit blocks
     if opts.low_bit_ops not in LOW_BIT_OPS:
         raise DflashEdgeError(
             f"--low-bit-ops {opts.low_bit_ops!r}: choose one of {', '.join(LOW_BIT_OPS)}"
         )
-    if "fp16" in (opts.precision, opts.draft_precision) and opts.precision != opts.draft_precision:
+    if (
+        float_tables
+        and "fp16" in (opts.precision, opts.draft_precision)
+        and (opts.precision != opts.draft_precision)
+    ):
         raise DflashEdgeError(
             f"--precision {opts.precision} with --draft-precision {opts.draft_precision}: an fp16 "
-            f"bundle is fp16 throughout (the drafter reads the target's fp16 embedding); pass "
-            f"both as fp16, or neither"
+            f"bundle is fp16 throughout (the drafter reads the target's float embedding); pass "
+            f"both as fp16, or neither (an int8 / int4 target takes an fp16 drafter)"
         )
 
 
@@ -178,6 +185,7 @@ def export_bundle(opts: ExportOptions, progress=None, finish=None) -> Path:
     out = Path(opts.out).expanduser()
     if out.exists() and not opts.force:
         raise DflashEdgeError(f"{out} already exists; pass --force to replace it")
+    draft_by_default = opts.draft_precision in (None, "auto")
     opts, target = resolve_choices(opts)
     steps = tqdm(total=6, desc="export", unit="step", disable=progress is False, file=sys.stderr)
     meter, t0 = MemoryMeter(), time.perf_counter()
@@ -185,8 +193,9 @@ def export_bundle(opts: ExportOptions, progress=None, finish=None) -> Path:
     remove_stale(out)
     tmp = staging_dir(out)
     try:
-        graphs = _write(opts, target, tmp, steps, meter)
+        opts, graphs = _write_or_fall_back(opts, target, tmp, steps, meter, draft_by_default)
         graphs = _int8_cache(opts, tmp, graphs, steps, meter)
+        graphs = _kv16(opts, tmp, graphs)
         if finish is not None:
             finish(tmp)
         pause_at("publish")
@@ -202,7 +211,8 @@ def export_bundle(opts: ExportOptions, progress=None, finish=None) -> Path:
     peaks = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in meter.peaks.items())
     parity = "ok" if opts.verify else "skipped"
     print(
-        f"exported {out} in {time.perf_counter() - t0:.0f} s ({opts.precision}, KV cache "
+        f"exported {out} in {time.perf_counter() - t0:.0f} s ({opts.precision}, drafter "
+        f"{opts.draft_precision}, KV cache "
         f"{_kv_dtype(graphs)}; {sizes}; parity {parity}; peak RSS GB: {peaks})",
         file=sys.stderr,
     )
@@ -210,7 +220,48 @@ def export_bundle(opts: ExportOptions, progress=None, finish=None) -> Path:
 
 
 def _kv_dtype(graphs: dict) -> str:
-    return graph_kv_cache(graphs["target_fused"]) if "target_fused" in graphs else "fp32"
+    return ", ".join(f"{n} {_cache_of(g)}" for n, g in graphs.items())
+
+
+def _cache_of(entry: dict) -> str:
+    """A graph entry's cache as printed: int8, fp16 or fp32."""
+    kv = [s["dtype"] for s in entry["io"]["inputs"] if s["name"].startswith("past_key")]
+    return "fp16" if kv == ["float16"] else graph_kv_cache(entry)
+
+
+FALLBACK_DRAFT = "int8"  # an fp16 drafter that overflows: int8 weights, float32 activations
+
+
+def _write_or_fall_back(opts, target, tmp: Path, steps, meter, draft_by_default: bool):
+    """(`opts` as written, the graph entries) of `_write`; a drafter made fp16 by default beside a
+    low-bit target that overflows fp16 (a weight or, at parity, an activation) is written again
+    with FALLBACK_DRAFT weights, said on stderr. Asked for by name, or in an fp16 bundle, the
+    overflow stops the export, naming the node."""
+    try:
+        return opts, _write(opts, target, tmp, steps, meter)
+    except Float16Overflow as err:
+        low_bit_target = opts.precision in ("int4", "int8")
+        if not (draft_by_default and low_bit_target and opts.draft_precision == "fp16"):
+            raise
+        print(
+            f"export: the fp16 drafter overflows ({err}); writing it with {FALLBACK_DRAFT} "
+            f"weights instead (--draft-precision chooses)",
+            file=sys.stderr,
+        )
+    steps.reset()
+    for leftover in tmp.iterdir():  # the partial bundle: written again from the start
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    opts = dataclasses.replace(opts, draft_precision=FALLBACK_DRAFT)
+    return opts, _write(opts, target, tmp, steps, meter)
+
+
+def _kv16(opts: ExportOptions, tmp: Path, graphs: dict) -> dict:
+    """Every float32 cache of the bundle in `tmp` at float16 (kv16.py), where `opts.kv16`."""
+    if not opts.kv16:
+        return graphs
+    manifest = apply_kv16(tmp, json.loads((tmp / bundle_mod.MANIFEST).read_text()))
+    bundle_mod.write_manifest(tmp, manifest)
+    return manifest["graphs"]
 
 
 def _int8_cache(opts: ExportOptions, tmp: Path, graphs: dict, steps, meter: MemoryMeter) -> dict:

@@ -157,6 +157,11 @@ class GraphBuilder:
             )
 
 
+class Float16Overflow(DflashEdgeError):
+    """A graph's weights or activations pass float16's range (the export's fallback for a drafter
+    made fp16 by default catches it: exporter.py)."""
+
+
 def _half(make, name: str):
     """`make` with float32 weights of INLINE_BELOW bytes or more cast to float16 (smaller ones stay
     inline in the proto, where the float16 converter casts them itself)."""
@@ -167,7 +172,7 @@ def _half(make, name: str):
             return array
         peak = float(np.abs(array).max(initial=0.0))
         if not peak <= float(np.finfo(np.float16).max):
-            raise DflashEdgeError(
+            raise Float16Overflow(
                 f"weight {name} holds {peak:.3g}, beyond float16's range (65,504): it cannot be "
                 f"stored in fp16; export with --precision fp32, int8 or int4"
             )

@@ -23,11 +23,15 @@ import numpy as np
 from ..runtime.errors import DflashEdgeError
 from ..runtime.io_tables import GRAPHS, expand_specs
 from ..runtime.memory import release_free_memory
-from .graph_builder import ACCURACY_KEY
+from .graph_builder import ACCURACY_KEY, Float16Overflow
 
 
 class ParityError(DflashEdgeError):
     """An exported graph disagrees with the torch reference beyond tolerance."""
+
+
+class ParityOverflow(ParityError, Float16Overflow):
+    """A graph's activations overflow (an inf / NaN): float16 cannot hold this model's values."""
 
 
 @dataclass(frozen=True)
@@ -415,7 +419,7 @@ def _overflowed(paths: dict, inputs: dict, graph: str, case: int) -> ParityError
     where = first_non_finite(paths[graph], inputs[graph][case])
     if where == "an output only":
         return None
-    return ParityError(
+    return ParityOverflow(
         f"graph {graph!r} overflows: inf/NaN first at {where}; float16 activations cannot hold "
         f"this model's values: export with --precision fp32 (or int8 / int4, whose activations "
         f"stay float32)"
@@ -436,7 +440,7 @@ def check_finite(paths: dict, inputs: dict, got: dict) -> None:
                 if graph in inputs
                 else "a cached step"
             )
-            raise ParityError(
+            raise ParityOverflow(
                 f"graph {graph!r} overflows: inf/NaN first at {where}; float16 activations cannot "
                 "hold "
                 f"this model's values: export with --precision fp32 (or int8 / int4, whose "

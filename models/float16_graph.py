@@ -31,10 +31,29 @@ def convert(model) -> dict:
         for t in half:
             t.data_type = TensorProto.FLOAT16
     converted = convert_float_to_float16(
-        model, keep_io_types=True, op_block_list=block, disable_shape_infer=True
+        model,
+        keep_io_types=True,
+        op_block_list=block,
+        node_block_list=external_float_readers(model),
+        disable_shape_infer=True,
     )
     model.CopyFrom(converted)
     return {"kept_fp32_ops": list(KEEP_FP32)}
+
+
+def external_float_readers(model) -> list[str]:
+    """Names of the nodes that read a float32 initializer stored outside the proto: kept float32
+    (the converter would have to read and rewrite its bytes). An fp16 drafter beside a low-bit
+    target reads the shared 8-bit tables this way: their float32 scales lie in shared.onnx.data,
+    the target's too."""
+    from onnx import TensorProto
+
+    external = {
+        t.name
+        for t in model.graph.initializer
+        if t.data_type == TensorProto.FLOAT and t.data_location == TensorProto.EXTERNAL
+    }
+    return [n.name for n in model.graph.node if external.intersection(n.input)]
 
 
 def record_types(model) -> None:

@@ -527,11 +527,16 @@ def test_export_device_refuses_naming_what_would_fit(tmp_path):
     )  # any precision: a quantised one
     assert precision in ("int8", "int4") and ctx == 2048
     assert not (tmp_path / "b").exists()
-    assert choose_for_device("rtx-4090-24gb", target, "random", 16, 2048) == ("fp32", 2048)
-    assert choose_for_device("rtx-4090-24gb", target, "random", 16, 40000) == (
+    # a GPU: the fastest that fits (issue 47), not the most precise; fp32 and fp16 fit at 2048
+    assert choose_for_device("rtx-4090-24gb", target, "random", 16, 2048) == ("int4", 2048)
+    assert choose_for_device("rtx-4090-24gb", target, "random", 16, 2048, ("fp32", "fp16")) == (
+        "fp16",
+        2048,
+    )
+    assert choose_for_device("rtx-4090-24gb", target, "random", 16, 40000, ("fp32", "fp16")) == (
         "fp16",
         40000,
-    )  # a lower precision
+    )  # fp32 does not fit there
     precision, ctx = choose_for_device(
         "rtx-4090-24gb", target, "random", 16, 40000, ("fp32",)
     )  # before a shorter context

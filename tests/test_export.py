@@ -101,7 +101,9 @@ def test_export_reads_the_target_once(tiny_checkpoints, tmp_path, monkeypatch):
     monkeypatch.setattr(TargetConfig, "from_json", classmethod(config))
     tokenizer = counted("tokenizer", ChatTokenizer.from_dir.__func__)
     monkeypatch.setattr(ChatTokenizer, "from_dir", classmethod(tokenizer))
-    _export(tmp_path, ckpt, 4, draft=draft, device="rtx-4090-24gb", verify=False)
+    # kv_cache fp32: the int8 cache's calibration loads the written bundle's tokenizer, not the
+    # target's (the GPU plan's int4 / int8 target would get one)
+    _export(tmp_path, ckpt, 4, draft=draft, device="rtx-4090-24gb", verify=False, kv_cache="fp32")
     assert calls == {"resolve": 1, "config": 1, "tokenizer": 1}
 
 
