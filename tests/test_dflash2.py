@@ -194,9 +194,39 @@ def test_sampling_same_seed_same_tokens(d2_bundle, sampling, monkeypatch):
     assert run().token_ids == want.token_ids
 
 
-def test_sampling_distribution_matches_target(d2_bundle):
+@pytest.mark.parametrize("rule", ["rejection", "coupling"])
+def test_sampling_distribution_matches_target(d2_bundle, rule, monkeypatch):
+    monkeypatch.setattr(d2_bundle.generator, "sampled_rule", rule)
     sample_pair = drafted_pairs(d2_bundle.generator, PROMPTS[0])
     check_two_token_distribution(d2_bundle.target, PROMPTS[0], sample_pair)
+
+
+def test_the_generator_verifies_sampled_drafts_with_their_q_rows(d2_bundle, monkeypatch):
+    """Each sampled draft reaches the rule with the q row it was drawn from (candidates [Kc], q
+    summing to 1, the draft among the candidates); a bad rule name is refused by name."""
+    import numpy as np
+
+    from dflash_edge.runtime import lattice
+    from dflash_edge.runtime.validate import InvalidArgumentError
+
+    seen = []
+
+    def spy(p, draft, dist, params, position):
+        seen.append((draft, (dist[0].copy(), dist[1].copy())))  # views: copy
+        return lattice.rejected_token(p, draft, dist, params, position)
+
+    monkeypatch.setitem(lattice.RULES, "spy", lattice.Rule(1, spy))
+    gen = d2_bundle.generator
+    monkeypatch.setattr(gen, "sampled_rule", "spy")
+    gen.generate_ids(PROMPTS[1], 24, SAMPLERS[0], draft="drafter", stop_token_ids=())
+    assert len(seen) >= 10
+    for draft, (cand, q) in seen:
+        assert cand.shape == q.shape == (16,) and draft in cand.tolist()
+        assert abs(q.sum() - 1) < 1e-9 and q[cand.tolist().index(draft)] > 0
+    monkeypatch.setattr(gen, "sampled_rule", "exact")
+    with pytest.raises(InvalidArgumentError, match="sampled_rule='exact'"):
+        gen.generate_ids(PROMPTS[1], 4, SAMPLERS[0], draft="drafter", stop_token_ids=())
+    assert np.isfinite(q).all()
 
 
 def test_sampled_walk_draws_the_targets_token_when_the_distributions_agree():
