@@ -4,10 +4,12 @@
 
 Each step the proposer (proposals.py: the drafter and prompt lookup, and a policy.py policy choosing
 among them) names a source and how many of its tokens the target verifies; the target
-(targets.py) answers `run(ids)` and `commit(n)`, so the loop never touches a cache position. Every
-emitted token is the target's own choice at its position (`sampling.select_token`, keyed by
-absolute position, exactly as `models/reference_loop.py`), so the output is the same whatever was
-proposed, token for token, greedy or sampled. Buffers are preallocated at load (`loading.py`,
+(targets.py) answers `run(ids)` and `commit(n)`, so the loop never touches a cache position. Greedy,
+and sampled with deterministic drafts, every emitted token is the target's own choice at its
+position (`sampling.select_token`, keyed by absolute position, as `models/reference_loop.py`), so
+the output is the same whatever was proposed, token for token. Sampled DFlash2 drafts are verified
+by `sampled_rule` (lattice.py: rejection sampling by default): the target's distribution, a seed's
+tokens fixed, but not plain sampling's tokens. Buffers are preallocated at load (`loading.py`,
 `kv.py`); text assembly is `text.py`; the options and their checks are `validate.GenerationOptions`.
 
 >>> gen = Generator.load("bundle/")                                     # doctest: +SKIP
