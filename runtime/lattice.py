@@ -13,19 +13,22 @@ Two lossless rules verify a sampled draft (`RULES`; the Generator's `sampled_rul
 - "rejection" (the default, z-lab's): keep draft d with probability min(1, p(d) / q(d)), else draw
   from the residual max(0, p - q) (sampling.rejection_token). The walk draws with its own uniform.
 - "coupling": the walk draws with the *same* uniform as the target's own draw at that position and
-  a draft is kept iff it equals that draw. Its acceptance is at most the rejection rule's
-  (sum_x min(p, q) is the most any coupling of p and q can agree), in general below it.
+  a draft is kept iff it equals that draw. Per position its acceptance is at most the rejection
+  rule's (sum_x min(p, q) is the most any coupling of p and q can agree), in general below it.
 
-Measured (docs/BENCHMARKS.md, "Sampled DFlash2 drafts", benchmarks/sampled_acceptance.py): on the
-random DFlash2 fixture and on the default drafter converted to DFlash2, the rejection rule's tokens
-per verify step are at or above the coupling's at temperatures 0.3, 0.7 and 1.0 (see there for the
-figures and the one place they tie). What a seed guarantees under the rejection rule: the same seed,
-bundle and settings give the same tokens; the tokens are distributed as the target's (the
-distribution tests, tests/test_sampled_rules.py); but they are not the tokens plain sampling gives
-with that seed, because the draws are consumed differently. Deterministic drafts (a greedy
-drafter's, prompt lookup's) are verified by the coupling under either rule: for a point-mass q it
-*is* the rejection rule (kept with probability p(d), else a draw from p without d), and it keeps
-plain sampling's tokens.
+Measured (docs/BENCHMARKS.md, "Sampled DFlash2 drafts", benchmarks/sampled_acceptance.py; tokens
+per verify step, same prompts and seeds, rejection vs coupling): on the random DFlash2 fixture
+1.178 / 1.191 / 1.193 vs 1.034 / 1.036 / 1.045 at T 0.3 / 0.7 / 1.0; with the shipped drafter
+converted to DFlash2 1.298 vs 1.254 at T 0.7 and 1.252 vs 1.154 at T 1.0, level within noise at
+T 0.3 (1.338 vs 1.351, +- 0.018 each). So the rejection rule is the default.
+
+What a seed guarantees under the rejection rule: the same seed, bundle and settings give the same
+tokens, and the tokens are distributed as the target's (tests/test_sampled_rules.py), but they are
+not the tokens plain sampling gives with that seed: the draws are consumed differently (a
+position's uniform stream 0 is the target's draw, 1 the walk's, 2 the accept test). Deterministic
+drafts (a greedy drafter's, prompt lookup's) are verified by the coupling under either rule: for a
+point-mass q it *is* the rejection rule (kept with probability p(d), else a draw from p without d),
+and it keeps plain sampling's tokens.
 
 >>> cand = np.array([[4, 2], [7, 9]]); scores = np.array([[[0, 1], [0, 1]], [[5, 0], [0, 5]]])
 >>> greedy_walk(cand, scores).tolist()
