@@ -4,10 +4,12 @@
 
 Each step the proposer (proposals.py: the drafter and prompt lookup, and a policy.py policy choosing
 among them) names a source and how many of its tokens the target verifies; the target
-(targets.py) answers `run(ids)` and `commit(n)`, so the loop never touches a cache position. Every
-emitted token is the target's own choice at its position (`sampling.select_token`, keyed by
-absolute position, exactly as `models/reference_loop.py`), so the output is the same whatever was
-proposed, token for token, greedy or sampled. Buffers are preallocated at load (`loading.py`,
+(targets.py) answers `run(ids)` and `commit(n)`, so the loop never touches a cache position. Greedy,
+and sampled with deterministic drafts, every emitted token is the target's own choice at its
+position (`sampling.select_token`, keyed by absolute position, as `models/reference_loop.py`), so
+the output is the same whatever was proposed, token for token. Sampled DFlash2 drafts are verified
+by `sampled_rule` (lattice.py: rejection sampling by default): the target's distribution, a seed's
+tokens fixed, but not plain sampling's tokens. Buffers are preallocated at load (`loading.py`,
 `kv.py`); text assembly is `text.py`; the options and their checks are `validate.GenerationOptions`.
 
 >>> gen = Generator.load("bundle/")                                     # doctest: +SKIP
@@ -31,12 +33,12 @@ from .emitter import Emitter
 from .errors import ContextOverflowError, DflashEdgeError
 from .fim import FimPrompt, find_template, require_template, text_cut
 from .guard import GenerationGuard
-from .lattice import lattice_drafter
+from .lattice import DEFAULT_RULE, accept_sampled, lattice_drafter, sampled_rule
 from .loading import GraphSessions, LoadOptions, checked_bundle, draft_model, target_model
 from .policy import make_policy
 from .prompt_cache import KeptSequence, PromptCache, common_prefix, state_bytes
 from .proposals import Proposer, make_sources
-from .sampling import SamplingParams, select_token
+from .sampling import SamplingParams, select_token, token_probs
 from .stats import GenerationStats
 from .targets import TargetModel
 from .text import TextAssembler, text_pieces
@@ -134,6 +136,7 @@ class Generator:
         self._guard = GenerationGuard()  # one sequence at a time (the caches are single-sequence)
         self._kept: list[int] = []  # the ids whose caches are valid, by position (_loop keeps it)
         self.prompt_cache: PromptCache | None = None  # other kept sequences (keep_prompts)
+        self.sampled_rule = DEFAULT_RULE  # how sampled DFlash2 drafts are verified (lattice.RULES)
 
     @classmethod
     def load(
@@ -400,7 +403,7 @@ class Generator:
         last, pos = emit.tokens[-1], self.target.pos  # pos: of `last` (not yet cached)
         choice, proposals = proposer.propose(last, pos, room=emit.budget - len(emit.tokens))
         t = time.perf_counter()
-        tokens = self._verify(last, proposals, sampling)  # verify, accept, commit
+        tokens = self._verify(last, proposals, sampling, proposer.dists())  # verify, accept, commit
         seconds = time.perf_counter() - t
         committed = emit.push(tokens)  # advance (stop id, budget, context end)
         proposer.commit(committed, seconds)
@@ -413,18 +416,20 @@ class Generator:
         outside the prompt that lookup may copy from)."""
         limit = self.block_size - 1
         sampling = SamplingParams(opts.temperature, opts.top_k, opts.top_p, opts.seed)
-        drafter = lattice_drafter(self.drafter, sampling)  # a DFlash2 drafter: walked on the host
+        rule = sampled_rule(self.sampled_rule)
+        drafter = lattice_drafter(self.drafter, sampling, rule)  # DFlash2: walked on the host
         sources = make_sources(opts.draft, drafter, history, limit, self.tuned, references)
         policy = make_policy(opts.draft, self.block_size, sources, self.tuned, opts.verify_len)
         return Proposer(sources, policy, limit)
 
-    def _verify(self, last: int, proposals, sampling: SamplingParams) -> list[int]:
-        """Run `last` + k proposals through the target (T = k + 1); keep the agreeing prefix + the
-        target's next token. k = 0 is a plain decode step."""
+    def _verify(self, last: int, proposals, sampling: SamplingParams, dists=None) -> list[int]:
+        """Run `last` + k proposals through the target (T = k + 1); keep the accepted prefix + the
+        target's next token. k = 0 is a plain decode step; `dists`: the distributions sampled
+        proposals were drawn from (proposals.Proposal.dists), None for deterministic ones."""
         start = self.target.pos  # position of `last` (not yet cached)
         step = self.target.run([last, *proposals])
         block = step["input_ids"][0]  # [T]: last token, then T-1 proposals
-        accepted, bonus = self._accept(step, block, start, sampling)
+        accepted, bonus = self._accept(step, block, start, sampling, dists)
         self.target.commit(accepted + 1)  # the rejected rows roll back
         return block[1 : 1 + accepted].tolist() + [bonus] if accepted else [bonus]
 
@@ -489,10 +494,10 @@ class Generator:
             self._kept = entry.ids
 
     def _accept(
-        self, step, block: np.ndarray, start: int, sampling: SamplingParams
+        self, step, block: np.ndarray, start: int, sampling: SamplingParams, dists=None
     ) -> tuple[int, int]:
         """(number of drafts accepted, the target's token after them); row i predicts position
-        start+1+i."""
+        start+1+i. Sampled: by `sampled_rule` (lattice.accept_sampled), rows' p asked lazily."""
         if len(block) == 1:  # a plain decode step: nothing to accept
             return 0, self._select(step, 0, start + 1, sampling)
         if sampling.greedy:
@@ -500,28 +505,32 @@ class Generator:
             match = block[1:] == target_ids[:-1]  # [T-1]
             accepted = len(match) if match.all() else int(match.argmin())
             return accepted, self._select(step, accepted, start + 1 + accepted, sampling)
-        for i in range(len(block)):  # sample lazily: stop at the first miss
-            token = self._select(step, i, start + 1 + i, sampling)
-            if i == len(block) - 1 or block[1 + i] != token:
-                return i, token
-        raise AssertionError("unreachable")
+        rule = sampled_rule(self.sampled_rule)
+
+        def probs(i):
+            return token_probs(self._logits(step, i, start + 1 + i), sampling)
+
+        return accept_sampled(rule, probs, block[1:], dists, sampling, start + 1)
 
     def _select(self, step, row: int, position: int, sampling: SamplingParams) -> int:
         """The target's token for logits row `row`, placed at absolute `position`."""
-        logits = step["logits"][0, row]  # [V] view, no copy
         if sampling.greedy:
             token = int(step["next_ids"][0, row])
-            bad = not np.isfinite(logits[token])  # NaN/inf anywhere reaches the argmax
-        else:
-            bad = not np.isfinite(logits).all()
-            token = -1 if bad else select_token(logits, sampling, position)
-        if bad:
+            self._logits(step, row, position, token)
+            return token
+        return select_token(self._logits(step, row, position), sampling, position)
+
+    def _logits(self, step, row: int, position: int, token: int | None = None) -> np.ndarray:
+        """Logits row `row` [V] (a view), checked finite (at `token` only: NaN/inf anywhere reaches
+        the argmax)."""
+        logits = step["logits"][0, row]  # [V] view, no copy
+        if not (np.isfinite(logits[token]) if token is not None else np.isfinite(logits).all()):
             raise NonFiniteLogitsError(
                 f"the target graph produced NaN/inf logits for position {position}: the "
                 f"bundle's weights are corrupt or its precision overflows; re-export it "
                 f"in fp32 ({self.bundle.graph_path('target')})"
             )
-        return token
+        return logits
 
 
 class _NoRunner:

@@ -41,6 +41,9 @@ class Proposal:
     first: int  # absolute position of tokens[0]
     agreement: int = 1  # tokens before it agreeing with its source (prompt lookup's match)
     seconds: float = 0.0  # wall time of the model pass that made it (0: free)
+    # a sampled drafter walk's (candidates [R, Kc], q [R, Kc]) per token (lattice.py); None:
+    # proposed deterministically
+    dists: tuple | None = None
 
 
 class ProposalSource(Protocol):
@@ -132,7 +135,8 @@ class DrafterProposals:
     def propose(self, last: int, pos: int, limit: int) -> Proposal:
         t = self.clock()
         drafts = self.drafter.draft(last, ctx_end=pos)  # [B-1] view
-        proposal = Proposal(self.name, drafts[:limit], pos + 1, seconds=self.clock() - t)
+        dists = getattr(self.drafter, "walked", None)  # a sampled walk's (lattice.LatticeDrafter)
+        proposal = Proposal(self.name, drafts[:limit], pos + 1, 1, self.clock() - t, dists)
         self.acceptance.observe(proposal)
         return proposal
 
@@ -218,6 +222,11 @@ class Proposer:
                 made[n] = s.propose(last, pos, self.limit)
         self.choice, self.made = choice, made
         return choice, made[choice.source].tokens[: choice.k] if choice.k else ()
+
+    def dists(self):
+        """The distributions the proposals just returned were drawn from (Proposal.dists), or
+        None."""
+        return self.made[self.choice.source].dists if self.choice.k else None
 
     def commit(self, tokens: list[int], seconds: float) -> None:
         """The tokens the target committed this step, and its pass's wall time (`seconds`)."""

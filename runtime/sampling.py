@@ -1,9 +1,12 @@
 """Token selection shared by the torch reference loop and the runtime (numpy only).
 
-Sampling is a pure function of (logits, params, position): the uniform draw for the token placed at
-absolute position p comes from a generator seeded with (seed, p). So a target-only run and a
-speculative run with the same seed emit *identical* tokens, and speculative verification (accept a
-draft token iff it equals the target's own sample at that position) is exactly lossless.
+Sampling is a pure function of (logits, params, position): the uniforms for the token placed at
+absolute position p come from a generator seeded with (seed, p) (`uniform`: stream 0 is the
+target's own draw, 1 a sampled drafter walk's, 2 the rejection rule's accept test). A deterministic
+draft (a greedy drafter's, prompt lookup's) is kept iff it equals the target's own draw there, so
+such a run emits the tokens a target-only run with that seed emits. A draft drawn from a drafter's
+distribution q goes through `rejection_token` (speculative sampling): the tokens' distribution is
+the target's, but they are not plain sampling's tokens for that seed (runtime/lattice.py).
 """
 
 from __future__ import annotations
@@ -55,10 +58,42 @@ def token_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return p
 
 
+def uniform(seed: int, position: int, stream: int = 0) -> float:
+    """Uniform number `stream` of absolute `position` (module docstring: 0 the target's draw, 1 a
+    drafter walk's, 2 the accept test), from the generator seeded with (seed, position)."""
+    return float(np.random.default_rng((seed, position)).random(stream + 1)[stream])
+
+
+def draw(p: np.ndarray, u: float) -> int:
+    """The token of `p` [V] (weights, not necessarily normalised) at uniform `u` (inverse CDF)."""
+    cdf = np.cumsum(p)  # [V]
+    return int(min(np.searchsorted(cdf, u * p.sum(), side="right"), p.shape[0] - 1))
+
+
 def select_token(logits: np.ndarray, params: SamplingParams, position: int) -> int:
     """The token placed at absolute `position` (greedy argmax, or a seeded draw)."""
     if params.greedy:
         return int(np.argmax(logits))
-    p = token_probs(logits, params)
-    u = np.random.default_rng((params.seed, position)).random()
-    return int(min(np.searchsorted(np.cumsum(p), u * p.sum(), side="right"), p.shape[0] - 1))
+    return draw(token_probs(logits, params), uniform(params.seed, position))
+
+
+def rejection_token(
+    p: np.ndarray, q: np.ndarray, draft: int, params: SamplingParams, position: int
+) -> int:
+    """The token placed at `position` for a `draft` drawn from q [V]: the draft with probability
+    min(1, p(draft) / q(draft)) (uniform stream 2), else a draw from the residual max(0, p - q)
+    normalised (stream 0). Whatever q, the token is distributed as the target's p (speculative
+    sampling: Leviathan et al. 2023, Chen et al. 2023).
+
+    >>> p, q = np.array([0.5, 0.5, 0.0]), np.array([0.0, 0.2, 0.8])
+    >>> rejection_token(p, q, 1, SamplingParams(1.0, seed=0), 7)  # p(1) >= q(1): always kept
+    1
+    >>> rejection_token(p, q, 2, SamplingParams(1.0, seed=0), 7)  # p(2) = 0: never; the residual
+    0
+    """
+    if uniform(params.seed, position, 2) * q[draft] < p[draft]:  # u < p/q, q(draft) > 0
+        return draft
+    residual = np.maximum(p - q, 0.0)  # [V]
+    if not residual.sum() > 0:  # p == q up to rounding: any draw from p is as good
+        residual = p
+    return draw(residual, uniform(params.seed, position))

@@ -175,21 +175,64 @@ def test_greedy_is_lossless_and_the_host_walk_is_the_graphs(d2_bundle, monkeypat
 
 
 @pytest.mark.parametrize("sampling", SAMPLERS)
-def test_sampling_same_seed_same_tokens_as_the_target(d2_bundle, sampling):
-    want = reference(d2_bundle, PROMPTS[1], 48, sampling, stop=())
+def test_sampling_same_seed_same_tokens(d2_bundle, sampling, monkeypatch):
+    """Rejection rule (the default): a seed gives the same tokens on every run, whatever ran
+    between (not plain sampling's tokens: lattice.py). The coupling gives the target's own."""
     gen = d2_bundle.generator
-    got = gen.generate_ids(PROMPTS[1], 48, sampling, draft="drafter", stop_token_ids=())
-    assert got.token_ids == want.token_ids
+    assert gen.sampled_rule == "rejection"
+
+    def run():
+        return gen.generate_ids(PROMPTS[1], 48, sampling, draft="drafter", stop_token_ids=())
+
+    first = run()
+    gen.generate_ids(PROMPTS[0], 20, sampling, draft="drafter", stop_token_ids=())
+    again = run()
+    assert first.token_ids == again.token_ids and len(first.token_ids) == 48
+    assert first.stats.acceptance_lengths == again.stats.acceptance_lengths
+    monkeypatch.setattr(gen, "sampled_rule", "coupling")
+    want = reference(d2_bundle, PROMPTS[1], 48, sampling, stop=())
+    assert run().token_ids == want.token_ids
 
 
-def test_sampling_distribution_matches_target(d2_bundle):
+@pytest.mark.parametrize("rule", ["rejection", "coupling"])
+def test_sampling_distribution_matches_target(d2_bundle, rule, monkeypatch):
+    monkeypatch.setattr(d2_bundle.generator, "sampled_rule", rule)
     sample_pair = drafted_pairs(d2_bundle.generator, PROMPTS[0])
     check_two_token_distribution(d2_bundle.target, PROMPTS[0], sample_pair)
 
 
+def test_the_generator_verifies_sampled_drafts_with_their_q_rows(d2_bundle, monkeypatch):
+    """Each sampled draft reaches the rule with the q row it was drawn from (candidates [Kc], q
+    summing to 1, the draft among the candidates); a bad rule name is refused by name."""
+    import numpy as np
+
+    from dflash_edge.runtime import lattice
+    from dflash_edge.runtime.validate import InvalidArgumentError
+
+    seen = []
+
+    def spy(p, draft, dist, params, position):
+        seen.append((draft, (dist[0].copy(), dist[1].copy())))  # views: copy
+        return lattice.rejected_token(p, draft, dist, params, position)
+
+    monkeypatch.setitem(lattice.RULES, "spy", lattice.Rule(1, spy))
+    gen = d2_bundle.generator
+    monkeypatch.setattr(gen, "sampled_rule", "spy")
+    gen.generate_ids(PROMPTS[1], 24, SAMPLERS[0], draft="drafter", stop_token_ids=())
+    assert len(seen) >= 10
+    for draft, (cand, q) in seen:
+        assert cand.shape == q.shape == (16,) and draft in cand.tolist()
+        assert abs(q.sum() - 1) < 1e-9 and q[cand.tolist().index(draft)] > 0
+    monkeypatch.setattr(gen, "sampled_rule", "exact")
+    with pytest.raises(InvalidArgumentError, match="sampled_rule='exact'"):
+        gen.generate_ids(PROMPTS[1], 4, SAMPLERS[0], draft="drafter", stop_token_ids=())
+    assert np.isfinite(q).all()
+
+
 def test_sampled_walk_draws_the_targets_token_when_the_distributions_agree():
-    """The sampled walk shares the target's uniform per position (lattice.py): where the selector's
-    q over the candidates equals the target's p, every draw is the target's own token."""
+    """The coupling's walk (uniform stream 0) shares the target's uniform per position (lattice.py):
+    where the selector's q over the candidates equals the target's p, every draw is the target's
+    own token."""
     import numpy as np
 
     from dflash_edge.runtime.lattice import sampled_walk
@@ -206,7 +249,7 @@ def test_sampled_walk_draws_the_targets_token_when_the_distributions_agree():
         scores = np.repeat(logits[np.arange(rows)[:, None], cand][:, None], top, axis=1)
         first = 10 + trial
         want = [select_token(logits[r], params, first + r) for r in range(rows)]
-        assert sampled_walk(cand, scores, params, first).tolist() == want
+        assert sampled_walk(cand, scores, params, first)[0].tolist() == want
 
 
 def test_identity_conversion_drafts_what_dflash1_drafts_through_the_runtime(
