@@ -386,8 +386,14 @@ def test_device_plans_count_the_conv_and_selector(d2_folder):
     device = get_profile("jetson-orin-nx-16gb")
     fp32 = [weight_bytes(PlanRequest(target, d, device, "fp32", 512))[1] for d in (d1, d2)]
     assert fp32[1] - fp32[0] == (d2.wide_params + d2.codebook_params) * 4
+    # beside an int4 target a GPU drafter is fp16 throughout (planner.default_draft_precision)
     int4 = [weight_bytes(PlanRequest(target, d, device, "int4", 512))[1] for d in (d1, d2)]
-    assert int4[1] - int4[0] > d2.wide_params + d2.codebook_params * 4  # >= 8-bit projections
+    assert int4[1] - int4[0] == (d2.wide_params + d2.codebook_params) * 2
+    low = [
+        weight_bytes(PlanRequest(target, d, device, "int4", 512, draft_precision="int4"))[1]
+        for d in (d1, d2)
+    ]
+    assert low[1] - low[0] > d2.wide_params + d2.codebook_params * 4  # >= 8-bit projections
     big = {**raw, "hidden_size": 4096, "vocab_size": 151936, "num_hidden_layers": 5}
     big["dflash_config"] = {**raw["dflash_config"], "selector_rank": 256}
     d1, d2 = (
