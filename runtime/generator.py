@@ -8,9 +8,10 @@ among them) names a source and how many of its tokens the target verifies; the t
 and sampled with deterministic drafts, every emitted token is the target's own choice at its
 position (`sampling.select_token`, keyed by absolute position, as `models/reference_loop.py`), so
 the output is the same whatever was proposed, token for token. Sampled DFlash2 drafts are verified
-by `sampled_rule` (lattice.py: rejection sampling by default): the target's distribution, a seed's
-tokens fixed, but not plain sampling's tokens. Buffers are preallocated at load (`loading.py`,
-`kv.py`); text assembly is `text.py`; the options and their checks are `validate.GenerationOptions`.
+by `sampled_rule` (lattice.py: rejection sampling by default): the target's distribution, but not
+plain sampling's tokens, and fixed by a seed only where the steps are (not under "auto"). Buffers
+are preallocated at load (`loading.py`, `kv.py`); text assembly is `text.py`; the options and their
+checks are `validate.GenerationOptions`.
 
 >>> gen = Generator.load("bundle/")                                     # doctest: +SKIP
 >>> res = gen.generate("Why is the sky blue?", max_new_tokens=64)      # doctest: +SKIP

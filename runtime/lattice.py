@@ -22,13 +22,16 @@ per verify step, same prompts and seeds, rejection vs coupling): on the random D
 converted to DFlash2 1.298 vs 1.254 at T 0.7 and 1.252 vs 1.154 at T 1.0, level within noise at
 T 0.3 (1.338 vs 1.351, +- 0.018 each). So the rejection rule is the default.
 
-What a seed guarantees under the rejection rule: the same seed, bundle and settings give the same
-tokens, and the tokens are distributed as the target's (tests/test_sampled_rules.py), but they are
-not the tokens plain sampling gives with that seed: the draws are consumed differently (a
-position's uniform stream 0 is the target's draw, 1 the walk's, 2 the accept test). Deterministic
-drafts (a greedy drafter's, prompt lookup's) are verified by the coupling under either rule: for a
-point-mass q it *is* the rejection rule (kept with probability p(d), else a draw from p without d),
-and it keeps plain sampling's tokens.
+What a seed guarantees under the rejection rule: the tokens are distributed as the target's
+(tests/test_sampled_rules.py), and they are not the tokens plain sampling gives with that seed: the
+draws are consumed differently (a position's uniform stream 0 is the target's draw, 1 the walk's,
+2 the accept test) and a kept token depends on the draft. So the same seed, bundle and settings
+give the same tokens where the steps are fixed (`draft="drafter"`); under `draft="auto"` which
+steps draft follows the measured step times, and a seed then fixes the distribution, not the
+tokens. The coupling gives plain sampling's tokens for the seed whatever the steps
+(tests/test_dflash2.py). Deterministic drafts (a greedy drafter's, prompt lookup's) are verified by
+the coupling under either rule: for a point-mass q it *is* the rejection rule (kept with
+probability p(d), else a draw from p without d), and it keeps plain sampling's tokens.
 
 >>> cand = np.array([[4, 2], [7, 9]]); scores = np.array([[[0, 1], [0, 1]], [[5, 0], [0, 5]]])
 >>> greedy_walk(cand, scores).tolist()

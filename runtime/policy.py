@@ -20,8 +20,9 @@ measured. Probes back off 1, 2, 4 .. `max_backoff` steps while they do not pay (
 TUNED_OFF_BACKOFF when tune chose "do not draft"), and are skipped while a free source is worth
 verifying. Step times are running averages; verify(k) = decode * (1 + (ratio(k) - 1) * scale),
 ratio(k) from the tuned file (tuning.py) or a prior, `scale` fitted to the measured verify times.
-Whatever runs, every committed token is the target's own, so the output does not depend on the
-choice.
+Whatever runs, every committed token is the target's own: greedy, and sampled with deterministic
+drafts, the output does not depend on the choice; sampled DFlash2 drafts under the rejection rule
+keep the target's distribution, but the tokens follow which steps drafted (lattice.py).
 
 >>> from .proposals import LookupProposals
 >>> lookup = LookupProposals([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4], limit=7)

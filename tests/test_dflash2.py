@@ -15,6 +15,7 @@ from dflash_edge.models.drafter import load_drafter, new_drafter
 from dflash_edge.models.families.qwen3 import attention_spec
 from dflash_edge.models.names import drafter_tensors
 from dflash_edge.runtime.errors import ModelFormatError
+from dflash_edge.runtime.sampling import SamplingParams
 
 from dflash2_fixture import write_dflash2
 from runtime_cases import PROMPTS, SAMPLERS, reference
@@ -192,6 +193,34 @@ def test_sampling_same_seed_same_tokens(d2_bundle, sampling, monkeypatch):
     monkeypatch.setattr(gen, "sampled_rule", "coupling")
     want = reference(d2_bundle, PROMPTS[1], 48, sampling, stop=())
     assert run().token_ids == want.token_ids
+
+
+def test_under_auto_a_seed_fixes_the_tokens_only_with_the_coupling(d2_bundle, monkeypatch):
+    """`draft="auto"` picks each step from measured step times. Step clocks that differ (injected:
+    a fast and a slow one) change which steps draft; under the coupling the tokens stay plain
+    sampling's for the seed whatever ran, under the rejection rule they follow the drafts (what
+    lattice.py and docs/design.md §5 say a seed guarantees)."""
+    import itertools
+
+    import dflash_edge.runtime.generator as generator
+
+    gen, sampling = d2_bundle.generator, SamplingParams(temperature=0.9, seed=5)
+
+    def run(rule: str, tick: float) -> list[list[int]]:
+        clock = itertools.count()
+        monkeypatch.setattr(generator.time, "perf_counter", lambda: next(clock) * tick)
+        monkeypatch.setattr(gen, "sampled_rule", rule)
+        return [
+            gen.generate_ids(p, 40, sampling, draft="auto", stop_token_ids=()).token_ids
+            for p in PROMPTS[:3]
+        ]
+
+    plain = [
+        gen.generate_ids(p, 40, sampling, draft="none", stop_token_ids=()).token_ids
+        for p in PROMPTS[:3]
+    ]
+    assert run("coupling", 1e-4) == run("coupling", 5e-2) == plain
+    assert run("rejection", 1e-4) != run("rejection", 5e-2)  # the steps drafted decide
 
 
 @pytest.mark.parametrize("rule", ["rejection", "coupling"])
