@@ -57,11 +57,12 @@ def resolve_choices(opts, target=None):
         )
     if precision in (None, AUTO):
         precision = auto_precision(target)
-    gpu = device_class_of(opts.device) != "cpu"
+    device_class = device_class_of(opts.device)
+    gpu = device_class != "cpu"
     draft = (
         opts.draft_precision
         if opts.draft_precision not in (None, AUTO)
-        else default_draft_precision(precision, "gpu" if gpu else "cpu")
+        else default_draft_precision(precision, device_class)
     )
     kv = opts.kv_cache
     if kv in (None, AUTO):

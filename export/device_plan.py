@@ -166,8 +166,7 @@ def describe(device: str, ranked: list[dict], usable: list, context: int) -> str
     for c in ranked:
         lines.append(
             f"  {c['precision']:>5} (drafter {c['draft_precision']}): {c['tok_s']:.1f} tok/s "
-            f"DFlash, "
-            f"{c['plain_tok_s']:.1f} plain; {c['memory_gb']:.2f} of {c['usable_gb']:.2f} GB"
+            f"DFlash, {c['plain_tok_s']:.1f} plain; {c['memory_gb']:.2f} of {c['usable_gb']:.2f} GB"
             + ("  <- chosen" if c is best else "")
         )
     ruled_out = [a.precision for a in usable if a.precision not in {c["precision"] for c in ranked}]

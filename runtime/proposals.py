@@ -136,7 +136,8 @@ class DrafterProposals:
         t = self.clock()
         drafts = self.drafter.draft(last, ctx_end=pos)  # [B-1] view
         dists = getattr(self.drafter, "walked", None)  # a sampled walk's (lattice.LatticeDrafter)
-        proposal = Proposal(self.name, drafts[:limit], pos + 1, 1, self.clock() - t, dists)
+        seconds = self.clock() - t
+        proposal = Proposal(self.name, drafts[:limit], pos + 1, seconds=seconds, dists=dists)
         self.acceptance.observe(proposal)
         return proposal
 
