@@ -87,11 +87,13 @@ class Llama:
 class Ours:
     """Our bundle, plain decoding, the Generator keeping its last sequence."""
 
-    def __init__(self, bundle: str, threads: int, cache_ram_mb: float = 0):
+    def __init__(self, bundle: str, threads: int, cache_ram_mb: float = 0, chunk: int = 0):
         from dflash_edge.runtime import Generator
 
         self.gen = Generator.load(bundle, threads=threads, verify=False, drafter=False)
         self.cache_ram_mb = cache_ram_mb
+        if chunk:  # prefill rows per call other than the bundle's (exact chunks: never past the
+            self.gen.prefill_chunk = chunk  # prompt, so any size stays inside the cache)
 
     def run(self, ids: list[int], new: int, reset: bool = False) -> dict:
         res = self.gen.generate_ids(
@@ -169,10 +171,12 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--cache-ram-mb", type=float, default=256, help="alternate: ours' RAM cache")
+    p.add_argument("--prefill-chunk", type=int, default=0, help="ours' prefill rows per call")
     p.add_argument("--json", help="write the result here too")
     args = p.parse_args(argv)
 
-    ours = Ours(args.ours, args.threads, args.cache_ram_mb if args.kind == "alternate" else 0)
+    ram = args.cache_ram_mb if args.kind == "alternate" else 0
+    ours = Ours(args.ours, args.threads, ram, args.prefill_chunk)
     gen = ours.gen
     if args.kind == "editor":
         requests, new = editor(gen, args.keystrokes), 8
